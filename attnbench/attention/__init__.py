@@ -1,0 +1,1 @@
+"""One file per attention mechanism; each registers itself with :mod:`attnbench.registry`."""

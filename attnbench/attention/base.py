@@ -1,0 +1,112 @@
+"""Scaffolding every mechanism shares: the four projections, head reshapes, input checks.
+
+Each mechanism is a whole multi-head layer owning ``q_proj``, ``k_proj``, ``v_proj`` and
+``out_proj`` as ``nn.Linear(d_model, d_model)``, so every mechanism pays the same projection
+cost (a fair comparison) and weights port from fairseq / Hugging Face checkpoints. A subclass
+only implements :meth:`MultiHeadAttention.attend`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None) -> int:
+    """Return ``value`` if it is an int in ``[low, high]``; else one clear ``ValueError``."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"{name}: must be {allowed}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[Any]) -> Any:
+    if value not in allowed:
+        raise ValueError(f"{name}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be true or false, got {value!r}")
+    return value
+
+
+def blocked_keys(key_padding_mask: Tensor | None, causal: bool, n: int, device: torch.device
+                 ) -> Tensor | None:
+    """Bool mask, True where query i may NOT attend key j, broadcastable to (b, h, n, n).
+
+    The one definition of "padding" and "causal" for the exact mechanisms (vanilla, sdpa,
+    xformers), so they cannot disagree on it.
+    """
+    blocked = None
+    if key_padding_mask is not None:
+        blocked = key_padding_mask[:, None, None, :]  # (b, 1, 1, n)
+    if causal:
+        future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)  # (n, n)
+        blocked = future if blocked is None else blocked | future
+    return blocked
+
+
+class MultiHeadAttention(nn.Module):
+    """Base of every mechanism: ``forward(x, key_padding_mask=None)``, (b, n, d) -> (b, n, d)."""
+
+    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: Any) -> None:
+        super().__init__()
+        check_int("d_model", d_model)
+        check_int("n_heads", n_heads)
+        check_int("max_seq_len", max_seq_len)
+        if d_model % n_heads:
+            raise ValueError(
+                f"d_model: must be divisible by n_heads={n_heads}, got {d_model}"
+            )
+        self.d_model, self.n_heads, self.max_seq_len, self.cfg = d_model, n_heads, max_seq_len, cfg
+        self.head_dim = d_model // n_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    @classmethod
+    def build_stack(cls, layers: int, **kwargs: Any) -> list[MultiHeadAttention]:
+        """One module per layer. Mechanisms that share state across layers override this."""
+        return [cls(**kwargs) for _ in range(layers)]
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        self._check(x, key_padding_mask)
+        return self.out_proj(self.attend(x, key_padding_mask))
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """(b, n, d_model) -> (b, n, d_model), before ``out_proj``."""
+        raise NotImplementedError
+
+    def split_heads(self, t: Tensor) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (b, h, n, dh)
+
+    def merge_heads(self, t: Tensor) -> Tensor:
+        b, _, n, _ = t.shape  # (b, h, n, dh)
+        return t.transpose(1, 2).reshape(b, n, self.d_model)  # (b, n, h*dh)
+
+    def qkv_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V as (b, h, n, dh) each."""
+        return self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x)), \
+            self.split_heads(self.v_proj(x))
+
+    def _check(self, x: Tensor, mask: Tensor | None) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: must be (batch, n, {self.d_model}), got {tuple(x.shape)}")
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+            raise ValueError(
+                f"key_padding_mask: must be bool of shape {tuple(x.shape[:2])} (True = padding), "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, cfg={self.cfg}"

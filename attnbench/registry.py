@@ -1,0 +1,177 @@
+"""The one place that knows every attention mechanism.
+
+A mechanism registers itself with :func:`register`: its module class, its strict config
+dataclass and its capabilities. Everything else (``create``, ``build_model``, the CLI, sweeps,
+reports, tests) asks the registry, so a mechanism registered by a user shows up everywhere
+without editing attnbench. Capabilities live here as data rather than as flags on the module
+class, so nothing dispatches on them (see STYLE.md, "avoid" 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from torch import nn
+
+from attnbench.attention.base import MultiHeadAttention
+
+DTYPES = ("fp32", "fp16", "bf16")
+DEVICES = ("cpu", "cuda")
+PLUGIN_ENV = "ATTNBENCH_PLUGINS"
+PLUGIN_GROUP = "attnbench.mechanisms"
+
+
+@dataclass(frozen=True)
+class Info:
+    """What a mechanism can do, and, when it cannot run on this machine, why not."""
+
+    name: str
+    summary: str
+    causal: bool
+    padding_mask: bool
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    fixed_max_len: bool
+    budget: str | None  # the config field that the sweep's ``k`` sets, if any
+    params: dict[str, Any]  # config field -> default
+    unavailable: str | None  # one line, or None when it can run here
+
+
+@dataclass(frozen=True)
+class _Spec:
+    cls: type[MultiHeadAttention]
+    config: type
+    summary: str
+    causal: bool
+    padding_mask: bool
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    fixed_max_len: bool
+    budget: str | None
+    why_unavailable: Callable[[], str | None]
+
+
+_REGISTRY: dict[str, _Spec] = {}
+_plugins_loaded = False
+
+
+def register(
+    name: str,
+    *,
+    config: type,
+    summary: str,
+    causal: bool,
+    padding_mask: bool = True,
+    devices: tuple[str, ...] = DEVICES,
+    dtypes: tuple[str, ...] = DTYPES,
+    fixed_max_len: bool = False,
+    budget: str | None = None,
+    why_unavailable: Callable[[], str | None] = lambda: None,
+) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
+    """Class decorator that adds a mechanism under ``name``.
+
+    Refuses nonsense at registration time rather than at first use: a duplicate name, a class
+    that is not a :class:`MultiHeadAttention`, a config that is not a dataclass, a budget that is
+    not one of the config's fields, or devices/dtypes outside the known sets.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register: name must be an identifier, got {name!r}")
+    if not dataclasses.is_dataclass(config):
+        raise TypeError(f"register({name!r}): config must be a dataclass, got {config!r}")
+    fields = {f.name for f in dataclasses.fields(config)}
+    if budget is not None and budget not in fields:
+        raise ValueError(f"register({name!r}): budget {budget!r} is not a config field")
+    if bad := set(devices) - set(DEVICES):
+        raise ValueError(f"register({name!r}): unknown devices {sorted(bad)}; allowed: {DEVICES}")
+    if bad := set(dtypes) - set(DTYPES):
+        raise ValueError(f"register({name!r}): unknown dtypes {sorted(bad)}; allowed: {DTYPES}")
+
+    def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
+        if not (isinstance(cls, type) and issubclass(cls, MultiHeadAttention)):
+            raise TypeError(f"register({name!r}): {cls!r} is not a MultiHeadAttention subclass")
+        if name in _REGISTRY:
+            raise ValueError(f"register: attention {name!r} is already registered")
+        _REGISTRY[name] = _Spec(
+            cls, config, summary, causal, padding_mask, tuple(devices), tuple(dtypes),
+            fixed_max_len, budget, why_unavailable,
+        )
+        return cls
+
+    return decorate
+
+
+def _load_plugins() -> None:
+    """Import user mechanisms named by entry points or by ``$ATTNBENCH_PLUGINS``.
+
+    Done lazily, once, so that ``import attnbench`` stays cheap and a plugin can itself
+    ``import attnbench`` to use the decorator.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=PLUGIN_GROUP):
+        ep.load()
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ImportError(f"{PLUGIN_ENV}: cannot import {module!r}: {e}") from e
+
+
+def names() -> list[str]:
+    """Every registered mechanism, in registration order (built-ins first)."""
+    _load_plugins()
+    return list(_REGISTRY)
+
+
+def _spec(name: str) -> _Spec:
+    _load_plugins()
+    if name not in _REGISTRY:
+        raise ValueError(f"attention: unknown mechanism {name!r}; allowed: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def info(name: str) -> Info:
+    """Capabilities of ``name``; ``unavailable`` says in one line why it cannot run here."""
+    s = _spec(name)
+    defaults = {
+        f.name: (f.default if f.default is not dataclasses.MISSING else None)
+        for f in dataclasses.fields(s.config)
+    }
+    return Info(
+        name, s.summary, s.causal, s.padding_mask, s.devices, s.dtypes, s.fixed_max_len,
+        s.budget, defaults, s.why_unavailable(),
+    )
+
+
+def make_config(name: str, params: dict[str, Any]) -> Any:
+    """Build ``name``'s config from ``params``; an unknown key is an error, never dropped."""
+    s = _spec(name)
+    allowed = [f.name for f in dataclasses.fields(s.config)]
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"{name}: unknown parameter {key!r}; allowed: {', '.join(allowed) or 'none'}"
+            )
+    return s.config(**params)
+
+
+def mechanism_class(name: str) -> type[MultiHeadAttention]:
+    return _spec(name).cls
+
+
+def create(name: str, *, d_model: int, n_heads: int, max_seq_len: int, **params: Any) -> nn.Module:
+    """One multi-head attention layer: ``module(x, key_padding_mask=None)``.
+
+    ``x`` is ``(batch, n, d_model)``; the mask is bool ``(batch, n)`` with True = padding.
+    Bad parameters raise ``ValueError`` naming the parameter and what is allowed.
+    """
+    cfg = make_config(name, params)
+    return _spec(name).cls(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
