@@ -5,7 +5,9 @@ The public surface: :func:`names`, :func:`info`, :func:`create`, :func:`register
 """
 
 from attnbench.registry import Info, create, info, names, register  # noqa: I001 (order matters)
-from attnbench.attention import vanilla, sdpa  # noqa: F401  (importing registers them)
+from attnbench.attention import vanilla, sdpa, linformer  # noqa: F401  (importing registers them)
+
+from attnbench.model import build_model
 
 __version__ = "0.1.0"
-__all__ = ["Info", "__version__", "create", "info", "names", "register"]
+__all__ = ["Info", "__version__", "build_model", "create", "info", "names", "register"]

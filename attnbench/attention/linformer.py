@@ -1,0 +1,256 @@
+"""Linformer (Wang et al. 2020), our own implementation of every variant in section 4.
+
+Paper eq. (7), per head i:
+
+    head_i = softmax(Q W_i^Q (E_i K W_i^K)ᵀ / √d_k) · F_i V W_i^V,     E_i, F_i: k × n
+
+so attention costs O(nk) instead of O(n²). Section 4's "additional efficiency techniques" are
+all here:
+
+* sharing ``none`` (an E_i and F_i per head), ``headwise`` (one E, one F per layer), ``kv``
+  (E = F per layer), ``layerwise`` (one E for every layer, head, K and V; built by
+  :meth:`LinformerAttention.build_stack`). A 12-layer, 12-head model has 288, 24, 12 and 1
+  distinct projection matrices.
+* projection ``linear`` (learned k × n), ``random`` (fixed N(0, 1/k) entries: the
+  Johnson–Lindenstrauss construction of the paper's proofs, never trained), ``mean`` and
+  ``max`` pooling and ``conv`` (kernel = stride = n/k, learned).
+* non-uniform k: a list with one k per layer, or ``k_decay`` < 1 to shrink k in higher layers
+  (higher layers have lower-rank context matrices, Figure 1).
+
+Choices of ours where the paper is silent:
+
+* Inputs shorter than ``max_seq_len`` use the first n columns of E and F; longer ones raise.
+* Padded positions contribute nothing to the projected keys and values: they are zeroed
+  before a linear projection and left out of a pooling window's mean or max. A pooling or
+  conv slot that received only padding is masked out of the softmax, so its zero key cannot
+  soak up attention. (The authors' fairseq code takes ``key_padding_mask`` and ignores it.)
+* Where one E serves every head and the projection is linear along the sequence (linear,
+  random, mean), E is applied to the input before W^K and W^V, as in the authors' code:
+  E (X Wᵀ + 1 bᵀ) = (E X) Wᵀ + (E 1) bᵀ, so only k rows go through the key and value
+  projections. ``max`` is not linear and ``conv`` mixes the head's channels, so those two
+  project after W^K and W^V.
+* The softmax over the n × k scores runs in PyTorch's fused ``scaled_dot_product_attention``
+  by default (``kernel=sdpa``); ``kernel=eager`` materialises P̄ as the paper's code did.
+* Causal masking is refused: E mixes all n positions into each projected row, so every
+  output would see the future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.attention.base import (
+    MultiHeadAttention,
+    check_bool,
+    check_choice,
+    check_int,
+)
+from attnbench.registry import register
+
+SHARING = ("none", "headwise", "kv", "layerwise")
+PROJECTIONS = ("linear", "random", "mean", "max", "conv")
+POOLED = ("mean", "max", "conv")  # act on windows of n/k positions: need k | max_seq_len
+SEQUENCE_LINEAR = ("linear", "random", "mean")  # commute with W^K, so may go first
+KERNELS = ("sdpa", "eager")
+
+
+@dataclass
+class LinformerConfig:
+    k: int | list[int] = 256
+    sharing: str = "none"
+    projection: str = "linear"
+    k_decay: float = 1.0  # layer l uses max(k_min, round(k * k_decay**l)) when k is an int
+    k_min: int = 1
+    kernel: str = "sdpa"  # softmax over the n × k scores: fused sdpa, or eager as in the paper
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, (list, tuple)):
+            if not self.k:
+                raise ValueError("k: must be an integer >= 1 or a non-empty list of them, got []")
+            self.k = [check_int("k", v) for v in self.k]
+        else:
+            check_int("k", self.k)
+        check_choice("sharing", self.sharing, SHARING)
+        check_choice("projection", self.projection, PROJECTIONS)
+        ok = isinstance(self.k_decay, (int, float)) and not isinstance(self.k_decay, bool)
+        if not ok or not 0 < self.k_decay <= 1:
+            raise ValueError(f"k_decay: must be a number in (0, 1], got {self.k_decay!r}")
+        check_int("k_min", self.k_min)
+        check_choice("kernel", self.kernel, KERNELS)
+        check_bool("causal", self.causal)
+        if self.causal:
+            raise ValueError(
+                "causal: Linformer cannot be causal (its projection E mixes all n positions "
+                "into every projected key, so each output would see the future); allowed: false"
+            )
+
+    def k_for(self, layer: int) -> int:
+        if isinstance(self.k, list):
+            return self.k[layer]
+        return max(self.k_min, round(self.k * self.k_decay**layer))
+
+
+class SequenceProjection(nn.Module):
+    """Maps (b, G, n, c) to (b, G, s, c) along the sequence: the paper's E_i (or F_i).
+
+    ``groups`` is the number of distinct matrices: ``n_heads`` for per-head E_i (then G must
+    equal it), or 1 for a projection shared by every head (then any G broadcasts). ``s`` is k,
+    or for the pooled kinds the number of n/k windows that start before n.
+    """
+
+    def __init__(self, kind: str, groups: int, k: int, max_seq_len: int, channels: int) -> None:
+        super().__init__()
+        self.kind, self.groups, self.k, self.max_seq_len = kind, groups, k, max_seq_len
+        self.window = max_seq_len // k
+        if kind in ("linear", "random"):
+            e = torch.randn(groups, k, max_seq_len) / k**0.5  # (g, k, N), entries N(0, 1/k)
+            if kind == "linear":
+                self.weight = nn.Parameter(e)
+            else:  # fixed, saved with the model, never trained
+                self.register_buffer("weight", e)
+        elif kind == "conv":
+            c = groups * channels
+            self.conv = nn.Conv1d(c, c, self.window, stride=self.window, groups=groups, bias=False)
+
+    def forward(self, t: Tensor, valid: Tensor | None) -> Tensor:
+        """``valid``: float (b, n), 1 at real tokens and 0 at padding, or None."""
+        b, g, n, c = t.shape
+        if valid is not None and self.kind != "max":
+            t = t * valid[:, None, :, None]  # padded positions contribute nothing
+        if self.kind in ("linear", "random"):
+            return self.weight[:, :, :n] @ t  # (g, k, n) @ (b, G, n, c) -> (b, G, k, c)
+        if self.kind == "conv":
+            x = t.transpose(2, 3)  # (b, G, c, n): channels first, as Conv1d wants
+            x = x.reshape(b * g, c, n) if self.groups == 1 else x.reshape(b, g * c, n)
+            x = F.pad(x, (0, -n % self.window))  # a partial last window sees zeros
+            y = self.conv(x)  # (b*G, c, s) or (b, g*c, s)
+            return y.view(b, g, c, -1).transpose(2, 3)  # (b, G, s, c)
+        windows = self._windows(t, fill=0.0 if self.kind == "mean" else float("-inf"), valid=valid)
+        if self.kind == "max":
+            out = windows.amax(dim=3)  # (b, G, s, c)
+            return out.masked_fill(out == float("-inf"), 0.0)  # empty windows
+        count = self._counts(valid, n, t)  # (b or 1, 1, s, 1)
+        return windows.sum(dim=3) / count.clamp(min=1)  # (b, G, s, c)
+
+    def _windows(self, t: Tensor, fill: float, valid: Tensor | None) -> Tensor:
+        if valid is not None and fill != 0.0:
+            t = t.masked_fill(valid[:, None, :, None] == 0, fill)
+        b, g, n, c = t.shape
+        t = F.pad(t, (0, 0, 0, -n % self.window), value=fill)
+        return t.view(b, g, -1, self.window, c)  # (b, G, s, w, c)
+
+    def _counts(self, valid: Tensor | None, n: int, like: Tensor) -> Tensor:
+        """Real tokens per window, (b or 1, 1, s, 1)."""
+        ones = like.new_ones(1, n) if valid is None else valid
+        ones = F.pad(ones, (0, -n % self.window))
+        return ones.view(ones.shape[0], 1, -1, self.window).sum(-1, keepdim=True)
+
+    def empty_slots(self, valid: Tensor | None, n: int) -> Tensor | None:
+        """Bool (b, s), True where a pooled slot holds only padding; None if none can."""
+        if valid is None or self.kind not in POOLED:
+            return None
+        empty = self._counts(valid, n, valid)[:, 0, :, 0] == 0  # (b, s)
+        return empty & ~empty.all(dim=1, keepdim=True)  # an all-padding row stays unmasked
+
+    def matrix(self, n: int) -> Tensor:
+        """The dense (g, s, n) matrix this projection applies to an unpadded input of length n."""
+        if self.kind in ("linear", "random"):
+            return self.weight[:, :, :n].detach().clone()
+        if self.kind == "mean":
+            eye = torch.eye(n)[None, None]  # (1, 1, n, n): project the identity's columns
+            return self.forward(eye, None)[0]  # (1, s, n)
+        raise ValueError(
+            f"projection: {self.kind} is not a matrix; projection_matrices() needs one of "
+            "linear, random, mean"
+        )
+
+
+@register(
+    "linformer", config=LinformerConfig, causal=False, fixed_max_len=True, budget="k",
+    summary="Linformer eq. (7): K, V projected to k rows; every sharing and projection kind",
+)
+class LinformerAttention(MultiHeadAttention):
+    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: LinformerConfig,
+                 layer: int = 0, shared: SequenceProjection | None = None) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+        k = check_int("k", cfg.k_for(layer), high=max_seq_len)
+        if cfg.projection in POOLED and max_seq_len % k:
+            raise ValueError(
+                f"k: the {cfg.projection} projection uses windows of max_seq_len/k positions, "
+                f"so k must divide max_seq_len={max_seq_len}; got k={k}"
+            )
+        self.k = k
+        per_head = cfg.sharing == "none"
+        self.early = not per_head and cfg.projection in SEQUENCE_LINEAR
+
+        def make() -> SequenceProjection:
+            return SequenceProjection(cfg.projection, n_heads if per_head else 1, k, max_seq_len,
+                                      self.head_dim)
+
+        self.proj_k = shared if shared is not None else make()
+        self.proj_v = self.proj_k if cfg.sharing in ("kv", "layerwise") else make()
+
+    @classmethod
+    def build_stack(cls, layers: int, **kwargs: Any) -> list[MultiHeadAttention]:
+        """Per-layer k, and for ``layerwise`` one projection object shared by every layer."""
+        cfg: LinformerConfig = kwargs["cfg"]
+        if isinstance(cfg.k, list) and len(cfg.k) != layers:
+            raise ValueError(f"k: {len(cfg.k)} values for {layers} layers; give one per layer")
+        ks = [cfg.k_for(i) for i in range(layers)]
+        if cfg.sharing == "layerwise" and len(set(ks)) > 1:
+            raise ValueError(
+                f"k: layerwise sharing uses one E for every layer, so k must be the same in every "
+                f"layer; got {ks}"
+            )
+        first = cls(layer=0, **kwargs)
+        shared = first.proj_k if cfg.sharing == "layerwise" else None
+        return [first] + [cls(layer=i, shared=shared, **kwargs) for i in range(1, layers)]
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        n = x.shape[1]
+        if n > self.max_seq_len:
+            raise ValueError(
+                f"n: Linformer was built for max_seq_len={self.max_seq_len} (E is k × "
+                f"{self.max_seq_len}); got an input of length {n}"
+            )
+        valid = None if key_padding_mask is None else (~key_padding_mask).to(x.dtype)  # (b, n)
+        q = self.split_heads(self.q_proj(x))  # (b, h, n, dh)
+        if self.early:
+            k, v = self._project_first(x, valid)
+        else:
+            k = self.proj_k(self.split_heads(self.k_proj(x)), valid)  # (b, h, s, dh)
+            v = self.proj_v(self.split_heads(self.v_proj(x)), valid)  # (b, h, s, dh)
+        empty = self.proj_k.empty_slots(valid, n)  # (b, s) or None
+        empty = None if empty is None else empty[:, None, None, :]  # (b, 1, 1, s)
+        if self.cfg.kernel == "sdpa":  # fused: the n × k matrix P̄ is never stored whole
+            allowed = None if empty is None else ~empty
+            return self.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # (b, h, n, s): P̄ before softmax
+        if empty is not None:
+            scores = scores.masked_fill(empty, float("-inf"))
+        return self.merge_heads(scores.softmax(dim=-1) @ v)  # (b, n, d)
+
+    def _project_first(self, x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+        """E X first, then W^K on k rows: (E X) Wᵀ + (E 1) bᵀ equals E (X Wᵀ + 1 bᵀ)."""
+        ones = x.new_ones(1, 1, x.shape[1], 1)  # (1, 1, n, 1)
+        ex, e1 = self.proj_k(x[:, None], valid)[:, 0], self.proj_k(ones, valid)[:, 0]  # (b, s, .)
+        fx, f1 = (ex, e1) if self.proj_v is self.proj_k else \
+            (self.proj_v(x[:, None], valid)[:, 0], self.proj_v(ones, valid)[:, 0])
+        k = F.linear(ex, self.k_proj.weight) + e1 * self.k_proj.bias  # (b, s, d)
+        v = F.linear(fx, self.v_proj.weight) + f1 * self.v_proj.bias  # (b, s, d)
+        return self.split_heads(k), self.split_heads(v)  # (b, h, s, dh)
+
+    def projection_matrices(self, n: int | None = None) -> tuple[Tensor, Tensor]:
+        """The effective dense E and F, (heads, k, n) each, for linear, random and mean.
+
+        For looking at what E and F learned (e.g. their spectra, Figure 1 of the paper).
+        """
+        n = self.max_seq_len if n is None else check_int("n", n, high=self.max_seq_len)
+        e, f = self.proj_k.matrix(n), self.proj_v.matrix(n)  # (g, k, n)
+        return e.expand(self.n_heads, -1, -1), f.expand(self.n_heads, -1, -1)

@@ -1,0 +1,60 @@
+"""The encoder stack of Table 3: a RoBERTa-base-shaped Transformer over float embeddings.
+
+RoBERTa's layer is post-LN: ``x = LN(x + Attn(x)); x = LN(x + FFN(x))`` with a GELU FFN.
+There is no token embedding: the input is already ``(batch, n, d_model)`` floats, so a sweep
+measures the encoder alone. The model owns what is shared across layers (Linformer's
+layerwise E, per-layer k) by asking the mechanism class to build its whole stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.attention.base import check_int
+from attnbench.registry import make_config, mechanism_class
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, attn: nn.Module, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.attn = attn
+        self.norm1 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        x = self.norm1(x + self.attn(x, key_padding_mask))
+        return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))  # (b, n, d)
+
+
+class Encoder(nn.Module):
+    """``layers`` encoder layers; ``forward(x, key_padding_mask=None)``, (b, n, d) -> (b, n, d)."""
+
+    def __init__(self, attentions: list[nn.Module], d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(a, d_model, d_ff) for a in attentions)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, key_padding_mask)
+        return x
+
+
+def build_model(attention: str, *, layers: int = 12, d_model: int = 768, n_heads: int = 12,
+                d_ff: int = 3072, max_seq_len: int, **params: Any) -> Encoder:
+    """A RoBERTa-base-shaped encoder using mechanism ``attention`` in every layer, in eval mode.
+
+    ``params`` are the mechanism's own (e.g. Linformer's ``k``, ``sharing``); bad ones raise
+    ``ValueError`` naming the parameter.
+    """
+    check_int("layers", layers)
+    check_int("d_ff", d_ff)
+    cfg = make_config(attention, params)
+    attns = mechanism_class(attention).build_stack(
+        layers, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg
+    )
+    return Encoder(attns, d_model, d_ff).eval()
