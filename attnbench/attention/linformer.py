@@ -249,7 +249,9 @@ class LinformerAttention(MultiHeadAttention):
     def projection_matrices(self, n: int | None = None) -> tuple[Tensor, Tensor]:
         """The effective dense E and F, (heads, k, n) each, for linear, random and mean.
 
-        For looking at what E and F learned (e.g. their spectra, Figure 1 of the paper).
+        For looking at what E and F learned (e.g. their spectra, Figure 1 of the paper). For
+        ``mean`` at n < max_seq_len only the ceil(n·k/max_seq_len) windows that start before n
+        exist (the others would be empty), so there are that many rows instead of k.
         """
         n = self.max_seq_len if n is None else check_int("n", n, high=self.max_seq_len)
         e, f = self.proj_k.matrix(n), self.proj_v.matrix(n)  # (g, k, n)

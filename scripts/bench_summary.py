@@ -1,0 +1,40 @@
+"""Turn a pytest-benchmark JSON of tests/benchmarks into the README's table.
+
+Pure: reads the JSON, prints Markdown. Ratios are of medians taken in the same run; the floor
+of a mechanism is its counted FLOPs divided by the fp32 matmul rate measured in that run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def summarize(data: dict) -> str:
+    rows = [(b["name"].removeprefix("test_"), b["stats"]["median"], b["extra_info"])
+            for b in data["benchmarks"]]
+    mm = next((med, e) for n, med, e in rows if e["role"] == "matmul")
+    rate = mm[1]["flops"] / mm[0]
+    peers = [med for _, med, e in rows if e["role"] == "peer"]
+    fastest_peer = min(peers) if peers else float("nan")
+    e0 = rows[0][2]
+    out = [
+        f"{e0['shape']}, {e0['threads']} threads; fp32 matmul rate {rate / 1e9:.1f} GFLOP/s; "
+        f"machine: {data['machine_info'].get('cpu', {}).get('brand_raw', '?')}",
+        "",
+        "| benchmark | role | median ms | GFLOP | floor ms | median / floor | "
+        "fastest peer / this |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, med, e in sorted(rows, key=lambda r: r[1]):
+        if e["role"] == "matmul":
+            continue
+        floor = e["flops"] / rate
+        out.append(f"| {name} | {e['role']} | {med * 1e3:.1f} | {e['flops'] / 1e9:.2f} | "
+                   f"{floor * 1e3:.1f} | {med / floor:.2f} | {fastest_peer / med:.2f} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(summarize(json.load(f)))

@@ -1,0 +1,88 @@
+"""Forward speed of every mechanism beside the public Linformer packages (pytest-benchmark).
+
+One shape, the one issue #2 names: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on
+the CPU. Beside the timings, each benchmark records the FLOPs of one forward counted by
+``torch.utils.flop_counter.FlopCounterMode`` and the run records the fp32 matmul rate, so that
+``scripts/bench_summary.py`` can put every median against its matmul floor (FLOPs / rate)
+measured in the same run. No speed is asserted here: figures go to the README.
+
+    pytest tests/benchmarks --benchmark-enable --benchmark-only --benchmark-json bench.json
+    python scripts/bench_summary.py bench.json
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import attnbench
+
+N, D, H, K, B = 4096, 768, 12, 256, 1
+ROUNDS, WARMUP = 7, 2
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(B, N, D, generator=torch.Generator().manual_seed(0))
+
+
+def _run(benchmark, fn: Callable[[torch.Tensor], torch.Tensor], role: str) -> None:
+    x = _x()
+    with torch.inference_mode():
+        with FlopCounterMode(display=False) as counter:
+            fn(x)
+        benchmark.extra_info.update(
+            role=role, flops=counter.get_total_flops(), threads=torch.get_num_threads(),
+            shape=f"n={N} d_model={D} heads={H} k={K} batch={B} fp32 cpu",
+        )
+        benchmark.pedantic(fn, args=(x,), rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
+
+
+def _ours() -> list[tuple[str, dict]]:
+    cases = []
+    for name in attnbench.names():
+        info = attnbench.info(name)
+        if info.unavailable is not None or "cpu" not in info.devices:
+            continue  # e.g. xformers without CUDA: info() says why
+        if name == "linformer":
+            cases += [(name, {"k": K, "sharing": s}) for s in ("none", "headwise", "kv")]
+        else:
+            cases.append((name, {info.budget: K} if info.budget else {}))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "params"), _ours(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
+def test_attnbench(benchmark, name: str, params: dict) -> None:
+    torch.manual_seed(0)
+    m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=N, **params).eval()
+    _run(benchmark, m, role="ours")
+
+
+@pytest.mark.parametrize("share_kv", [False, True], ids=["headwise", "kv"])
+def test_peer_lucidrains_linformer(benchmark, share_kv: bool) -> None:
+    from linformer import LinformerSelfAttention
+
+    m = LinformerSelfAttention(D, N, k=K, heads=H, share_kv=share_kv).eval()
+    _run(benchmark, m, role="peer")
+
+
+def test_peer_linformer_pytorch(benchmark) -> None:
+    from linformer_pytorch.linformer_pytorch import MHAttention
+
+    m = MHAttention(N, D // H, D, K, H, 0.0, "C0", "headwise", None, None, False, None).eval()
+    _run(benchmark, m, role="peer")
+
+
+def test_peer_torch_multihead_attention(benchmark) -> None:
+    m = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    _run(benchmark, lambda x: m(x, x, x, need_weights=False)[0], role="reference")
+
+
+def test_matmul_rate(benchmark) -> None:
+    """fp32 GEMM at the layer's own shape (n × d @ d × d): the rate the floor divides by."""
+    w = torch.randn(D, D)
+    _run(benchmark, lambda x: x[0] @ w, role="matmul")
