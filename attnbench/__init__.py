@@ -5,7 +5,8 @@ The public surface: :func:`names`, :func:`info`, :func:`create`, :func:`register
 """
 
 from attnbench.registry import Info, create, info, names, register  # noqa: I001 (order matters)
-from attnbench.attention import vanilla, sdpa, linformer  # noqa: F401  (importing registers them)
+from attnbench.attention import vanilla, sdpa, xformers, linformer, performer  # noqa: F401
+# (importing a mechanism's module registers it; this order is the order of names())
 
 from attnbench.model import build_model
 

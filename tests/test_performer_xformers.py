@@ -13,6 +13,7 @@ import torch
 import attnbench
 import attnbench.attention.performer
 import attnbench.attention.xformers as xf
+from attnbench.attention.base import blocked_keys
 from attnbench.registry import info
 
 D_MODEL, N_HEADS, N = 64, 4, 64
@@ -117,16 +118,21 @@ def test_performer_causal_ignores_the_future(kernel: str) -> None:
             torch.testing.assert_close(layer(later)[:, :j], out[:, :j])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_performer_bf16_close_to_fp32(causal: bool) -> None:
+def test_performer_half_precision_close_to_fp32(causal: bool, dtype: torch.dtype) -> None:
+    """Causal runs its prefix sums in fp32: in fp16 they reach NaN at n = 512 with inputs of
+    std 1.5 (measured), and bf16 drifts."""
     torch.manual_seed(0)
-    layer = performer(nb_features=64, causal=causal).eval()
-    x = torch.randn(2, N, D_MODEL)
-    mask = right_padding([N, 40], N)
+    n = 512
+    layer = attnbench.create("performer", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=n,
+                             nb_features=64, causal=causal).eval()
+    x = torch.randn(2, n, D_MODEL) * 1.5
+    mask = right_padding([n, 300], n)
     with torch.no_grad():
         want = layer(x, mask)
-        got = copy.deepcopy(layer).to(torch.bfloat16)(x.bfloat16(), mask)
-    assert got.dtype == torch.bfloat16
+        got = copy.deepcopy(layer).to(dtype)(x.to(dtype), mask)
+    assert got.dtype == dtype
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
@@ -258,6 +264,22 @@ def test_xformers_import_and_info_are_silent() -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xformers_padding_bias_is_aligned_and_means_blocked_keys(causal: bool) -> None:
+    """The bias the GPU path hands to xformers, checked where it can be: on CPU. n = 13 is not a
+    multiple of 8, so the rows must come from a wider allocation to stay 16-byte aligned."""
+    b, n = 3, 13
+    layer = xformers_layer(causal=causal).half()
+    mask = right_padding([13, 8, 1], n)
+    q = torch.zeros(b, n, N_HEADS, D_MODEL // N_HEADS, dtype=torch.float16)  # (b, n, h, dh)
+    bias = layer._padding_bias(mask, q)
+    assert bias.shape == (b, N_HEADS, n, n) and bias.dtype == torch.float16
+    assert bias.stride(-1) == 1 and all(s % 8 == 0 for s in bias.stride()[:-1]), bias.stride()
+    blocked = blocked_keys(mask, causal, n, q.device).expand(b, N_HEADS, n, n)
+    assert torch.equal(bias == float("-inf"), blocked)
+    assert torch.equal(bias[~blocked], torch.zeros_like(bias[~blocked]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="xformers has no CPU kernels")

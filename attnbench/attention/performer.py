@@ -1,0 +1,146 @@
+"""Performer: FAVOR+ random-feature attention (Choromanski et al., 2021), via performer-pytorch.
+
+Softmax attention D⁻¹AV, with A = exp(QKᵀ/√d), is approximated through a feature map φ with
+A ≈ φ(Q)φ(K)ᵀ, computed right to left: ``D⁻¹ (φ(Q) (φ(K)ᵀ V))``, D = diag(φ(Q) (φ(K)ᵀ 1)). Time
+and memory are then linear in n for m random features w (``nb_features``, the sweep's budget).
+``kernel=softmax`` is FAVOR+'s positive features, lemma 1: φ(x) = exp(wᵀx − ‖x‖²/2)/√m;
+``kernel=relu`` is the paper's generalized attention, φ(x) = ReLU(wᵀx), which only resembles
+softmax. Either way x is scaled by d^(-1/4) first, so φ(q)ᵀφ(k) sees qᵀk/√d.
+
+We take the projection buffer, the kernel functions and the linear-attention contractions from
+performer-pytorch, but assemble them here rather than call ``FastAttention.forward``, because:
+
+* its ``mask`` only zeroes padded *values*: padded keys still add to the normaliser D, so the
+  output depends on how much padding there is. We zero padded keys' features instead, which
+  removes them from both φ(K)ᵀV and φ(K)ᵀ1;
+* its ``causal=True`` prints a message and wants fast-transformers' CUDA extension; we run the
+  library's plain prefix-sum reference path ourselves, in fp32 so fp16/bf16 inputs work;
+* under causal its eps terms leak future keys into past outputs, so we set them to 0 (see
+  :meth:`PerformerAttention.features`);
+* its ``ortho_scaling`` only picks how rows are scaled — the rows are always orthogonal — so for
+  ``ortho_features=False`` we draw plain iid Gaussian features ourselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from performer_pytorch import FastAttention
+from performer_pytorch.performer_pytorch import (
+    causal_linear_attention_noncuda,
+    generalized_kernel,
+    linear_attention,
+    softmax_kernel,
+)
+from torch import Tensor
+
+from attnbench.attention.base import MultiHeadAttention, check_bool, check_choice, check_int
+from attnbench.registry import register
+
+KERNELS = ("softmax", "relu")
+
+
+@dataclass
+class PerformerConfig:
+    nb_features: int = 256
+    ortho_features: bool = True
+    kernel: str = "softmax"
+    causal: bool = False
+    feature_redraw_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("nb_features", self.nb_features)
+        check_bool("ortho_features", self.ortho_features)
+        check_choice("kernel", self.kernel, KERNELS)
+        check_bool("causal", self.causal)
+        if self.feature_redraw_interval is not None:
+            check_int("feature_redraw_interval", self.feature_redraw_interval)
+
+
+@register("performer", config=PerformerConfig, causal=True, padding_mask=True,
+          budget="nb_features",
+          summary="FAVOR+ random features, linear in n (performer-pytorch); kernel softmax|relu")
+class PerformerAttention(MultiHeadAttention):
+    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int,
+                 cfg: PerformerConfig) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+        # causal=False here: we run the causal path ourselves (see the module docstring).
+        self.fast_attention = FastAttention(
+            self.head_dim, nb_features=cfg.nb_features, ortho_scaling=0, causal=False,
+            generalized_attention=cfg.kernel == "relu",
+        )
+        self._calls_since_redraw = 0
+        if not cfg.ortho_features:
+            self.redraw_features()
+
+    @property
+    def projection_matrix(self) -> Tensor:
+        """The random features w, one per row: (m, dh)."""
+        return self.fast_attention.projection_matrix
+
+    @torch.no_grad()
+    def redraw_features(self) -> None:
+        """Draw fresh random features of the configured kind, in place in the buffer.
+
+        Orthogonal: the library's blocks of orthogonal rows with Gaussian-distributed norms
+        (``ortho_scaling=0``), the paper's ORFs. Otherwise iid N(0, I) rows, which the library
+        cannot draw.
+        """
+        p = self.projection_matrix  # (m, dh)
+        if self.cfg.ortho_features:
+            new = self.fast_attention.create_projection(device=p.device)
+        else:
+            new = torch.randn(p.shape, device=p.device)
+        p.copy_(new)
+
+    def _count_call(self) -> None:
+        """Redraw after every ``feature_redraw_interval`` training calls; never in eval."""
+        interval = self.cfg.feature_redraw_interval
+        if not self.training or interval is None:
+            return
+        if self._calls_since_redraw >= interval:
+            self.redraw_features()
+            self._calls_since_redraw = 0
+        self._calls_since_redraw += 1
+
+    def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """φ(Q), φ(K) from (b, h, n, dh) each to (b, h, n, m) each, with the library's kernels."""
+        w = self.projection_matrix  # (m, dh)
+        if self.cfg.kernel == "relu":
+            kernel_fn = self.fast_attention.kernel_fn
+            return (generalized_kernel(q, projection_matrix=w, kernel_fn=kernel_fn),
+                    generalized_kernel(k, projection_matrix=w, kernel_fn=kernel_fn))
+        # softmax_kernel stabilises every key by one max of wᵀk over the whole sequence, then adds
+        # eps. Under causal that max comes from future keys and, through eps, leaks them into past
+        # outputs (by more than the output's own size when a later key is large). With eps=0 the
+        # max is a common factor of numerator and normaliser and cancels exactly. The price: a
+        # query whose every visible key underflows below that max in fp32 (e^-87, keys far
+        # smaller than a later one) gets 0/0 = NaN where the library would give a finite answer
+        # dominated by eps; so does a query with no unpadded key before it, as in vanilla.
+        key_eps = {"eps": 0.0} if self.cfg.causal else {}
+        return (softmax_kernel(q, projection_matrix=w, is_query=True),
+                softmax_kernel(k, projection_matrix=w, is_query=False, **key_eps))
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        self._count_call()
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
+        if self.cfg.causal:
+            # fp32 throughout: prefix sums over n run past fp16's range and bf16's precision, and
+            # with eps=0 a key far below the max must not underflow to a zero feature
+            q, k, v = q.float(), k.float(), v.float()
+        padded = None
+        if key_padding_mask is not None:
+            padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
+            # zeroed before the kernel too, so a padded key cannot dominate softmax_kernel's max
+            k = k.masked_fill(padded, 0.0)
+        q_f, k_f = self.features(q, k)  # (b, h, n, m)
+        if padded is not None:
+            k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
+        if self.cfg.causal:
+            # eps=0 for the same reason as the keys' eps: it would not scale with their max
+            out = causal_linear_attention_noncuda(q_f, k_f, v, eps=0.0)  # (b, h, n, dh)
+            out = out.to(x.dtype)
+        else:
+            out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
+        return self.merge_heads(out)  # (b, n, d)

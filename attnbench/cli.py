@@ -1,0 +1,117 @@
+"""Command line: ``attnbench list`` and ``attnbench demo``.
+
+``attnbench run`` (the Hydra sweep of Table 3), ``report`` and ``check`` arrive with the
+measurement engine; until then ``demo`` times one Table 3 cell on this machine so a new user
+sees the comparison end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import attnbench
+
+
+def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str]]:
+    """One row per mechanism from ``info()``: the source of README's table and ``list``."""
+    rows = []
+    for name in attnbench.names():
+        i = attnbench.info(name)
+        rows.append((
+            name, i.summary, "yes" if i.causal else "no", "yes" if i.padding_mask else "no",
+            ", ".join(i.devices), ", ".join(i.dtypes), i.budget or "-",
+        ))
+    return rows
+
+
+HEADERS = ("name", "what", "causal", "padding mask", "devices", "dtypes", "budget (k)")
+
+
+def markdown_table() -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in mechanism_rows()]
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    table = Table(*HEADERS, "available here", title="attnbench mechanisms")
+    for row in mechanism_rows():
+        why = attnbench.info(row[0]).unavailable
+        table.add_row(*row, "yes" if why is None else f"no: {why}")
+    Console().print(table)
+    return 0
+
+
+def _median_forward_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
+    with torch.inference_mode():
+        model(x)  # warm-up, not counted
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()  # CPU only: the forward has returned when this reads
+            model(x)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.k >= args.n:
+        print(f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}",
+              file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    x = torch.randn(1, args.n, 768)
+    console = Console()
+    console.print(f"One Table 3 cell on {torch.get_num_threads()} CPU threads: 12-layer "
+                  f"RoBERTa-base encoder, n={args.n}, k={args.k}, batch 1, fp32, median of "
+                  f"{args.repeats} forwards (a first look, not the paper's GPU protocol).")
+    t = {}
+    for name, params in (("vanilla", {}), ("linformer", {"k": args.k, "sharing": "layerwise"})):
+        model = attnbench.build_model(name, max_seq_len=args.n, **params)
+        t[name] = _median_forward_s(model, x, args.repeats)
+        console.print(f"  {name:10s} {t[name] * 1e3:9.1f} ms per forward")
+    console.print(f"  time ratio (vanilla / linformer): {t['vanilla'] / t['linformer']:.2f}x")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnbench",
+        description="Is this efficient attention really faster and leaner than the "
+                    "Transformer's, on my machine, at my sequence lengths?",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="mechanisms, their capabilities and whether they run here")
+    p.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    p.set_defaults(fn=cmd_list)
+    p = sub.add_parser("demo", help="time vanilla against Linformer (layerwise) on one cell")
+    p.add_argument("--n", type=_positive, default=1024, help="sequence length (default 1024)")
+    p.add_argument("--k", type=_positive, default=128, help="Linformer's k (default 128)")
+    p.add_argument("--repeats", type=_positive, default=3, help="timed forwards (default 3)")
+    p.set_defaults(fn=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
