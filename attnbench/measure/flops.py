@@ -1,0 +1,31 @@
+"""FLOPs of a forward, counted by ``torch.utils.flop_counter.FlopCounterMode``.
+
+PyTorch's counter has formulas for the CUDA SDPA kernels but not for the CPU flash kernel
+that ``scaled_dot_product_attention`` dispatches to on CPU, so a CPU count would silently
+miss all of sdpa's attention (and Linformer's inner softmax). We give the CPU op the same
+formula as its CUDA twin: 4·b·h·n_q·n_k·d, two matmuls of 2·n_q·n_k·d each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import flop_counter
+
+_aten = torch.ops.aten
+_TWINS = {  # op the counter misses -> op with the same signature head and the right formula
+    "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
+}
+for _op, _twin in _TWINS.items():
+    if hasattr(_aten, _op) and getattr(_aten, _op) not in flop_counter.flop_registry:
+        flop_counter.flop_registry[getattr(_aten, _op)] = \
+            flop_counter.flop_registry[getattr(_aten, _twin)]
+
+
+def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Total FLOPs (multiply and add counted separately) of ``fn(*args, **kwargs)``."""
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops()

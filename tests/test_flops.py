@@ -1,0 +1,28 @@
+"""FLOP counting sees every kernel a CPU forward runs, the fused CPU flash attention included."""
+
+from __future__ import annotations
+
+import torch
+
+import attnbench
+from attnbench.measure.flops import count_flops
+
+
+def test_sdpa_counts_like_vanilla_on_cpu() -> None:
+    """Same math, so the same FLOPs: the CPU flash kernel must not count as zero."""
+    x = torch.randn(2, 64, 32)
+    counts = {name: count_flops(attnbench.create(name, d_model=32, n_heads=4, max_seq_len=64), x)
+              for name in ("vanilla", "sdpa")}
+    b, n, d = x.shape
+    projections = 4 * 2 * b * n * d * d
+    attention = 2 * 2 * b * n * n * d  # QKᵀ and PV
+    assert counts["vanilla"] == counts["sdpa"] == projections + attention
+
+
+def test_linformer_shared_projection_flops() -> None:
+    """kv sharing: E X once (2knd), K and V on k rows (2·2kd²), attention 4nkd, Q and O 2·2nd²."""
+    b, n, d, k = 1, 64, 32, 16
+    m = attnbench.create("linformer", d_model=d, n_heads=4, max_seq_len=n, k=k, sharing="kv")
+    want = b * (2 * k * n * d + 2 * 2 * k * d * d + 4 * n * k * d + 2 * 2 * n * d * d)
+    # + the E·1 row sums (2kn): the bias term of the reordered projection
+    assert count_flops(m, torch.randn(b, n, d)) == want + b * 2 * k * n
