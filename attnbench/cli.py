@@ -36,7 +36,7 @@ HEADERS = ("name", "what", "causal", "padding mask", "devices", "dtypes", "budge
 
 def markdown_table() -> str:
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(r) + " |" for r in mechanism_rows()]
+    lines += ["| " + " | ".join(c.replace("|", r"\|") for c in r) + " |" for r in mechanism_rows()]
     return "\n".join(lines)
 
 
@@ -45,11 +45,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(markdown_table())
         return 0
     table = Table(*HEADERS, "available here", title="attnbench mechanisms")
+    table.columns[0].no_wrap = True
     for row in mechanism_rows():
         why = attnbench.info(row[0]).unavailable
         table.add_row(*row, "yes" if why is None else f"no: {why}")
-    Console().print(table)
+    _console().print(table)
     return 0
+
+
+def _console() -> Console:
+    """Rich console; piped output (logs, CI) gets a wide page rather than 80 wrapped columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
 
 
 def _median_forward_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
@@ -70,7 +77,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     torch.manual_seed(0)
     x = torch.randn(1, args.n, 768)
-    console = Console()
+    console = _console()
     console.print(f"One Table 3 cell on {torch.get_num_threads()} CPU threads: 12-layer "
                   f"RoBERTa-base encoder, n={args.n}, k={args.k}, batch 1, fp32, median of "
                   f"{args.repeats} forwards (a first look, not the paper's GPU protocol).")

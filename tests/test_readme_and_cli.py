@@ -1,0 +1,75 @@
+"""The README says what the code does, and the CLI behaves for a user (run in a subprocess)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnbench
+from attnbench import registry
+from attnbench.cli import markdown_table
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_readme_mechanism_table_is_generated_from_info() -> None:
+    block = re.search(r"<!-- mechanisms:begin -->\n(.*?)\n<!-- mechanisms:end -->",
+                      README.read_text(), re.S)
+    assert block, "README lost its mechanisms markers"
+    assert block.group(1).strip() == markdown_table(), \
+        "README's mechanism table is stale: regenerate it with `attnbench list --markdown`"
+
+
+def test_readme_add_a_mechanism_example_runs() -> None:
+    code = re.search(r"```python\n(.*?)```", _section("Add a mechanism"), re.S).group(1)
+    try:
+        exec(compile(code, "README:add-a-mechanism", "exec"), {})
+        m = attnbench.create("local_window", d_model=32, n_heads=4, max_seq_len=64, window=3)
+        mask = torch.zeros(2, 16, dtype=torch.bool)
+        mask[1, 10:] = True
+        assert m(torch.randn(2, 16, 32), mask).shape == (2, 16, 32)
+    finally:
+        registry._REGISTRY.pop("local_window", None)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_list_shows_every_mechanism_and_why_not() -> None:
+    out = _cli("list")
+    assert out.returncode == 0, out.stderr
+    for name in attnbench.names():
+        assert name in out.stdout
+    if attnbench.info("xformers").unavailable:
+        assert "no:" in out.stdout
+
+
+def test_cli_demo_runs_one_cell() -> None:
+    out = _cli("demo", "--n", "64", "--k", "16", "--repeats", "1")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"time ratio \(vanilla / linformer\): \d+\.\d\dx", out.stdout)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("demo", "--n", "0"), "--n: must be an integer >= 1, got '0'"),
+    (("demo", "--n", "64", "--k", "64"), "--k: must be below --n=64, got 64"),
+    (("launch",), "invalid choice: 'launch'"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
+    out = _cli(*args)
+    assert out.returncode == 2
+    assert needle in out.stderr and "Traceback" not in out.stderr
