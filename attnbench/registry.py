@@ -47,13 +47,7 @@ class Info:
 class _Spec:
     cls: type[MultiHeadAttention]
     config: type
-    summary: str
-    causal: bool
-    padding_mask: bool
-    devices: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    fixed_max_len: bool
-    budget: str | None
+    info: Info  # with ``unavailable`` left None: that is asked afresh on each info()
     why_unavailable: Callable[[], str | None]
 
 
@@ -97,10 +91,13 @@ def register(
             raise TypeError(f"register({name!r}): {cls!r} is not a MultiHeadAttention subclass")
         if name in _REGISTRY:
             raise ValueError(f"register: attention {name!r} is already registered")
-        _REGISTRY[name] = _Spec(
-            cls, config, summary, causal, padding_mask, tuple(devices), tuple(dtypes),
-            fixed_max_len, budget, why_unavailable,
-        )
+        defaults = {
+            f.name: (f.default if f.default is not dataclasses.MISSING else None)
+            for f in dataclasses.fields(config)
+        }
+        caps = Info(name, summary, causal, padding_mask, tuple(devices), tuple(dtypes),
+                    fixed_max_len, budget, defaults, unavailable=None)
+        _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls
 
     return decorate
@@ -141,14 +138,7 @@ def _spec(name: str) -> _Spec:
 def info(name: str) -> Info:
     """Capabilities of ``name``; ``unavailable`` says in one line why it cannot run here."""
     s = _spec(name)
-    defaults = {
-        f.name: (f.default if f.default is not dataclasses.MISSING else None)
-        for f in dataclasses.fields(s.config)
-    }
-    return Info(
-        name, s.summary, s.causal, s.padding_mask, s.devices, s.dtypes, s.fixed_max_len,
-        s.budget, defaults, s.why_unavailable(),
-    )
+    return dataclasses.replace(s.info, unavailable=s.why_unavailable())
 
 
 def make_config(name: str, params: dict[str, Any]) -> Any:
