@@ -43,6 +43,13 @@ class Encoder(nn.Module):
             x = layer(x, key_padding_mask)
         return x
 
+    def flops(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one forward: each layer's attention plus its two FFN matmuls."""
+        return sum(
+            layer.attn.flops(b, n) + 2 * 2 * b * n * layer.fc1.in_features * layer.fc1.out_features
+            for layer in self.layers
+        )
+
 
 def build_model(attention: str, *, layers: int = 12, d_model: int = 768, n_heads: int = 12,
                 d_ff: int = 3072, max_seq_len: int, **params: Any) -> Encoder:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnbench
@@ -26,3 +27,29 @@ def test_linformer_shared_projection_flops() -> None:
     want = b * (2 * k * n * d + 2 * 2 * k * d * d + 4 * n * k * d + 2 * 2 * n * d * d)
     # + the E·1 row sums (2kn): the bias term of the reordered projection
     assert count_flops(m, torch.randn(b, n, d)) == want + b * 2 * k * n
+
+
+def _variants() -> list[tuple[str, dict]]:
+    from attnbench.attention.linformer import PROJECTIONS, SHARING
+
+    out = [("vanilla", {}), ("sdpa", {}), ("sdpa", {"causal": True}),
+           ("performer", {"nb_features": 16}), ("performer", {"nb_features": 16, "causal": True}),
+           ("performer", {"nb_features": 24, "kernel": "relu"})]
+    out += [("linformer", {"k": 8, "sharing": s, "projection": p})
+            for s in SHARING for p in PROJECTIONS]
+    return out
+
+
+@pytest.mark.parametrize(("name", "params"), _variants(), ids=str)
+@pytest.mark.parametrize("n", [64, 40])
+def test_analytic_flops_agree_with_flop_counter(name: str, params: dict, n: int) -> None:
+    b, d = 3, 32
+    model = attnbench.build_model(name, layers=2, d_model=d, n_heads=4, d_ff=48, max_seq_len=64,
+                                  **params)
+    counted = count_flops(model, torch.randn(b, n, d))
+    uncounted = 0
+    if name == "performer" and params.get("causal"):
+        # the causal path's last contraction is a broadcast multiply-sum: real work that
+        # FlopCounterMode does not see, and that the formula counts
+        uncounted = 2 * 2 * b * n * params["nb_features"] * d
+    assert model.flops(b, n) == counted + uncounted

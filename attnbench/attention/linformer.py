@@ -246,6 +246,31 @@ class LinformerAttention(MultiHeadAttention):
         v = F.linear(fx, self.v_proj.weight) + f1 * self.v_proj.bias  # (b, s, d)
         return self.split_heads(k), self.split_heads(v)  # (b, h, s, dh)
 
+    def slots(self, n: int) -> int:
+        """Projected length at input length n: k, or the pooling windows that start before n."""
+        if self.cfg.projection in ("linear", "random"):
+            return self.k
+        return -(-n // self.proj_k.window)
+
+    def flops(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one forward without a padding mask (see the base class)."""
+        d, s, kind = self.d_model, self.slots(n), self.cfg.projection
+        one_e = self.proj_v is self.proj_k
+        q_out = 2 * 2 * b * n * d * d
+        attention = 4 * b * n * s * d  # Q (EK)ᵀ and P̄ (FV)
+        matrix = kind in ("linear", "random")  # pooling is no matmul; conv is counted below
+        if self.early:  # E X (and F X), E·1 for the bias, then W^K and W^V on s rows
+            ex = (2 * b * s * n * d + 2 * s * n) * (1 if one_e else 2) if matrix else 0
+            return q_out + ex + 2 * 2 * b * s * d * d + attention
+        kv = 2 * 2 * b * n * d * d
+        if matrix:
+            proj = 2 * 2 * b * s * n * d  # E K and F V, every head
+        elif kind == "conv":
+            proj = 2 * 2 * b * d * self.head_dim * s * self.proj_k.window
+        else:
+            proj = 0
+        return q_out + kv + proj + attention
+
     def projection_matrices(self, n: int | None = None) -> tuple[Tensor, Tensor]:
         """The effective dense E and F, (heads, k, n) each, for linear, random and mean.
 

@@ -122,6 +122,15 @@ class PerformerAttention(MultiHeadAttention):
         return (softmax_kernel(q, projection_matrix=w, is_query=True),
                 softmax_kernel(k, projection_matrix=w, is_query=False, **key_eps))
 
+    def attention_flops(self, b: int, n: int) -> int:
+        """φ(Q), φ(K): 2·n·m·d each; φ(K)ᵀV and φ(Q)(φ(K)ᵀV): 2·n·m·d each; normaliser 2·h·n·m.
+
+        Under causal, the last contraction runs as a broadcast multiply-sum that
+        FlopCounterMode does not see; it is real work, so it is counted here all the same.
+        """
+        m = self.cfg.nb_features
+        return 8 * b * n * m * self.d_model + 2 * b * self.n_heads * n * m
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         self._count_call()
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)

@@ -1,0 +1,144 @@
+"""Peak memory of one forward: measured on CUDA, modeled anywhere.
+
+The model runs the very same forward on ``meta`` tensors (shapes, no data) under a
+``TorchDispatchMode`` that tracks the bytes of every live storage, each rounded as PyTorch's
+CUDA caching allocator rounds a request (up to a multiple of 512 bytes). Its peak, plus the
+weights, the input and the device preset's fixed overhead (CUDA context, library
+workspaces), is what ``torch.cuda.max_memory_allocated`` would read, without a GPU and in
+well under a second. Run on real CPU tensors, the same tracker gives a CPU peak to check the
+model against, and enforces an artificial ceiling by raising ``torch.OutOfMemoryError``.
+
+What it cannot see: memory a fused kernel allocates inside itself (e.g. cuBLAS workspaces,
+or SDPA's per-row logsumexp, which is the kernel's own), and fragmentation of the caching
+allocator's segments, which makes ``reserved`` exceed ``allocated``. Real probes on a GPU
+correct for both (:mod:`attnbench.measure.search`).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ALLOC_ROUND = 512  # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every block's granule
+
+
+def rounded(nbytes: int) -> int:
+    """Bytes the CUDA caching allocator hands out for a request of ``nbytes``."""
+    return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes else 0
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Tracks live bytes of storages created while active; optionally enforces a ceiling.
+
+    ``base`` counts what exists before the forward (weights, input). A storage is counted
+    from the op that creates it until it is freed (a weakref finalizer on the storage), so
+    the peak is the high-water mark of live bytes, as the allocator's own stat is.
+    """
+
+    def __init__(self, base: int = 0, ceiling: int | None = None) -> None:
+        super().__init__()
+        self.base = base
+        self.live = base
+        self.peak = base
+        self.ceiling = ceiling
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            if storage in self._seen:  # a view, or an in-place op: nothing new
+                continue
+            nbytes = rounded(storage.nbytes())
+            self._seen[storage] = nbytes
+            weakref.finalize(storage, self._free, nbytes)
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            if self.ceiling is not None and self.live > self.ceiling:
+                raise torch.OutOfMemoryError(
+                    f"attnbench tracker: {self.live} bytes live exceed the ceiling of "
+                    f"{self.ceiling} bytes"
+                )
+        return out
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Weights and buffers as the allocator holds them (shared tensors once)."""
+    storages = {id(t.untyped_storage()): t.untyped_storage()
+                for t in (*module.parameters(), *module.buffers())}
+    return sum(rounded(s.nbytes()) for s in storages.values())
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Peak bytes of one forward; ``source`` is ``modeled`` (meta), ``tracked`` (real tensors
+    under the tracker) or ``measured`` (CUDA allocator statistics)."""
+
+    bytes: int
+    source: str
+    reserved: int | None = None
+
+
+def tracked_peak(forward: Callable[[], Any], base: int, ceiling: int | None = None) -> int:
+    """Peak live bytes of ``forward()`` under the tracker, counting ``base`` as already live.
+
+    Raises ``torch.OutOfMemoryError`` past ``ceiling``. Whatever the forward left behind is
+    released before returning or raising, so a failed probe leaves no memory behind.
+    """
+    tracker = MemoryTracker(base=base, ceiling=ceiling)
+    try:
+        with torch.inference_mode(), tracker:
+            out = forward()
+        del out
+        return tracker.peak
+    finally:
+        gc.collect()
+
+
+@contextmanager
+def _cuda_ceiling(ceiling: int | None, device: torch.device) -> Iterator[None]:
+    """Cap this process's CUDA memory at ``ceiling`` bytes, restoring the cap afterwards."""
+    if ceiling is None:
+        yield
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, ceiling / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def measured_peak_cuda(forward: Callable[[], Any], device: torch.device,
+                       ceiling: int | None = None) -> Peak:
+    """Peak allocated and reserved bytes of one real CUDA forward, stats reset before it.
+
+    Includes what already lives on the device (weights, input), as a user's OOM does.
+    """
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with _cuda_ceiling(ceiling, device), torch.inference_mode():
+            out = forward()
+            torch.cuda.synchronize(device)
+        del out
+        return Peak(torch.cuda.max_memory_allocated(device), "measured",
+                    torch.cuda.max_memory_reserved(device))
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
