@@ -1,0 +1,78 @@
+"""Device presets: usable memory, fixed overhead and peak FLOP/s, read from conf/device/.
+
+The YAML files are the one source (each says where its figures come from); this module only
+loads and checks them, and answers the questions the runner asks: how many bytes may a run
+use, and can this device run this dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib.resources import files
+
+from omegaconf import OmegaConf
+
+DTYPE_NAMES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    gpu: str | None
+    total_bytes: int  # what the device reports as its memory
+    overhead_bytes: int  # CUDA context and library workspaces, outside torch's allocator
+    peak_flops: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpu is not None
+
+    @property
+    def usable_bytes(self) -> int:
+        """What torch's allocator may hand out: the device's memory less the fixed overhead."""
+        return self.total_bytes - self.overhead_bytes
+
+    def check_dtype(self, dtype: str) -> None:
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPE_NAMES)}; got {dtype!r}")
+        if self.is_gpu and dtype not in self.peak_flops:
+            raise ValueError(
+                f"dtype: {self.name} ({self.gpu}) cannot run {dtype}; allowed: "
+                f"{', '.join(self.peak_flops)}"
+            )
+
+    def check_ceiling(self, ceiling: int) -> int:
+        if not isinstance(ceiling, int) or isinstance(ceiling, bool) or ceiling < 1:
+            raise ValueError(f"ceiling: must be a positive number of bytes, got {ceiling!r}")
+        if ceiling > self.total_bytes:
+            raise ValueError(
+                f"ceiling: {ceiling} bytes is above {self.name}'s {self.total_bytes} bytes of "
+                "memory"
+            )
+        return ceiling
+
+
+def _preset_dir():  # type: ignore[no-untyped-def]
+    return files("attnbench.conf") / "device"
+
+
+def names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in _preset_dir().iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def load(name: str) -> Preset:
+    """The preset ``name`` from conf/device/; an unknown name lists the known ones."""
+    known = names()
+    if name not in known:
+        raise ValueError(f"device: unknown preset {name!r}; allowed: {', '.join(known)}")
+    raw = OmegaConf.to_container(OmegaConf.load(str(_preset_dir() / f"{name}.yaml")))
+    assert isinstance(raw, dict)
+    total = raw["total_bytes"] if raw["total_bytes"] is not None else host_memory_bytes()
+    return Preset(raw["name"], raw["gpu"], int(total), int(raw["overhead_bytes"]),
+                  {k: float(v) for k, v in (raw["peak_flops"] or {}).items()})

@@ -1,0 +1,82 @@
+"""Time of one forward: median and IQR over repeats, by device events on CUDA.
+
+Rules (DESIGN.md): forward only, under ``torch.inference_mode()``; warm-up not counted;
+repeat until at least ``min_repeats`` runs and ``min_seconds`` of timed work; raw samples kept
+so statistics can be recomputed. On CUDA each repeat is bracketed by CUDA events (device
+time, never a host clock without synchronizing), optionally after flushing L2 as
+``triton.testing.do_bench`` does. On CPU a forward has returned when it is done, so
+``time.perf_counter`` is exact; the thread count goes with the figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100: 50 MB)
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples: tuple[float, ...]  # seconds per forward, in the order taken
+    method: str  # "cuda-events" or "perf_counter"
+    threads: int  # torch's intra-op threads (what a CPU figure depends on)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def iqr(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q3 - q1
+
+    def __repr__(self) -> str:
+        return (f"Timing(median={self.median * 1e3:.3f} ms, iqr={self.iqr * 1e3:.3f} ms, "
+                f"repeats={self.repeats}, {self.method}, threads={self.threads})")
+
+
+def time_forward(fn: Callable[[], Any], device: torch.device, *, min_repeats: int = 5,
+                 min_seconds: float = 1.0, warmup: int = 2, max_repeats: int = 1000,
+                 flush_l2: bool = False) -> Timing:
+    """Time ``fn()`` (one forward) on ``device``; see the module docstring for the rules."""
+    cuda = device.type == "cuda"
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 \
+        else None
+    samples: list[float] = []
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        begun = time.perf_counter()
+        while len(samples) < max_repeats and (
+            len(samples) < min_repeats or time.perf_counter() - begun < min_seconds
+        ):
+            if cuda:
+                if flush is not None:
+                    flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t0)
+    return Timing(tuple(samples), "cuda-events" if cuda else "perf_counter",
+                  torch.get_num_threads())

@@ -1,0 +1,313 @@
+"""One cell in, one row out: max batch, time, peak memory and FLOPs of the Table 3 encoder.
+
+A cell is a frozen, hashable spec: (mechanism + its parameters, model shape, n, k, b, dtype,
+device preset, ceiling). :func:`validate` refuses bad cells with one ``ValueError`` line
+before anything runs; :func:`run_cell` then always returns a row, whose ``status`` says
+``ok``, ``oom`` (even b = 1 does not fit, or the fixed b does not), ``skipped`` (cannot run
+here, with the reason) or ``error`` (the forward raised, with the message).
+
+Where the cell's preset is a GPU and CUDA is here, everything is real: the model predicts the
+max batch, real probes under the ceiling confirm or correct it, and timing is on the GPU at
+that batch. Without CUDA, memory comes from the model (labelled ``modeled``) and time per
+sequence is measured on this CPU in fp32 at ``cpu_batch``, if its estimated cost fits
+``time_budget_s``; a cell over budget says so in ``reason``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnbench
+from attnbench.attention.base import check_int
+from attnbench.measure import presets
+from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
+from attnbench.measure.search import largest_fitting
+from attnbench.measure.timing import Timing, time_forward
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Cell:
+    attention: str
+    n: int
+    k: int | None = None  # the mechanism's budget (Linformer's k, Performer's nb_features)
+    batch: int | str = "max"
+    dtype: str = "fp16"
+    device: str = "v100_16gb"
+    ceiling_bytes: int | None = None  # default: the preset's whole memory
+    params: tuple[tuple[str, Any], ...] = ()  # the mechanism's own, as sorted (key, value)
+    layers: int = 12
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    min_repeats: int = 5
+    min_seconds: float = 1.0
+    cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
+    time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
+    flush_l2: bool = False
+
+    def mechanism_params(self) -> dict[str, Any]:
+        """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
+        params = dict(self.params)
+        budget = attnbench.info(self.attention).budget
+        if budget is not None and self.k is not None:
+            params[budget] = self.k
+        return params
+
+
+@dataclass
+class _Plan:
+    """What validation learned, so running does not recompute it."""
+
+    preset: presets.Preset
+    ceiling: int
+    on_gpu: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def validate(cell: Cell) -> _Plan:
+    """One ``ValueError`` line naming the first bad parameter; nothing is run."""
+    attnbench.info(cell.attention)  # unknown mechanism
+    check_int("n", cell.n)
+    if cell.batch != "max" and (isinstance(cell.batch, str) or check_int("batch", cell.batch)):
+        if isinstance(cell.batch, str):
+            raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
+    if cell.k is not None:
+        check_int("k", cell.k)
+        if attnbench.info(cell.attention).budget is not None and cell.k > cell.n:
+            raise ValueError(f"k: must be at most n={cell.n}, got {cell.k}")
+    preset = presets.load(cell.device)
+    preset.check_dtype(cell.dtype)
+    ceiling = preset.check_ceiling(cell.ceiling_bytes) if cell.ceiling_bytes is not None \
+        else preset.total_bytes
+    if ceiling <= preset.overhead_bytes:
+        raise ValueError(f"ceiling: {ceiling} bytes leave nothing after {cell.device}'s fixed "
+                         f"overhead of {preset.overhead_bytes} bytes")
+    for name in ("layers", "d_model", "n_heads", "d_ff", "min_repeats", "cpu_batch"):
+        check_int(name, getattr(cell, name))
+    params = cell.mechanism_params()
+    # builds the layer's config and shape checks (k <= n, d_model % n_heads, ...) on meta
+    with torch.device("meta"):
+        attnbench.create(cell.attention, d_model=cell.d_model, n_heads=cell.n_heads,
+                         max_seq_len=cell.n, **params)
+    on_gpu = preset.is_gpu and torch.cuda.is_available()
+    return _Plan(preset, ceiling, on_gpu, params)
+
+
+def _build(cell: Cell, plan: _Plan, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = attnbench.build_model(cell.attention, layers=cell.layers, d_model=cell.d_model,
+                                      n_heads=cell.n_heads, d_ff=cell.d_ff, max_seq_len=cell.n,
+                                      **plan.params)
+    return model.to(dtype=dtype).eval()
+
+
+def _input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random (never zero) embeddings from a fixed seed."""
+    if device == "meta":
+        return torch.empty(b, cell.n, cell.d_model, device="meta", dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(b, cell.n, cell.d_model, generator=gen, device=device, dtype=dtype)
+
+
+def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
+    """Peak bytes of a forward at batch b on the preset: meta forward + weights + input +
+    the preset's fixed overhead."""
+    dtype = DTYPES[cell.dtype]
+    x = _input(b, cell, "meta", dtype)
+    base = module_bytes(model) + rounded(x.nbytes) + overhead
+    return tracked_peak(lambda: model(x), base)
+
+
+def _linear_guess(peak: Callable[[int], int], ceiling: int) -> int:
+    """Peak is nearly affine in b: two model probes predict where it meets the ceiling."""
+    p1, p2 = peak(1), peak(2)
+    if p1 > ceiling:
+        return 1
+    slope = max(p2 - p1, 1)
+    return max(1, 1 + (ceiling - p1) // slope)
+
+
+def _cuda_fits(model: torch.nn.Module, cell: Cell, plan: _Plan, b: int) -> bool:
+    """A real forward at b under the ceiling (less the fixed overhead); OOM is caught."""
+    dev = torch.device("cuda")
+    try:
+        x = _input(b, cell, "cuda", DTYPES[cell.dtype])
+        measured_peak_cuda(lambda: model(x), dev, plan.ceiling - plan.preset.overhead_bytes)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        x = None
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+@functools.cache
+def cpu_matmul_rate() -> float:
+    """fp32 GEMM FLOP/s of this CPU, measured once, to estimate a CPU forward's cost."""
+    a, w = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    t = time_forward(lambda: a @ w, torch.device("cpu"), min_repeats=5, min_seconds=0.2)
+    return 2 * 1024**3 / t.median
+
+
+@functools.cache
+def environment() -> dict[str, Any]:
+    """What a figure was measured with: device, versions, git revision, threads."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+    except OSError:
+        rev = None
+    cuda = torch.cuda.is_available()
+    return {
+        "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "attnbench": attnbench.__version__,
+        "git_revision": rev,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
+    """Measure one cell; always a row (see the module docstring). Validates first."""
+    plan = plan or validate(cell)
+    row: dict[str, Any] = {
+        "attention": cell.attention, "params": dict(cell.params), "n": cell.n, "k": cell.k,
+        "dtype": cell.dtype, "device": cell.device, "ceiling_bytes": plan.ceiling,
+        "model": {"layers": cell.layers, "d_model": cell.d_model, "n_heads": cell.n_heads,
+                  "d_ff": cell.d_ff},
+        "status": "ok", "reason": None, "max_batch": None, "batch": None,
+        "predicted_max_batch": None, "probes": 0, "model_error": None,
+        "time_median_s": None, "time_iqr_s": None, "repeats": 0, "time_per_seq_s": None,
+        "time_batch": None, "time_device": None, "time_dtype": None, "time_method": None,
+        "peak_bytes": None, "memory_source": None, "overhead_bytes": plan.preset.overhead_bytes,
+        "flops": None, "flops_per_s": None, "pct_of_peak": None, "env": environment(),
+    }
+    why = attnbench.info(cell.attention).unavailable
+    if why is not None:  # its forward cannot run here, not even on meta tensors
+        row.update(status="skipped", reason=why)
+        return row
+    try:
+        _measure(cell, plan, row)
+    except torch.OutOfMemoryError as e:
+        row.update(status="oom", reason=str(e).splitlines()[0][:300])
+    except Exception as e:  # a row with the reason, never a hole in the sweep
+        row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    return row
+
+
+def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
+    dtype = DTYPES[cell.dtype]
+    overhead = plan.preset.overhead_bytes
+    meta_model = _build(cell, plan, "meta", dtype)
+    row["flops"] = meta_model.flops(1, cell.n)  # per sequence; per forward below
+
+    def model_fits(b: int) -> bool:
+        return modeled_peak(meta_model, cell, b, overhead) <= plan.ceiling
+
+    if cell.batch == "max":
+        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead),
+                              plan.ceiling)
+        predicted, _ = largest_fitting(model_fits, guess)
+        row["predicted_max_batch"] = predicted
+    else:
+        predicted = None
+
+    if plan.on_gpu:
+        model = _build(cell, plan, "cuda", dtype)
+        if cell.batch == "max":
+            b, probes = largest_fitting(lambda b: _cuda_fits(model, cell, plan, b),
+                                        max(predicted, 1))
+            row.update(max_batch=b, probes=probes, model_error=predicted - b)
+        else:
+            b = cell.batch
+            row["max_batch"] = None
+        if b == 0:
+            row.update(status="oom", reason=f"b=1 does not fit under {plan.ceiling} bytes",
+                       memory_source="measured")
+            return
+        x = _input(b, cell, "cuda", dtype)
+        peak = measured_peak_cuda(lambda: model(x), torch.device("cuda"),
+                                  plan.ceiling - overhead)
+        row.update(batch=b, peak_bytes=peak.bytes + overhead, memory_source="measured",
+                   peak_reserved_bytes=peak.reserved)
+        timing = time_forward(lambda: model(x), torch.device("cuda"),
+                              min_repeats=cell.min_repeats, min_seconds=cell.min_seconds,
+                              flush_l2=cell.flush_l2)
+        _put_timing(row, timing, b, "cuda", cell.dtype, cell, plan)
+        return
+
+    # no GPU of the preset's kind here: memory from the model, time from this CPU
+    b = predicted if cell.batch == "max" else cell.batch
+    row.update(max_batch=predicted, memory_source="modeled", batch=b)
+    if b == 0:
+        row.update(status="oom", reason=f"modeled: b=1 does not fit under {plan.ceiling} bytes")
+        return
+    row["peak_bytes"] = modeled_peak(meta_model, cell, b, overhead)
+    if row["peak_bytes"] > plan.ceiling:
+        row.update(status="oom", reason=f"modeled: b={b} peaks at {row['peak_bytes']} bytes, "
+                                        f"over the ceiling of {plan.ceiling}")
+        return
+    _time_on_cpu(cell, plan, row)
+
+
+def _time_on_cpu(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
+    b = cell.cpu_batch
+    estimate = row["flops"] * b / cpu_matmul_rate()  # seconds per forward, at the GEMM rate
+    work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
+    if work > cell.time_budget_s:
+        row["reason"] = (f"time skipped: ~{estimate:.1f} s per forward at b={b} on this CPU; "
+                         f"{2 + cell.min_repeats} forwards exceed time_budget_s="
+                         f"{cell.time_budget_s:g}")
+        return
+    model = _build(cell, plan, "cpu", torch.float32)
+    x = _input(b, cell, "cpu", torch.float32)
+    timing = time_forward(lambda: model(x), torch.device("cpu"), min_repeats=cell.min_repeats,
+                          min_seconds=min(cell.min_seconds, cell.time_budget_s / 2))
+    _put_timing(row, timing, b, "cpu", "fp32", cell, plan)
+
+
+def _put_timing(row: dict[str, Any], timing: Timing, b: int, device: str, dtype: str,
+                cell: Cell, plan: _Plan) -> None:
+    flops_per_forward = row["flops"] * b
+    rate = flops_per_forward / timing.median
+    peak = plan.preset.peak_flops.get(dtype) if device == "cuda" else None
+    row.update(
+        time_median_s=timing.median, time_iqr_s=timing.iqr, repeats=timing.repeats,
+        time_per_seq_s=timing.median / b, time_batch=b, time_device=device, time_dtype=dtype,
+        time_method=timing.method, time_samples_s=list(timing.samples),
+        flops_per_s=rate, pct_of_peak=None if peak is None else 100 * rate / peak,
+    )
+    row["env"] = {**row["env"], "threads": timing.threads}
+
+
+def cell_dict(cell: Cell) -> dict[str, Any]:
+    """The cell as plain data, for stores and reports."""
+    return asdict(cell)
+
+
+__all__ = ["Cell", "cell_dict", "environment", "modeled_peak", "run_cell", "validate"]
