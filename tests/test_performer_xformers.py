@@ -112,10 +112,12 @@ def test_performer_causal_ignores_the_future(kernel: str) -> None:
     x = torch.randn(2, N, D_MODEL)
     with torch.no_grad():
         out = layer(x)
-        for j, scale in ((1, 1.0), (N // 2, 1.0), (N // 2, 10.0), (N - 1, 3.0)):
+        for j, scale in ((1, 1.0), (N // 2, 1.0), (N // 2, 10.0), (N // 2, 50.0), (N - 1, 3.0)):
             later = x.clone()
             later[:, j:] = torch.randn(2, N - j, D_MODEL) * scale
-            torch.testing.assert_close(layer(later)[:, :j], out[:, :j])
+            got = layer(later)[:, :j]
+            assert torch.isfinite(got).all(), f"large later keys (x{scale}) made NaN before {j}"
+            torch.testing.assert_close(got, out[:, :j])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -255,9 +257,11 @@ def test_xformers_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
         xformers_layer()(torch.randn(1, 8, D_MODEL))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, info() imports xformers to "
+                    "check that it loads")
 def test_xformers_import_and_info_are_silent() -> None:
-    """Neither importing the module nor asking why it is unavailable imports xformers, whose
-    import can log a page of build warnings."""
+    """Without CUDA, neither importing the module nor asking why it is unavailable imports
+    xformers, whose import can log a page of build warnings."""
     code = ("import sys, attnbench, attnbench.attention.xformers; "
             "attnbench.info('xformers'); assert 'xformers' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -121,8 +121,8 @@ class SequenceProjection(nn.Module):
     def forward(self, t: Tensor, valid: Tensor | None) -> Tensor:
         """``valid``: float (b, n), 1 at real tokens and 0 at padding, or None."""
         b, g, n, c = t.shape
-        if valid is not None and self.kind != "max":
-            t = t * valid[:, None, :, None]  # padded positions contribute nothing
+        if valid is not None and self.kind != "max":  # padded positions contribute nothing,
+            t = t.masked_fill(valid[:, None, :, None] == 0, 0.0)  # not even an inf or NaN
         if self.kind in ("linear", "random"):
             return self.weight[:, :, :n] @ t  # (g, k, n) @ (b, G, n, c) -> (b, G, k, c)
         if self.kind == "conv":

@@ -66,10 +66,13 @@ class PerformerAttention(MultiHeadAttention):
                  cfg: PerformerConfig) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
         # causal=False here: we run the causal path ourselves (see the module docstring).
-        self.fast_attention = FastAttention(
-            self.head_dim, nb_features=cfg.nb_features, ortho_scaling=0, causal=False,
-            generalized_attention=cfg.kernel == "relu",
-        )
+        # Drawn on the CPU whatever the default device: the library's QR runs via .cpu(), which
+        # a module built under torch.device("meta") (the memory model) could not do.
+        with torch.device("cpu"):
+            self.fast_attention = FastAttention(
+                self.head_dim, nb_features=cfg.nb_features, ortho_scaling=0, causal=False,
+                generalized_attention=cfg.kernel == "relu",
+            )
         self._calls_since_redraw = 0
         if not cfg.ortho_features:
             self.redraw_features()
@@ -88,10 +91,9 @@ class PerformerAttention(MultiHeadAttention):
         cannot draw.
         """
         p = self.projection_matrix  # (m, dh)
-        if self.cfg.ortho_features:
-            new = self.fast_attention.create_projection(device=p.device)
-        else:
-            new = torch.randn(p.shape, device=p.device)
+        with torch.device("cpu"):  # as in __init__: the library's QR needs real tensors
+            new = self.fast_attention.create_projection() if self.cfg.ortho_features \
+                else torch.randn(p.shape)
         p.copy_(new)
 
     def _count_call(self) -> None:
@@ -111,16 +113,26 @@ class PerformerAttention(MultiHeadAttention):
             kernel_fn = self.fast_attention.kernel_fn
             return (generalized_kernel(q, projection_matrix=w, kernel_fn=kernel_fn),
                     generalized_kernel(k, projection_matrix=w, kernel_fn=kernel_fn))
-        # softmax_kernel stabilises every key by one max of wᵀk over the whole sequence, then adds
-        # eps. Under causal that max comes from future keys and, through eps, leaks them into past
-        # outputs (by more than the output's own size when a later key is large). With eps=0 the
-        # max is a common factor of numerator and normaliser and cancels exactly. The price: a
-        # query whose every visible key underflows below that max in fp32 (e^-87, keys far
-        # smaller than a later one) gets 0/0 = NaN where the library would give a finite answer
-        # dominated by eps; so does a query with no unpadded key before it, as in vanilla.
-        key_eps = {"eps": 0.0} if self.cfg.causal else {}
-        return (softmax_kernel(q, projection_matrix=w, is_query=True),
-                softmax_kernel(k, projection_matrix=w, is_query=False, **key_eps))
+        q_f = softmax_kernel(q, projection_matrix=w, is_query=True)  # per-query max: no leak
+        if not self.cfg.causal:
+            return q_f, softmax_kernel(k, projection_matrix=w, is_query=False)
+        return q_f, self._causal_key_features(k)
+
+    def _causal_key_features(self, k: Tensor) -> Tensor:
+        """φ(K) = exp(wᵀk' − ‖k'‖²/2 − c)/√m with k' = k·d^(-1/4) and a constant c.
+
+        softmax_kernel stabilises keys by the max of wᵀk' over the whole sequence and adds eps:
+        under causal that max comes from future keys and, through eps, leaks them into past
+        outputs; without eps, a large later key underflows every earlier feature to 0 (0/0).
+        Since wᵀk' − ‖k'‖²/2 = ‖w‖²/2 − ‖k' − w‖²/2 ≤ ‖w‖²/2, the data-independent
+        c = max_j ‖w_j‖²/2 keeps every feature ≤ 1/√m, uses no future key, and cancels
+        exactly between numerator and normaliser.
+        """
+        w = self.projection_matrix.to(k.dtype)  # (m, dh)
+        k = k * self.head_dim**-0.25  # k' (b, h, n, dh)
+        c = w.square().sum(-1).max() / 2
+        dash = k @ w.T  # (b, h, n, m)
+        return torch.exp(dash - k.square().sum(-1, keepdim=True) / 2 - c) * w.shape[0] ** -0.5
 
     def attention_flops(self, b: int, n: int) -> int:
         """φ(Q), φ(K): 2·n·m·d each; φ(K)ᵀV and φ(Q)(φ(K)ᵀV): 2·n·m·d each; normaliser 2·h·n·m.
@@ -141,15 +153,20 @@ class PerformerAttention(MultiHeadAttention):
         padded = None
         if key_padding_mask is not None:
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
-            # zeroed before the kernel too, so a padded key cannot dominate softmax_kernel's max
-            k = k.masked_fill(padded, 0.0)
+            # zeroed before the kernel too, so a padded key cannot dominate softmax_kernel's max;
+            # V too, so even a non-finite padded value cannot reach 0·v
+            k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
         q_f, k_f = self.features(q, k)  # (b, h, n, m)
         if padded is not None:
             k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
         if self.cfg.causal:
-            # eps=0 for the same reason as the keys' eps: it would not scale with their max
+            # eps=0: the keys' constant stabiliser cancels exactly, an eps would not
             out = causal_linear_attention_noncuda(q_f, k_f, v, eps=0.0)  # (b, h, n, dh)
             out = out.to(x.dtype)
         else:
             out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
+        if key_padding_mask is not None:  # a query that sees no real key gets 0, as in sdpa
+            real = (~key_padding_mask).cumsum(-1) if self.cfg.causal else \
+                (~key_padding_mask).sum(-1, keepdim=True).expand_as(key_padding_mask)
+            out = out.masked_fill((real == 0)[:, None, :, None], 0.0)
         return self.merge_heads(out)  # (b, n, d)

@@ -29,6 +29,9 @@ class VanillaAttention(MultiHeadAttention):
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
         scores = (q @ k.transpose(-2, -1)) * self.scale  # (b, h, n, n)
         blocked = blocked_keys(key_padding_mask, self.cfg.causal, x.shape[1], x.device)
-        if blocked is not None:
-            scores = scores.masked_fill(blocked, float("-inf"))
-        return self.merge_heads(scores.softmax(dim=-1) @ v)  # (b, n, d)
+        if blocked is None:
+            return self.merge_heads(scores.softmax(dim=-1) @ v)  # (b, n, d)
+        probs = scores.masked_fill(blocked, float("-inf")).softmax(dim=-1)
+        if key_padding_mask is not None:  # a query that sees no key gets 0, as in sdpa, not NaN
+            probs = probs.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
+        return self.merge_heads(probs @ v)  # (b, n, d)
