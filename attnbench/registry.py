@@ -112,14 +112,14 @@ def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
-    _plugins_loaded = True
     for ep in entry_points(group=PLUGIN_GROUP):
         ep.load()
     for module in filter(None, (m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(","))):
         try:
             importlib.import_module(module)
-        except ImportError as e:
+        except ImportError as e:  # raised again on every call until fixed, never swallowed
             raise ImportError(f"{PLUGIN_ENV}: cannot import {module!r}: {e}") from e
+    _plugins_loaded = True
 
 
 def names() -> list[str]:
@@ -130,7 +130,7 @@ def names() -> list[str]:
 
 def _spec(name: str) -> _Spec:
     _load_plugins()
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"attention: unknown mechanism {name!r}; allowed: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
@@ -138,7 +138,8 @@ def _spec(name: str) -> _Spec:
 def info(name: str) -> Info:
     """Capabilities of ``name``; ``unavailable`` says in one line why it cannot run here."""
     s = _spec(name)
-    return dataclasses.replace(s.info, unavailable=s.why_unavailable())
+    # a copy of params: a caller's edit must not change what later callers see
+    return dataclasses.replace(s.info, params=dict(s.info.params), unavailable=s.why_unavailable())
 
 
 def make_config(name: str, params: dict[str, Any]) -> Any:

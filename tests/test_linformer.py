@@ -186,7 +186,7 @@ def test_per_layer_k_list_and_rule() -> None:
 
 
 def test_per_layer_k_errors() -> None:
-    with pytest.raises(ValueError, match="k: 2 values for 3 layers"):
+    with pytest.raises(ValueError, match=r"k: 2 values for 3 layer\(s\)"):
         attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, max_seq_len=N, k=[8, 8])
     with pytest.raises(ValueError, match="k: layerwise sharing uses one E for every layer"):
         attnbench.build_model("linformer", layers=2, d_model=D, n_heads=H, max_seq_len=N,
@@ -208,3 +208,19 @@ def test_shared_projection_goes_before_key_projection() -> None:
     m(torch.randn(1, N, D))
     assert m.early and not seen  # the layer's weight is used on k rows via F.linear
     assert not lin(sharing="none").early and not lin(sharing="kv", projection="max").early
+
+
+@pytest.mark.parametrize(("params", "needle"), [
+    ({"k": 16, "k_min": 32}, "k_min: must be at most k=16, got 32"),
+    ({"k": [16, 8], "k_decay": 0.5}, "k_decay: a list k already fixes every layer's k"),
+    ({"k": [16, 8]}, r"k: 2 values for 1 layer\(s\); give one per layer"),
+])
+def test_settings_are_refused_not_silently_ignored(params: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        lin(**params)
+
+
+def test_k_decay_rounds_half_up() -> None:
+    model = attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, d_ff=64,
+                                  max_seq_len=N, k=5, k_decay=0.5)
+    assert [layer.attn.k for layer in model.layers] == [5, 3, 1]

@@ -141,7 +141,40 @@ def test_plugin_module_from_environment(tmp_path, monkeypatch) -> None:
 
 def test_bad_input_tensors() -> None:
     m = attnbench.create("vanilla", d_model=16, n_heads=2, max_seq_len=8)
-    with pytest.raises(ValueError, match=r"x: must be \(batch, n, 16\)"):
+    with pytest.raises(ValueError, match=r"x: must be \(batch, n >= 1, 16\)"):
         m(torch.randn(2, 8, 12))
     with pytest.raises(ValueError, match="key_padding_mask: must be bool"):
         m(torch.randn(2, 8, 16), torch.zeros(2, 8))
+
+
+def test_info_params_cannot_be_changed_by_a_caller() -> None:
+    attnbench.info("linformer").params["k"] = 1
+    assert attnbench.info("linformer").params["k"] == 256
+
+
+def test_integral_types_are_integers_and_floats_are_not() -> None:
+    import numpy as np
+
+    layer = attnbench.create("linformer", d_model=np.int64(32), n_heads=4, max_seq_len=64,
+                             k=np.int32(8))
+    assert layer.k == 8 and isinstance(layer.k, int)
+    with pytest.raises(ValueError, match=r"k: must be an integer >= 1, got 8\.0"):
+        attnbench.create("linformer", d_model=32, n_heads=4, max_seq_len=64, k=8.0)
+    with pytest.raises(ValueError, match="attention: unknown mechanism"):
+        attnbench.create(["vanilla"], d_model=32, n_heads=4, max_seq_len=64)
+
+
+def test_input_on_another_dtype_is_one_clear_line() -> None:
+    m = attnbench.create("vanilla", d_model=16, n_heads=2, max_seq_len=8)
+    with pytest.raises(ValueError, match=r"x: is torch.float16 on cpu but the module is"):
+        m(torch.randn(1, 8, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"x: must be \(batch, n >= 1, 16\)"):
+        m(torch.randn(1, 0, 16))
+
+
+def test_a_broken_plugin_is_reported_every_time(monkeypatch) -> None:
+    monkeypatch.setenv(registry.PLUGIN_ENV, "no_such_plugin_mod")
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    for _ in range(2):
+        with pytest.raises(ImportError, match="no_such_plugin_mod"):
+            attnbench.names()

@@ -9,6 +9,7 @@ only implements :meth:`MultiHeadAttention.attend`.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,11 +18,15 @@ from torch import Tensor, nn
 
 
 def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None) -> int:
-    """Return ``value`` if it is an int in ``[low, high]``; else one clear ``ValueError``."""
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or value < low or (high is not None and value > high):
+    """Return ``value`` as an int if it is one in ``[low, high]``; else one clear ``ValueError``."""
+    original = value
+    try:  # any integral type (numpy's too), never a bool or a float
+        value = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
         allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-        raise ValueError(f"{name}: must be {allowed}, got {value!r}")
+        raise ValueError(f"{name}: must be {allowed}, got {original!r}")
     return value
 
 
@@ -113,12 +118,17 @@ class MultiHeadAttention(nn.Module):
             self.split_heads(self.v_proj(x))
 
     def _check(self, x: Tensor, mask: Tensor | None) -> None:
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x: must be (batch, n, {self.d_model}), got {tuple(x.shape)}")
-        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+        if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
+            raise ValueError(f"x: must be (batch, n >= 1, {self.d_model}), got {tuple(x.shape)}")
+        weight = self.q_proj.weight
+        if x.dtype != weight.dtype or x.device != weight.device:
+            raise ValueError(f"x: is {x.dtype} on {x.device} but the module is {weight.dtype} on "
+                             f"{weight.device}; move one with .to()")
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]
+                                 or mask.device != x.device):
             raise ValueError(
-                f"key_padding_mask: must be bool of shape {tuple(x.shape[:2])} (True = padding), "
-                f"got {mask.dtype} {tuple(mask.shape)}"
+                f"key_padding_mask: must be bool of shape {tuple(x.shape[:2])} on {x.device} "
+                f"(True = padding), got {mask.dtype} {tuple(mask.shape)} on {mask.device}"
             )
 
     def extra_repr(self) -> str:

@@ -11,8 +11,10 @@ all here:
   (E = F per layer), ``layerwise`` (one E for every layer, head, K and V; built by
   :meth:`LinformerAttention.build_stack`). A 12-layer, 12-head model has 288, 24, 12 and 1
   distinct projection matrices.
-* projection ``linear`` (learned k × n), ``random`` (fixed N(0, 1/k) entries: the
-  Johnson–Lindenstrauss construction of the paper's proofs, never trained), ``mean`` and
+* projection ``linear`` (learned k × n), ``random`` (fixed i.i.d. N(0, 1/k) entries, the
+  random R of the Johnson–Lindenstrauss argument in the proof of Theorem 2, never trained;
+  the proof's E = δR, F = e^-δ R come from one R, our E and F are drawn apart unless
+  shared), ``mean`` and
   ``max`` pooling and ``conv`` (kernel = stride = n/k, learned).
 * non-uniform k: a list with one k per layer, or ``k_decay`` < 1 to shrink k in higher layers
   (higher layers have lower-rank context matrices, Figure 1).
@@ -37,6 +39,7 @@ Choices of ours where the paper is silent:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +85,11 @@ class LinformerConfig:
         if not ok or not 0 < self.k_decay <= 1:
             raise ValueError(f"k_decay: must be a number in (0, 1], got {self.k_decay!r}")
         check_int("k_min", self.k_min)
+        if isinstance(self.k, list) and (self.k_decay != 1.0 or self.k_min != 1):
+            raise ValueError("k_decay: a list k already fixes every layer's k; give k_decay and "
+                             "k_min only with an integer k")
+        if isinstance(self.k, int) and self.k_min > self.k:
+            raise ValueError(f"k_min: must be at most k={self.k}, got {self.k_min}")
         check_choice("kernel", self.kernel, KERNELS)
         check_bool("causal", self.causal)
         if self.causal:
@@ -93,7 +101,7 @@ class LinformerConfig:
     def k_for(self, layer: int) -> int:
         if isinstance(self.k, list):
             return self.k[layer]
-        return max(self.k_min, round(self.k * self.k_decay**layer))
+        return max(self.k_min, math.floor(self.k * self.k_decay**layer + 0.5))  # half up
 
 
 class SequenceProjection(nn.Module):
@@ -158,12 +166,13 @@ class SequenceProjection(nn.Module):
         empty = self._counts(valid, n, valid)[:, 0, :, 0] == 0  # (b, s)
         return empty & ~empty.all(dim=1, keepdim=True)  # an all-padding row stays unmasked
 
-    def matrix(self, n: int) -> Tensor:
-        """The dense (g, s, n) matrix this projection applies to an unpadded input of length n."""
+    def matrix(self, n: int, like: Tensor) -> Tensor:
+        """The dense (g, s, n) matrix this projection applies to an unpadded input of length n,
+        on ``like``'s device and in its dtype."""
         if self.kind in ("linear", "random"):
             return self.weight[:, :, :n].detach().clone()
         if self.kind == "mean":
-            eye = torch.eye(n)[None, None]  # (1, 1, n, n): project the identity's columns
+            eye = torch.eye(n, device=like.device, dtype=like.dtype)[None, None]  # (1, 1, n, n)
             return self.forward(eye, None)[0]  # (1, s, n)
         raise ValueError(
             f"projection: {self.kind} is not a matrix; projection_matrices() needs one of "
@@ -177,8 +186,12 @@ class SequenceProjection(nn.Module):
 )
 class LinformerAttention(MultiHeadAttention):
     def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: LinformerConfig,
-                 layer: int = 0, shared: SequenceProjection | None = None) -> None:
+                 layer: int = 0, layers: int = 1, shared: SequenceProjection | None = None
+                 ) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+        if isinstance(cfg.k, list) and len(cfg.k) != layers:
+            raise ValueError(f"k: {len(cfg.k)} values for {layers} layer(s); give one per layer "
+                             "(build_model(..., layers=len(k)) for a stack)")
         k = check_int("k", cfg.k_for(layer), high=max_seq_len)
         if cfg.projection in POOLED and max_seq_len % k:
             raise ValueError(
@@ -200,17 +213,16 @@ class LinformerAttention(MultiHeadAttention):
     def build_stack(cls, layers: int, **kwargs: Any) -> list[MultiHeadAttention]:
         """Per-layer k, and for ``layerwise`` one projection object shared by every layer."""
         cfg: LinformerConfig = kwargs["cfg"]
-        if isinstance(cfg.k, list) and len(cfg.k) != layers:
-            raise ValueError(f"k: {len(cfg.k)} values for {layers} layers; give one per layer")
+        first = cls(layer=0, layers=layers, **kwargs)  # checks a list k's length
         ks = [cfg.k_for(i) for i in range(layers)]
         if cfg.sharing == "layerwise" and len(set(ks)) > 1:
             raise ValueError(
                 f"k: layerwise sharing uses one E for every layer, so k must be the same in every "
                 f"layer; got {ks}"
             )
-        first = cls(layer=0, **kwargs)
         shared = first.proj_k if cfg.sharing == "layerwise" else None
-        return [first] + [cls(layer=i, shared=shared, **kwargs) for i in range(1, layers)]
+        return [first] + [cls(layer=i, layers=layers, shared=shared, **kwargs)
+                          for i in range(1, layers)]
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         n = x.shape[1]
@@ -279,5 +291,6 @@ class LinformerAttention(MultiHeadAttention):
         exist (the others would be empty), so there are that many rows instead of k.
         """
         n = self.max_seq_len if n is None else check_int("n", n, high=self.max_seq_len)
-        e, f = self.proj_k.matrix(n), self.proj_v.matrix(n)  # (g, k, n)
+        like = self.q_proj.weight
+        e, f = self.proj_k.matrix(n, like), self.proj_v.matrix(n, like)  # (g, k, n)
         return e.expand(self.n_heads, -1, -1), f.expand(self.n_heads, -1, -1)
