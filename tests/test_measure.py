@@ -1,0 +1,184 @@
+"""Measurement engine: modeled vs tracked memory, max-batch search, timing, cell validation."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pytest
+import torch
+
+import attnbench
+from attnbench.measure import presets
+from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
+from attnbench.measure.search import largest_fitting
+from attnbench.measure.timing import time_forward
+from attnbench.runner import Cell, modeled_peak, run_cell, validate
+from tests.conftest import runnable_here
+
+D, H = 64, 4
+MiB = 1 << 20
+
+
+def _params(name: str, k: int = 16) -> dict:
+    budget = attnbench.info(name).budget
+    return {budget: k} if budget else {}
+
+
+def _model(name: str, n: int, device: str = "cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = attnbench.build_model(name, layers=2, d_model=D, n_heads=H, d_ff=128,
+                                      max_seq_len=n, **_params(name))
+    return model.to(device).eval()
+
+
+def _real_peak(model: torch.nn.Module, b: int, n: int, ceiling: int | None = None) -> int:
+    x = torch.randn(b, n, D)
+    return tracked_peak(lambda: model(x), module_bytes(model) + rounded(x.nbytes), ceiling)
+
+
+@pytest.mark.parametrize("name", runnable_here())
+@pytest.mark.parametrize(("n", "b"), [(64, 1), (256, 3), (200, 2)])
+def test_modeled_peak_matches_tracked_cpu_peak(name: str, n: int, b: int) -> None:
+    cell = Cell(name, n=n, dtype="fp32", device="cpu", layers=2, d_model=D, n_heads=H, d_ff=128,
+                params=tuple(sorted(_params(name).items())))
+    modeled = modeled_peak(_model(name, n, "meta"), cell, b, overhead=0)
+    real = _real_peak(_model(name, n), b, n)
+    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
+
+
+def test_tracker_sees_the_quadratic_scores() -> None:
+    """Vanilla's peak must grow by at least the (b, h, n, n) fp32 scores when n doubles."""
+    b = 2
+    small, large = (_real_peak(_model("vanilla", n), b, n) for n in (128, 256))
+    assert large - small >= b * H * (256**2 - 128**2) * 4
+
+
+def test_rounding_is_the_caching_allocators() -> None:
+    assert [rounded(v) for v in (0, 1, 512, 513, 4096)] == [0, 512, 512, 1024, 4096]
+
+
+def test_max_batch_search_finds_the_exact_boundary_in_log_probes() -> None:
+    n, ceiling = 128, 64 * MiB
+    model = _model("vanilla", n)
+    seen: list[int] = []
+
+    def fits(b: int) -> bool:
+        seen.append(b)
+        try:
+            _real_peak(model, b, n, ceiling)
+            return True
+        except torch.OutOfMemoryError:
+            return False
+
+    b, probes = largest_fitting(fits, guess=1)
+    assert b > 8, "the ceiling should allow a real search"
+    assert _real_peak(model, b, n) <= ceiling < _real_peak(model, b + 1, n)  # b fits, b+1 not
+    assert probes == len(seen) <= 2 * math.ceil(math.log2(b + 1)) + 2
+    # the model, started from an exact guess, confirms in two probes
+    assert largest_fitting(fits, guess=b) == (b, 2)
+
+
+def test_an_oom_in_the_middle_leaves_no_memory_behind() -> None:
+    n = 128
+    model = _model("vanilla", n)
+    x = torch.randn(40, n, D)
+    base = module_bytes(model) + rounded(x.nbytes)
+    tracker = MemoryTracker(base=base, ceiling=base + 8 * MiB)
+    with pytest.raises(torch.OutOfMemoryError), torch.inference_mode(), tracker:
+        model(x)
+    gc.collect()
+    assert tracker.live == base and tracker.peak > base
+
+
+def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
+    """run_cell on the cpu preset with a 64 MiB ceiling gives the boundary the tracker gives."""
+    n, ceiling = 128, 64 * MiB
+    row = run_cell(Cell("vanilla", n=n, dtype="fp32", device="cpu", ceiling_bytes=ceiling,
+                        layers=2, d_model=D, n_heads=H, d_ff=128, min_repeats=1,
+                        min_seconds=0.0))
+    model = _model("vanilla", n)
+    b = row["max_batch"]
+    assert row["status"] == "ok" and row["memory_source"] == "modeled"
+    assert _real_peak(model, b, n) <= ceiling < _real_peak(model, b + 1, n)
+
+
+def test_timing_repeats_and_statistics() -> None:
+    t = time_forward(lambda: torch.randn(64, 64) @ torch.randn(64, 64), torch.device("cpu"),
+                     min_repeats=7, min_seconds=0.0, warmup=1)
+    assert t.repeats == 7 and t.method == "perf_counter" and t.threads == torch.get_num_threads()
+    assert min(t.samples) <= t.median <= max(t.samples) and t.iqr >= 0
+    long = time_forward(lambda: sum(range(20000)), torch.device("cpu"), min_repeats=2,
+                        min_seconds=0.05)
+    assert long.repeats >= 2 and sum(long.samples) >= 0.05 - max(long.samples)
+
+
+def test_row_without_a_gpu_is_modeled_and_timed_on_cpu() -> None:
+    row = run_cell(Cell("linformer", n=256, k=32, params=(("sharing", "layerwise"),),
+                        layers=2, d_model=D, n_heads=H, d_ff=128, min_repeats=2,
+                        min_seconds=0.0))
+    for key in ("attention", "params", "n", "k", "dtype", "device", "ceiling_bytes", "status",
+                "reason", "max_batch", "batch", "time_median_s", "time_iqr_s", "repeats",
+                "time_per_seq_s", "peak_bytes", "memory_source", "flops", "flops_per_s",
+                "pct_of_peak", "env"):
+        assert key in row
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the row is measured")
+    assert row["status"] == "ok" and row["memory_source"] == "modeled"
+    assert row["device"] == "v100_16gb" and row["max_batch"] > 1000
+    assert row["peak_bytes"] <= row["ceiling_bytes"]
+    assert (row["time_device"], row["time_dtype"], row["time_batch"]) == ("cpu", "fp32", 1)
+    assert row["time_per_seq_s"] > 0 and row["repeats"] >= 2
+    assert row["pct_of_peak"] is None  # a CPU time against a V100's peak would mean nothing
+    assert row["flops"] == _model_flops(row)
+    assert set(row["env"]) >= {"device_name", "torch", "cuda", "attnbench", "git_revision"}
+
+
+def _model_flops(row: dict) -> int:
+    with torch.device("meta"):
+        model = attnbench.build_model("linformer", layers=2, d_model=D, n_heads=H, d_ff=128,
+                                      max_seq_len=row["n"], k=row["k"], sharing="layerwise")
+    return model.flops(1, row["n"])
+
+
+def test_oom_at_b1_and_over_budget_time_are_rows_with_reasons() -> None:
+    row = run_cell(Cell("vanilla", n=65536, min_repeats=1))
+    assert row["status"] == "oom" and "b=1 does not fit" in row["reason"]
+    row = run_cell(Cell("vanilla", n=1024, time_budget_s=0.001))
+    assert row["status"] == "ok" and row["reason"].startswith("time skipped:")
+    assert row["time_per_seq_s"] is None and row["max_batch"] > 0
+
+
+def test_unavailable_mechanism_is_skipped_with_its_reason() -> None:
+    why = attnbench.info("xformers").unavailable
+    if why is None:
+        pytest.skip("xformers can run here")
+    row = run_cell(Cell("xformers", n=512))
+    assert row["status"] == "skipped" and row["reason"] == why
+
+
+@pytest.mark.parametrize(("cell", "needle"), [
+    (Cell("vanilla", n=512, batch=0), "batch: must be an integer >= 1, got 0"),
+    (Cell("vanilla", n=512, batch="most"), "batch: must be 'max' or an integer >= 1"),
+    (Cell("vanilla", n=0), "n: must be an integer >= 1, got 0"),
+    (Cell("vanilla", n=512, ceiling_bytes=10**12), "ceiling: 1000000000000 bytes is above"),
+    (Cell("vanilla", n=512, device="tpu_v9"), "device: unknown preset 'tpu_v9'; allowed:"),
+    (Cell("vanilla", n=512, dtype="bf16"), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot "
+                                           "run bf16; allowed: fp32, fp16"),
+    (Cell("vanilla", n=512, dtype="fp8"), "dtype: must be one of fp32, fp16, bf16"),
+    (Cell("linformer", n=512, k=1024), "k: must be at most n=512, got 1024"),
+    (Cell("nope", n=512), "attention: unknown mechanism 'nope'"),
+])
+def test_bad_cells_raise_one_line_before_running(cell: Cell, needle: str) -> None:
+    with pytest.raises(ValueError) as e:
+        run_cell(cell)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_presets_say_what_they_hold() -> None:
+    assert {"v100_16gb", "a100_40gb", "a100_80gb", "h100_80gb", "cpu"} <= set(presets.names())
+    v100 = presets.load("v100_16gb")
+    assert v100.total_bytes == 16160 * MiB and v100.usable_bytes < v100.total_bytes
+    assert "bf16" not in v100.peak_flops and presets.load("a100_40gb").peak_flops["bf16"] > 0
+    assert presets.load("cpu").total_bytes > 0 and validate(Cell("vanilla", n=8, device="cpu"))
