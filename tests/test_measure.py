@@ -182,3 +182,15 @@ def test_presets_say_what_they_hold() -> None:
     assert v100.total_bytes == 16160 * MiB and v100.usable_bytes < v100.total_bytes
     assert "bf16" not in v100.peak_flops and presets.load("a100_40gb").peak_flops["bf16"] > 0
     assert presets.load("cpu").total_bytes > 0 and validate(Cell("vanilla", n=8, device="cpu"))
+
+
+def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--cpu-smoke", "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| linformer k=32 | 128 |" in done.stdout
+    assert len(out.read_text().splitlines()) == 5

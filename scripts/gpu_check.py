@@ -1,0 +1,95 @@
+"""GPU check: real against modeled max batch, probes, and time ratios, under a 16 GB ceiling.
+
+For vanilla, sdpa and Linformer (layerwise; k = 128, 256) at n = 512 ... 16384 on the
+``v100_16gb`` preset in fp16, each cell runs through :func:`attnbench.runner.run_cell`: the
+model predicts the max batch, real probes under ``set_per_process_memory_fraction`` confirm
+or correct it, and the forward is timed at that batch with CUDA events. Full rows go to
+``--out`` as JSON lines (written as each cell finishes); one short table is printed at the end.
+
+    bash scripts/gpu_check.sh            # on a CUDA machine; writes results/gpu_check/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from attnbench.runner import Cell, run_cell
+
+NS = (512, 1024, 2048, 4096, 8192, 16384)
+MECHANISMS = (("vanilla", None, ()), ("sdpa", None, ()),
+              ("linformer", 128, (("sharing", "layerwise"),)),
+              ("linformer", 256, (("sharing", "layerwise"),)))
+
+
+def cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str) -> list[Cell]:
+    return [Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape)
+            for n in ns for name, k, params in MECHANISMS if k is None or k < n]
+
+
+def table(rows: list[dict]) -> str:
+    base = {r["n"]: r for r in rows if r["attention"] == "vanilla"}
+    lines = ["| mechanism | n | max b | memory | modeled max b | probes | model error | "
+             "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        name = r["attention"] + (f" k={r['k']}" if r["k"] else "")
+        v = base.get(r["n"], {})
+        t, tv = r.get("time_per_seq_s"), v.get("time_per_seq_s")
+        mb, mbv = r.get("max_batch"), v.get("max_batch")
+        lines.append(
+            f"| {name} | {r['n']} | {mb} | {r.get('memory_source')} | "
+            f"{r.get('predicted_max_batch')} | {r.get('probes')} | "
+            f"{r.get('model_error')} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
+            f"{'-' if not (t and tv) else f'{tv / t:.2f}'} | "
+            f"{'-' if not (mb and mbv) else f'{mb / mbv:.2f}'} |"
+            + ("" if r["status"] == "ok" else f" {r['status']}: {r['reason']}"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/gpu_check/rows.jsonl"))
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny shapes on the CPU preset: tests this script without a GPU")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        todo = cells((64, 128), {"layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128,
+                                 "min_repeats": 2, "min_seconds": 0.0,
+                                 "ceiling_bytes": 64 << 20}, "cpu", "fp32")
+        todo = [c for c in todo if c.k is None] + [
+            Cell("linformer", n=128, k=32, params=(("sharing", "layerwise"),), device="cpu",
+                 dtype="fp32", layers=2, d_model=64, n_heads=4, d_ff=128, min_repeats=2,
+                 min_seconds=0.0, ceiling_bytes=64 << 20)]
+    else:
+        if not torch.cuda.is_available():
+            print("gpu_check: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
+                  "use --cpu-smoke to exercise the script", file=sys.stderr)
+            return 2
+        todo = cells(NS, {}, "v100_16gb", "fp16")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with args.out.open("w") as f:
+        for i, cell in enumerate(todo, 1):
+            start = time.perf_counter()
+            row = run_cell(cell)
+            row["wall_s"] = time.perf_counter() - start
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(f"[{i}/{len(todo)}] {cell.attention} n={cell.n} k={cell.k}: {row['status']} "
+                  f"b={row['max_batch']} ({row['wall_s']:.1f} s)", flush=True)
+    device = rows[0]["env"]["device_name"] if rows else "?"
+    print(f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
+          f"rows in {args.out}\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
