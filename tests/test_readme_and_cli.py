@@ -73,3 +73,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str
     out = _cli(*args)
     assert out.returncode == 2
     assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_readme_measurement_example_runs() -> None:
+    code = re.search(r"```python\n(.*?)```", _section("Measurement"), re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README:measurement", "exec"), scope)
+    row = scope["row"]
+    assert row["status"] == "ok" and row["max_batch"] > 0
+    assert row["memory_source"] == ("measured" if torch.cuda.is_available() else "modeled")
