@@ -55,6 +55,7 @@ class Cell:
     cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
     time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
     flush_l2: bool = False
+    model_only: bool = False  # memory from the model alone, no real probes, no timing
 
     def mechanism_params(self) -> dict[str, Any]:
         """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
@@ -100,17 +101,31 @@ def validate(cell: Cell) -> _Plan:
     with torch.device("meta"):
         attnbench.create(cell.attention, d_model=cell.d_model, n_heads=cell.n_heads,
                          max_seq_len=cell.n, **params)
-    on_gpu = preset.is_gpu and torch.cuda.is_available()
+    on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
+    if on_gpu:
+        here = torch.cuda.get_device_properties(0).total_memory
+        if ceiling - preset.overhead_bytes > here:
+            raise ValueError(f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
+                             f"overhead exceed this GPU's {here} bytes")
     return _Plan(preset, ceiling, on_gpu, params)
 
 
+GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
+
+
 def _build(cell: Cell, plan: _Plan, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The encoder in ``dtype`` on ``device``, weights from a fixed seed.
+
+    On meta it is built in place (no memory at any size). Otherwise it is built on the CPU
+    and moved and cast in one step: building in fp32 on the GPU and casting there would
+    leave the freed fp32 blocks stranded in the caching allocator, under the ceiling.
+    """
     torch.manual_seed(0)
-    with torch.device(device):
+    with torch.device("meta" if device == "meta" else "cpu"):
         model = attnbench.build_model(cell.attention, layers=cell.layers, d_model=cell.d_model,
                                       n_heads=cell.n_heads, d_ff=cell.d_ff, max_seq_len=cell.n,
                                       **plan.params)
-    return model.to(dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def _input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
@@ -141,9 +156,9 @@ def _linear_guess(peak: Callable[[int], int], ceiling: int) -> int:
 
 def _cuda_fits(model: torch.nn.Module, cell: Cell, plan: _Plan, b: int) -> bool:
     """A real forward at b under the ceiling (less the fixed overhead); OOM is caught."""
-    dev = torch.device("cuda")
+    dev = torch.device(GPU)
     try:
-        x = _input(b, cell, "cuda", DTYPES[cell.dtype])
+        x = _input(b, cell, GPU, DTYPES[cell.dtype])
         measured_peak_cuda(lambda: model(x), dev, plan.ceiling - plan.preset.overhead_bytes)
         return True
     except torch.OutOfMemoryError:
@@ -238,7 +253,7 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
         predicted = None
 
     if plan.on_gpu:
-        model = _build(cell, plan, "cuda", dtype)
+        model = _build(cell, plan, GPU, dtype)
         if cell.batch == "max":
             b, probes = largest_fitting(lambda b: _cuda_fits(model, cell, plan, b),
                                         max(predicted, 1))
@@ -250,18 +265,23 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
             row.update(status="oom", reason=f"b=1 does not fit under {plan.ceiling} bytes",
                        memory_source="measured")
             return
-        x = _input(b, cell, "cuda", dtype)
-        peak = measured_peak_cuda(lambda: model(x), torch.device("cuda"),
-                                  plan.ceiling - overhead)
+        x = _input(b, cell, GPU, dtype)
+        try:
+            peak = measured_peak_cuda(lambda: model(x), torch.device(GPU), plan.ceiling - overhead)
+        except torch.OutOfMemoryError:
+            why = "passed its probe but ran out of memory when run again (allocator " \
+                "fragmentation)" if cell.batch == "max" else "does not fit under the ceiling"
+            row.update(status="oom", batch=b, memory_source="measured", reason=f"b={b} {why}")
+            return
         row.update(batch=b, peak_bytes=peak.bytes + overhead, memory_source="measured",
-                   peak_reserved_bytes=peak.reserved)
-        timing = time_forward(lambda: model(x), torch.device("cuda"),
+                   peak_reserved_bytes=None if peak.reserved is None else
+                   peak.reserved + overhead)
+        timing = time_forward(lambda: model(x), torch.device(GPU),
                               min_repeats=cell.min_repeats, min_seconds=cell.min_seconds,
                               flush_l2=cell.flush_l2)
         _put_timing(row, timing, b, "cuda", cell.dtype, cell, plan)
         return
-
-    # no GPU of the preset's kind here: memory from the model, time from this CPU
+    # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
     b = predicted if cell.batch == "max" else cell.batch
     row.update(max_batch=predicted, memory_source="modeled", batch=b)
     if b == 0:
@@ -271,6 +291,9 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
     if row["peak_bytes"] > plan.ceiling:
         row.update(status="oom", reason=f"modeled: b={b} peaks at {row['peak_bytes']} bytes, "
                                         f"over the ceiling of {plan.ceiling}")
+        return
+    if cell.model_only:
+        row["reason"] = "model only: no time measured"
         return
     _time_on_cpu(cell, plan, row)
 
@@ -293,9 +316,11 @@ def _time_on_cpu(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
 
 def _put_timing(row: dict[str, Any], timing: Timing, b: int, device: str, dtype: str,
                 cell: Cell, plan: _Plan) -> None:
-    flops_per_forward = row["flops"] * b
+    flops_per_forward = row["flops"] * b  # row["flops"] is per sequence
     rate = flops_per_forward / timing.median
-    peak = plan.preset.peak_flops.get(dtype) if device == "cuda" else None
+    # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
+    same_gpu = device == "cuda" and plan.preset.gpu == row["env"]["device_name"]
+    peak = plan.preset.peak_flops.get(dtype) if same_gpu else None
     row.update(
         time_median_s=timing.median, time_iqr_s=timing.iqr, repeats=timing.repeats,
         time_per_seq_s=timing.median / b, time_batch=b, time_device=device, time_dtype=dtype,

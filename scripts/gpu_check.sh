@@ -3,6 +3,15 @@
 # V100 ceiling (see scripts/gpu_check.py). Commit results/gpu_check/ afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import attnbench.conf" 2>/dev/null; then
+    echo "gpu_check: attnbench is not installed for $PY; run: $PY -m pip install -e ." >&2
+    exit 2
+fi
+if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "gpu_check: error: needs a CUDA GPU (torch.cuda.is_available() is False)" >&2
+    exit 2  # before anything is written
+fi
 mkdir -p results/gpu_check
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > results/gpu_check/gpu.txt || true
-python scripts/gpu_check.py --out results/gpu_check/rows.jsonl "$@" | tee results/gpu_check/table.md
+"$PY" scripts/gpu_check.py --out results/gpu_check/rows.jsonl "$@" | tee results/gpu_check/table.md

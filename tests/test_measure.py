@@ -194,3 +194,44 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "| linformer k=32 | 128 |" in done.stdout
     assert len(out.read_text().splitlines()) == 5
+
+
+def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:
+    x, w = torch.randn(4, 8, 16), torch.randn(16, 32)
+    assert tracked_peak(lambda: (x[:, None], x.view(32, 16), w.t(), x.add_(0)), 0) == 0
+    assert tracked_peak(lambda: x.clone(), 0) == rounded(x.nbytes)
+    assert tracked_peak(lambda: x @ w, 0) == rounded(4 * 8 * 32 * 4)  # exactly the output
+
+
+def test_timing_statistics_of_known_samples() -> None:
+    from attnbench.measure.timing import Timing
+
+    t = Timing((5.0, 1.0, 4.0, 2.0, 3.0), "perf_counter", 2)
+    assert (t.median, t.iqr, t.repeats) == (3.0, 2.0, 5)
+
+
+def test_the_gpu_branch_driven_on_cpu(monkeypatch) -> None:
+    """The CUDA code path with the CPU standing in: real probes are tracker forwards under the
+    ceiling less the overhead, as set_per_process_memory_fraction would enforce it."""
+    from attnbench import runner
+    from attnbench.measure.memory import Peak
+
+    def fake_measured_peak(forward, device, ceiling):
+        model, x = sorted((c.cell_contents for c in forward.__closure__),
+                          key=lambda v: isinstance(v, torch.Tensor))
+        base = module_bytes(model) + rounded(x.nbytes)
+        return Peak(tracked_peak(forward, base, ceiling), "measured", None)
+
+    monkeypatch.setattr(runner, "GPU", "cpu")
+    monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
+    cell = Cell("linformer", n=128, k=32, params=(("sharing", "layerwise"),), dtype="fp32",
+                device="a100_40gb", ceiling_bytes=(64 << 20) + (512 << 20), layers=2,
+                d_model=D, n_heads=H, d_ff=128, min_repeats=2, min_seconds=0.0)
+    plan = validate(cell)
+    plan.on_gpu = True
+    row = run_cell(cell, plan)
+    assert row["status"] == "ok" and row["memory_source"] == "measured", row["reason"]
+    assert row["max_batch"] == row["predicted_max_batch"] > 1 and row["model_error"] == 0
+    assert row["probes"] == 2 and row["time_batch"] == row["max_batch"]
+    assert row["peak_bytes"] <= row["ceiling_bytes"]
+    assert row["pct_of_peak"] is None  # this is not the preset's A100

@@ -1,17 +1,23 @@
 """Peak memory of one forward: measured on CUDA, modeled anywhere.
 
 The model runs the very same forward on ``meta`` tensors (shapes, no data) under a
-``TorchDispatchMode`` that tracks the bytes of every live storage, each rounded as PyTorch's
-CUDA caching allocator rounds a request (up to a multiple of 512 bytes). Its peak, plus the
-weights, the input and the device preset's fixed overhead (CUDA context, library
-workspaces), is what ``torch.cuda.max_memory_allocated`` would read, without a GPU and in
+``TorchDispatchMode`` that tracks the bytes of every live storage an op creates, each rounded
+as PyTorch's CUDA caching allocator rounds a request (up to a multiple of 512 bytes). Its
+peak, plus the weights, the input and the device preset's fixed overhead (CUDA context),
+approximates ``torch.cuda.max_memory_allocated`` plus that overhead, without a GPU and in
 well under a second. Run on real CPU tensors, the same tracker gives a CPU peak to check the
 model against, and enforces an artificial ceiling by raising ``torch.OutOfMemoryError``.
 
-What it cannot see: memory a fused kernel allocates inside itself (e.g. cuBLAS workspaces,
-or SDPA's per-row logsumexp, which is the kernel's own), and fragmentation of the caching
-allocator's segments, which makes ``reserved`` exceed ``allocated``. Real probes on a GPU
-correct for both (:mod:`attnbench.measure.search`).
+What it cannot see:
+* memory allocated and freed inside one op as the dispatcher sees it (``linear``,
+  ``softmax``, ``layer_norm``, ``scaled_dot_product_attention`` arrive whole), e.g. cuBLAS
+  workspaces or a fused kernel's per-row logsumexp;
+* the allocator's block sizes beyond the 512-byte rounding (a large block whose remainder is
+  at most 1 MiB is not split) and fragmentation of its segments;
+* what a GPU probe actually tests: ``set_per_process_memory_fraction`` limits *reserved*
+  memory (whole segments, cached blocks included), so a real "fits" can be stricter than the
+  modeled allocated peak. Real probes correct for all of these, and the row records how far
+  the model was off (:mod:`attnbench.runner`).
 """
 
 from __future__ import annotations
@@ -58,11 +64,15 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
             storage = t.untyped_storage()
-            if storage in self._seen:  # a view, or an in-place op: nothing new
+            # a view or in-place result of an input (the weights and the model's input too,
+            # which existed before the tracker), or of a storage already counted: nothing new
+            if id(storage) in inputs or storage in self._seen:
                 continue
             nbytes = rounded(storage.nbytes())
             self._seen[storage] = nbytes
