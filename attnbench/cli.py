@@ -8,6 +8,7 @@ sees the comparison end to end.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -103,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Is this efficient attention really faster and leaner than the "
                     "Transformer's, on my machine, at my sequence lengths?",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("run", help="measure one cell or a sweep (Hydra overrides; "
+                              "'attnbench run --help' for keys, groups and examples)")
     p = sub.add_parser("list", help="mechanisms, their capabilities and whether they run here")
     p.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     p.set_defaults(fn=cmd_list)
@@ -115,7 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_run(args: list[str]) -> int:
+    """``attnbench run ARGS``: validate every cell first (one line, exit 2, nothing written),
+    then hand the same arguments to Hydra."""
+    from attnbench import sweep
+
+    if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") or a.startswith("--cfg")
+               or a in ("-c",) for a in args):
+        try:
+            os.environ[sweep.TOTAL_ENV] = str(sweep.prevalidate(args))
+        except ValueError as e:
+            print(f"attnbench run: error: {e}", file=sys.stderr)
+            return 2
+    sys.argv = ["attnbench run", *args]
+    sweep.hydra_main()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:  # taken off before Hydra sees the command line
+        return cmd_run(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args)
 

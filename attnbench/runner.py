@@ -76,8 +76,12 @@ class _Plan:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def validate(cell: Cell) -> _Plan:
-    """One ``ValueError`` line naming the first bad parameter; nothing is run."""
+def validate(cell: Cell, preset: presets.Preset | None = None) -> _Plan:
+    """One ``ValueError`` line naming the first bad parameter; nothing is run.
+
+    ``preset`` is the device as composed by Hydra (so a user's own preset from
+    ``--config-dir`` works); by default it is read from conf/device/ by name.
+    """
     attnbench.info(cell.attention)  # unknown mechanism
     check_int("n", cell.n)
     if cell.batch != "max" and (isinstance(cell.batch, str) or check_int("batch", cell.batch)):
@@ -87,7 +91,7 @@ def validate(cell: Cell) -> _Plan:
         check_int("k", cell.k)
         if attnbench.info(cell.attention).budget is not None and cell.k > cell.n:
             raise ValueError(f"k: must be at most n={cell.n}, got {cell.k}")
-    preset = presets.load(cell.device)
+    preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = preset.check_ceiling(cell.ceiling_bytes) if cell.ceiling_bytes is not None \
         else preset.total_bytes

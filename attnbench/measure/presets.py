@@ -73,6 +73,11 @@ def load(name: str) -> Preset:
         raise ValueError(f"device: unknown preset {name!r}; allowed: {', '.join(known)}")
     raw = OmegaConf.to_container(OmegaConf.load(str(_preset_dir() / f"{name}.yaml")))
     assert isinstance(raw, dict)
+    return from_dict(raw)
+
+
+def from_dict(raw: dict) -> Preset:
+    """A preset from its YAML fields (as loaded, or as Hydra composed them)."""
     total = raw["total_bytes"] if raw["total_bytes"] is not None else host_memory_bytes()
     return Preset(raw["name"], raw["gpu"], int(total), int(raw["overhead_bytes"]),
                   {k: float(v) for k, v in (raw["peak_flops"] or {}).items()})

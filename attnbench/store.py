@@ -1,0 +1,125 @@
+"""Append-only results of a run: ``cells.jsonl``, one JSON row per finished cell.
+
+Safe when parallel jobs write (an exclusive ``flock`` around check-and-append), durable
+(each row flushed and fsynced before the append returns) and resumable: a row carries its
+cell's ``key``, and a cell whose key is already in the file is not run again. A writer
+killed in the middle of a line leaves at most that partial line, which the next append
+cuts away, so a killed run loses at most the cell in flight and never corrupts the file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes",
+              "model")
+
+
+def cell_key(spec: dict[str, Any]) -> str:
+    """A stable id of what a cell measures (not of how long it is timed)."""
+    canonical = json.dumps({f: spec[f] for f in KEY_FIELDS}, sort_keys=True, default=str)
+    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+
+class CorruptLine(ValueError):
+    """A line of ``cells.jsonl`` that is not a JSON row, with its 1-based number."""
+
+    def __init__(self, path: Path, line_no: int, text: str) -> None:
+        super().__init__(f"{path}:{line_no}: not a JSON row: {text[:80]!r}")
+        self.line_no = line_no
+
+
+def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
+    """Every row of a ``cells.jsonl``. A bad line raises :class:`CorruptLine` naming its
+    number; with ``strict=False`` only a final line without its newline (a writer killed
+    mid-line) is tolerated and left out."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        last_unterminated = i == len(lines) and not text.endswith("\n")
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError
+        except ValueError:
+            if last_unterminated and not strict:
+                continue
+            raise CorruptLine(path, i, line) from None
+        rows.append(row)
+    return rows
+
+
+class RunStore:
+    """One run directory: ``cells.jsonl``, ``config.yaml`` and ``env.json``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = Path(run_dir)
+        self.cells = self.dir / "cells.jsonl"
+
+    @contextmanager
+    def _locked(self) -> Iterator[Any]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def done(self) -> set[str]:
+        return {row.get("key") for row in read_rows(self.cells, strict=False)}
+
+    def append(self, row: dict[str, Any], *, replace: bool = False) -> bool:
+        """Append ``row`` unless its key is already stored (or, with ``replace``, after
+        dropping the stored one). Returns whether it was written."""
+        line = json.dumps({"schema": SCHEMA, **row}, default=str) + "\n"
+        with self._locked():
+            self._cut_partial_line()
+            rows = read_rows(self.cells, strict=False)
+            if any(r.get("key") == row["key"] for r in rows):
+                if not replace:
+                    return False
+                kept = [r for r in rows if r.get("key") != row["key"]]
+                self._rewrite(kept)
+            with open(self.cells, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        return True
+
+    def _cut_partial_line(self) -> None:
+        if not self.cells.exists() or self.cells.stat().st_size == 0:
+            return
+        with open(self.cells, "rb+") as f:
+            data = f.read()
+            if data.endswith(b"\n"):
+                return
+            f.truncate(data.rfind(b"\n") + 1)  # the killed writer's half line
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        tmp = self.cells.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.cells)
+
+    def write_once(self, name: str, text: str) -> None:
+        """Write a run-level file (resolved config, environment) atomically."""
+        with self._locked():
+            tmp = self.dir / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.dir / name)
