@@ -1,0 +1,177 @@
+"""`attnbench run` end to end: the CLI in a subprocess on the CPU, real files on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.store import CorruptLine, RunStore, read_rows
+from attnbench.sweep import parse_size
+
+SMOKE = ("+sweep=smoke", "progress=false")
+
+
+def run(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600
+        ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnbench.cli", "run", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def rows_of(tmp: Path, sweep: str = "smoke") -> list[dict]:
+    (cells,) = tmp.glob(f"results/{sweep}/*/cells.jsonl")
+    return read_rows(cells)
+
+
+def cells_of(rows: list[dict]) -> set[tuple]:
+    return {(r["attention"], r["n"], r["k"], r["status"], r["max_batch"]) for r in rows}
+
+
+def test_smoke_sweep_writes_a_row_per_cell_and_resumes(tmp_path: Path) -> None:
+    first = run(*SMOKE, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    rows = rows_of(tmp_path)
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
+    assert len({r["key"] for r in rows}) == 6
+    run_dir = next(tmp_path.glob("results/smoke/*/cells.jsonl")).parent
+    assert (run_dir / "config.yaml").read_text().count("sweep_name: smoke") == 1
+    assert json.loads((run_dir / "env.json").read_text())["torch"]
+    for r in rows:
+        assert r["memory_source"] in ("modeled", "measured") and r["time_per_seq_s"] > 0
+    again = run(*SMOKE, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("done before") == 6
+    assert rows_of(tmp_path) == rows
+    forced = run(*SMOKE, "rerun=true", "n=64", cwd=tmp_path)
+    assert forced.returncode == 0 and forced.stdout.count("done before") == 0
+    assert len(rows_of(tmp_path)) == 6  # measured again, replaced, never duplicated
+
+
+def test_killed_halfway_then_resumed_has_every_cell_exactly_once(tmp_path: Path) -> None:
+    args = (*SMOKE, "n=64,96,128", "timing.min_seconds=0.4")  # 9 cells, ~1.5 s each
+    proc = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", *args], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    cells = tmp_path / "results/smoke"
+    while time.time() < deadline:
+        found = list(cells.glob("*/cells.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = len(rows_of(tmp_path))
+    assert 3 <= partial < 9, "the kill should land in the middle of the sweep"
+    done = run(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = rows_of(tmp_path)
+    assert len(rows) == 9 and len({r["key"] for r in rows}) == 9
+    assert done.stdout.count("done before") == partial
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> None:
+    basic, other = tmp_path / "basic", tmp_path / launcher
+    basic.mkdir()
+    other.mkdir()
+    assert run(*SMOKE, cwd=basic).returncode == 0
+    out = run(*SMOKE, f"hydra/launcher={launcher}", cwd=other)
+    assert out.returncode == 0, out.stderr
+    assert cells_of(rows_of(other)) == cells_of(rows_of(basic))
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("attention=foo",), "attention: unknown option 'foo'; allowed: linformer"),
+    (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: batches"),
+    (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
+    (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
+    (("n=-1",), "n: must be an integer >= 1, got -1"),
+    (("attention=linformer", "n=512", "k=1024"), "k: must be at most n=512, got 1024"),
+    (("ceiling=lots",), "ceiling: must be a number of bytes or a size like 16GB"),
+    (("ceiling=20GB",), "ceiling: 20000000000 bytes is above v100_16gb's"),
+    (("dtype=bf16",), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot run bf16"),
+    (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
+])
+def test_bad_overrides_are_one_line_exit_2_and_write_nothing(tmp_path: Path, args: tuple,
+                                                             needle: str) -> None:
+    out = run(*args, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("attnbench run: error: ")
+    assert needle in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
+    assert not any(tmp_path.iterdir()), "nothing may be written"
+
+
+def test_help_helps(tmp_path: Path) -> None:
+    out = run("--help", cwd=tmp_path, timeout=120)
+    assert out.returncode == 0
+    for word in ("+sweep=table3", "attention:", "sweep: batches, ceilings, compare",
+                 "device: a100_40gb"):
+        assert word in out.stdout
+    top = subprocess.run([sys.executable, "-m", "attnbench.cli", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert top.returncode == 0 and "run" in top.stdout and "list" in top.stdout
+
+
+def test_a_python_registered_mechanism_is_an_attention_option(tmp_path: Path) -> None:
+    (tmp_path / "my_mech.py").write_text(
+        "from dataclasses import dataclass\nimport attnbench\n"
+        "from attnbench.attention.base import MultiHeadAttention\n"
+        "@dataclass\nclass Cfg:\n    pass\n"
+        "@attnbench.register('mine', config=Cfg, causal=False, summary='V only')\n"
+        "class Mine(MultiHeadAttention):\n"
+        "    def attend(self, x, key_padding_mask):\n        return self.v_proj(x)\n")
+    env = {"ATTNBENCH_PLUGINS": "my_mech", "PYTHONPATH": str(tmp_path)}
+    out = run("attention=mine", "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB",
+              "progress=false", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    (row,) = rows_of(tmp_path, "single")
+    assert row["attention"] == "mine" and row["status"] == "ok"
+
+
+def test_sizes() -> None:
+    assert parse_size("16GB") == 16 * 10**9 and parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size(123) == 123 and parse_size("2048") == 2048 and parse_size(None) is None
+    with pytest.raises(ValueError, match="ceiling: must be"):
+        parse_size("16 gigs")
+
+
+def test_store_cuts_a_killed_writers_half_line_and_names_bad_lines(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    assert store.append({"key": "a", "v": 1})
+    store.cells.write_text(store.cells.read_text() + '{"key": "b", "v"')  # killed mid-line
+    assert [r["key"] for r in read_rows(store.cells, strict=False)] == ["a"]
+    with pytest.raises(CorruptLine, match=":2: not a JSON row"):
+        read_rows(store.cells)
+    assert store.append({"key": "b", "v": 2}) and not store.append({"key": "b", "v": 3})
+    assert [r["v"] for r in read_rows(store.cells)] == [1, 2]
+    store.cells.write_text(store.cells.read_text() + "garbage\n" + '{"key": "c"}\n')
+    with pytest.raises(CorruptLine, match=":3: not a JSON row"):
+        read_rows(store.cells, strict=False)
+
+
+def _append_many(path: str, worker: int) -> None:
+    store = RunStore(Path(path))
+    for i in range(20):
+        store.append({"key": f"shared-{i}", "by": worker})
+        store.append({"key": f"own-{worker}-{i}"})
+
+
+def test_parallel_writers_keep_every_row_exactly_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    keys = [r["key"] for r in read_rows(RunStore(tmp_path).cells)]
+    assert len(keys) == len(set(keys)) == 20 + 4 * 20
