@@ -406,10 +406,6 @@ def _main_cell(payload: str) -> int:
     return 0
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--cell":
-    sys.exit(_main_cell(sys.argv[2]))
-
-
 def hydra_main() -> None:
     """The Hydra app behind ``attnbench run`` (reads ``sys.argv``)."""
     import hydra
@@ -417,3 +413,7 @@ def hydra_main() -> None:
     register_user_mechanisms()
     hydra.main(config_path="pkg://attnbench.conf", config_name="config",
                version_base="1.3")(job)()
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--cell":
+    sys.exit(_main_cell(sys.argv[2]))
