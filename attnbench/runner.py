@@ -89,7 +89,7 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> _Plan:
             raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
     if cell.k is not None:
         check_int("k", cell.k)
-        if attnbench.info(cell.attention).budget is not None and cell.k > cell.n:
+        if attnbench.info(cell.attention).fixed_max_len and cell.k > cell.n:
             raise ValueError(f"k: must be at most n={cell.n}, got {cell.k}")
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
@@ -184,9 +184,13 @@ def cpu_matmul_rate() -> float:
 @functools.cache
 def environment() -> dict[str, Any]:
     """What a figure was measured with: device, versions, git revision, threads."""
-    try:
+    here = Path(__file__).resolve().parent
+    try:  # only a checkout of attnbench itself: an install inside a user's repo is not one
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, cwd=here, timeout=10).stdout.strip()
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+                             cwd=here, timeout=10).stdout.strip() \
+            if top and Path(top).resolve() == here.parent else None
     except OSError:
         rev = None
     cuda = torch.cuda.is_available()
@@ -214,18 +218,7 @@ def _cpu_name() -> str:
 def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
     """Measure one cell; always a row (see the module docstring). Validates first."""
     plan = plan or validate(cell)
-    row: dict[str, Any] = {
-        "attention": cell.attention, "params": dict(cell.params), "n": cell.n, "k": cell.k,
-        "dtype": cell.dtype, "device": cell.device, "ceiling_bytes": plan.ceiling,
-        "model": {"layers": cell.layers, "d_model": cell.d_model, "n_heads": cell.n_heads,
-                  "d_ff": cell.d_ff},
-        "status": "ok", "reason": None, "max_batch": None, "batch": None,
-        "predicted_max_batch": None, "probes": 0, "model_error": None,
-        "time_median_s": None, "time_iqr_s": None, "repeats": 0, "time_per_seq_s": None,
-        "time_batch": None, "time_device": None, "time_dtype": None, "time_method": None,
-        "peak_bytes": None, "memory_source": None, "overhead_bytes": plan.preset.overhead_bytes,
-        "flops": None, "flops_per_s": None, "pct_of_peak": None, "env": environment(),
-    }
+    row = empty_row(cell, plan.ceiling, plan.preset.overhead_bytes)
     why = attnbench.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
@@ -233,10 +226,30 @@ def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
     try:
         _measure(cell, plan, row)
     except torch.OutOfMemoryError as e:
-        row.update(status="oom", reason=str(e).splitlines()[0][:300])
+        row.update(status="oom", reason=_first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep
-        row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        row.update(status="error", reason=f"{type(e).__name__}: {_first_line(e)}")
     return row
+
+
+def empty_row(cell: Cell, ceiling: int, overhead: int) -> dict[str, Any]:
+    """Every key of a row (DESIGN.md), nothing measured yet: what a failure row starts from."""
+    return {
+        "attention": cell.attention, "params": dict(cell.params), "n": cell.n, "k": cell.k,
+        "dtype": cell.dtype, "device": cell.device, "ceiling_bytes": ceiling,
+        "model": {"layers": cell.layers, "d_model": cell.d_model, "n_heads": cell.n_heads,
+                  "d_ff": cell.d_ff},
+        "status": "ok", "reason": None, "max_batch": None, "batch": None,
+        "predicted_max_batch": None, "probes": 0, "model_error": None,
+        "time_median_s": None, "time_iqr_s": None, "repeats": 0, "time_per_seq_s": None,
+        "time_batch": None, "time_device": None, "time_dtype": None, "time_method": None,
+        "peak_bytes": None, "memory_source": None, "overhead_bytes": overhead,
+        "flops": None, "flops_per_s": None, "pct_of_peak": None, "env": environment(),
+    }
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [repr(e)])[0][:300]
 
 
 def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:

@@ -118,8 +118,16 @@ class RunStore:
         os.replace(tmp, self.cells)
 
     def write_once(self, name: str, text: str) -> None:
-        """Write a run-level file (resolved config, environment) atomically."""
+        """Write a run-level file (resolved config, environment) atomically, unless it
+        exists: it describes the run as first made, later commands only resume it."""
         with self._locked():
+            if (self.dir / name).exists():
+                return
             tmp = self.dir / f".{name}.tmp"
             tmp.write_text(text)
             os.replace(tmp, self.dir / name)
+
+    def add_line(self, name: str, record: dict[str, Any]) -> None:
+        """Append one JSON line to a run-level log (e.g. the commands that wrote here)."""
+        with self._locked(), open(self.dir / name, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")

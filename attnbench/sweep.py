@@ -10,13 +10,14 @@ display (a Hydra callback) watches ``cells.jsonl``, so it works with every launc
 
 from __future__ import annotations
 
-import itertools
+import atexit
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -34,12 +35,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 import attnbench
+from attnbench.attention.base import check_int
 from attnbench.measure import presets
-from attnbench.runner import Cell, environment, run_cell, validate
+from attnbench.runner import Cell, empty_row, environment, run_cell, validate
 from attnbench.store import RunStore, cell_key, read_rows
 
 CONFIG_MODULE = "attnbench.conf"
-TOTAL_ENV = "ATTNBENCH_SWEEP_CELLS"  # distinct cells of this command, for the progress bar
 SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -71,11 +72,16 @@ def _plain(value: Any) -> Any:
 
 def cell_from_cfg(cfg: DictConfig, *, in_sweep: bool = False) -> Cell:
     """The cell a (composed) job config describes."""
+    if not isinstance(cfg.get("device"), DictConfig):
+        raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
     name = cfg.attention.name
     info = attnbench.info(name)  # unknown mechanism: one line
     params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
+    if cfg.k is not None:
+        check_int("k", cfg.k)  # even where the mechanism ignores it: k=0 is a typo
     k = cfg.k if info.budget else None
-    if in_sweep and k is not None and isinstance(cfg.n, int) and isinstance(k, int) and k >= cfg.n:
+    if in_sweep and info.fixed_max_len and k is not None and isinstance(cfg.n, int) \
+            and k >= cfg.n:  # Linformer's k < n, as in the paper; Performer's m is free
         raise NotACell(f"k={k} >= n={cfg.n}")
     t = cfg.timing
     return Cell(
@@ -123,8 +129,8 @@ def register_user_mechanisms() -> None:
 # --- before Hydra starts: compose and validate every job --------------------------------------
 
 
-def _one_line(e: Exception) -> str:
-    text = str(e)
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
     found = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if found:
         group, option = found.groups()
@@ -134,92 +140,112 @@ def _one_line(e: Exception) -> str:
     return " ".join(text.split())
 
 
-def _split_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """(overrides, Hydra flags with their values)."""
-    overrides, flags = [], []
-    takes_value = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                   "--cfg", "-c", "--package", "-p", "--experimental-rerun"}
+FLAGS_WITH_VALUE = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
+                    "--cfg", "-c", "--package", "-p", "--experimental-rerun"}
+
+
+def _split_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """(overrides, flags with a value, flags without) — ``--flag value`` or ``--flag=value``."""
+    overrides, valued, bare = [], {}, set()
     it = iter(args)
     for a in it:
-        if a.startswith("-"):
-            flags.append(a)
-            if a in takes_value:
-                flags.append(next(it, ""))
-        else:
+        if not a.startswith("-"):
             overrides.append(a)
-    return overrides, flags
+        elif "=" in a and a.split("=", 1)[0] in FLAGS_WITH_VALUE:
+            flag, value = a.split("=", 1)
+            valued[flag] = value
+        elif a in FLAGS_WITH_VALUE:
+            valued[a] = next(it, "")
+        else:
+            bare.add(a)
+    return overrides, valued, bare
 
 
-def expand_jobs(overrides: list[str], config_dir: str | None = None, multirun: bool = False
+def expand_jobs(overrides: list[str], config_dir: str | None = None,
+                config_name: str = "config", multirun: bool = False
                 ) -> tuple[list[DictConfig], bool]:
-    """Every job's composed config, as Hydra's basic sweeper would expand them, and
-    whether this is a sweep. Raises ValueError with one line on any bad override."""
+    """Every job's composed config, expanded by Hydra's own BasicSweeper exactly as a
+    multirun will expand them (sweep file params first, the command line winning), and
+    whether the command is a multirun. Raises ValueError with one line on a bad override."""
     from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
-    parser = OverridesParser.create()
-    try:
-        parsed = parser.parse_overrides(overrides)
-    except Exception as e:
-        raise ValueError(f"overrides: {_one_line(e)}") from None
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in parsed
-             if o.is_sweep_override()}
-    if config_dir:
-        fixed.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
+    search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     register_user_mechanisms()
-    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        try:
-            base = compose("config", overrides=fixed, return_hydra_config=True)
-        except ConfigCompositionException as e:
-            raise ValueError(_one_line(e)) from None
-        params = base.hydra.sweeper.params
-        params = OmegaConf.to_container(params, resolve=False) if params else {}
-        grid = {k: [s.strip() for s in str(v).split(",")] for k, v in params.items()}
-        for o in parsed:  # the command line wins over the sweep file, as in Hydra
-            grid.pop(o.get_key_element().lstrip("+~"), None)
-        grid.update(swept)
-        multirun = multirun or bool(swept) or str(base.hydra.mode).endswith("MULTIRUN")
-        keys = list(grid)
-        jobs = []
-        for values in itertools.product(*grid.values()) if grid else [()]:
-            extra = [f"{k}={v}" for k, v in zip(keys, values, strict=True)]
-            try:
-                jobs.append(compose("config", overrides=fixed + extra))
-            except ConfigCompositionException as e:
-                raise ValueError(_one_line(e)) from None
-    return jobs, multirun or bool(grid)
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            parsed = parser.parse_overrides(overrides)
+            fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+            base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
+            multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
+            if not multirun:
+                if len(fixed) != len(parsed):
+                    raise ValueError("overrides: a,b or range() sweeps need multirun: add "
+                                     "-m, or use +sweep=NAME")
+                return [compose(config_name, overrides=overrides + search)], False
+            params = base.hydra.sweeper.params
+            params = OmegaConf.to_container(params, resolve=False) if params else {}
+            every = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
+            jobs = [compose(config_name, overrides=list(job) + search)
+                    for batch in BasicSweeper.split_arguments(every, None) for job in batch]
+    except (HydraException, ConfigCompositionException, ImportError) as e:
+        raise ValueError(_one_line(e)) from None
+    return jobs, True
 
 
-def prevalidate(args: list[str]) -> int:
-    """Validate every cell of ``attnbench run ARGS``; returns the number of distinct cells."""
-    overrides, flags = _split_args(args)
-    config_dir = next((flags[i + 1] for i, f in enumerate(flags)
-                       if f in ("--config-dir", "-cd") and i + 1 < len(flags)), None)
-    jobs, is_sweep = expand_jobs(overrides, config_dir,
-                                 multirun=any(f in ("-m", "--multirun") for f in flags))
-    keys, left_out = set(), 0
+def _check_run_keys(cfg: DictConfig) -> None:
+    """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
+    for key in ("rerun", "progress", "timing.flush_l2"):
+        if not isinstance(OmegaConf.select(cfg, key), bool):
+            raise ValueError(f"{key}: must be true or false, got {OmegaConf.select(cfg, key)!r}")
+    for key in ("cell_timeout_s", "timing.min_seconds", "timing.time_budget_s"):
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{key}: must be a number >= 0, got {value!r}")
+    if not isinstance(cfg.get("device"), DictConfig):
+        raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
+
+
+def prevalidate(args: list[str]) -> list[tuple[str, str]]:
+    """Validate every cell of ``attnbench run ARGS`` before Hydra starts; returns the
+    distinct (run dir, cell key) pairs the command will fill (the progress bar's cells)."""
+    overrides, valued, bare = _split_args(args)
+    flag_m = bool(bare & {"-m", "--multirun"})
+    jobs, is_sweep = expand_jobs(overrides, valued.get("--config-dir", valued.get("-cd")),
+                                 valued.get("--config-name", valued.get("-cn", "config")),
+                                 multirun=flag_m)
+    plan: dict[tuple[str, str], None] = {}
+    left_out: list[str] = []
     for cfg in jobs:
-        try:
-            cell = cell_from_cfg(cfg, in_sweep=is_sweep)
-        except NotACell:
-            left_out += 1
-            continue
         for key in ("n", "batch", "dtype"):
             if OmegaConf.is_missing(cfg, key):
                 raise ValueError(f"{key}: missing")
+        _check_run_keys(cfg)
+        try:
+            cell = cell_from_cfg(cfg, in_sweep=is_sweep)
+        except NotACell as e:
+            left_out.append(f"{cfg.attention.name} {e}")
+            continue
         preset = preset_from_cfg(cfg)
         validate(cell, preset)
-        keys.add(cell_key(cell_spec(cell, preset)))
-    if not keys:
-        raise ValueError(f"k: every combination has k >= n ({left_out} left out); nothing to run")
-    return len(keys)
+        plan[(str(run_dir(cfg)), cell_key(cell_spec(cell, preset)))] = None
+    if left_out:
+        print(f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
+              f"mechanism), e.g. {left_out[0]}", file=sys.stderr)
+    if not plan:
+        raise ValueError("k: every combination has k >= n; nothing to run")
+    return list(plan)
 
 
 # --- one Hydra job = one cell ---------------------------------------------------------------
 
 
-class CellTimeout(Exception):
-    pass
+class CellTimeout(BaseException):
+    """A BaseException, so the runner's ``except Exception`` (which turns a failing forward
+    into an ``error`` row) lets it through to :func:`measure`."""
 
 
 @contextmanager
@@ -262,8 +288,9 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool
         except subprocess.TimeoutExpired:
             return _failed(cell, preset, f"timed out after {timeout_s:g} s")
         if done.returncode != 0:
-            return _failed(cell, preset, done.stderr.strip().splitlines()[-1][:300]
-                           if done.stderr.strip() else f"exit code {done.returncode}")
+            lines = done.stderr.strip().splitlines()
+            return _failed(cell, preset, lines[-1][:300] if lines else
+                           f"exit code {done.returncode}")
         return json.loads(done.stdout.strip().splitlines()[-1])
     try:
         with _time_limit(timeout_s):
@@ -273,10 +300,29 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool
 
 
 def _failed(cell: Cell, preset: presets.Preset, reason: str) -> dict[str, Any]:
-    return {"attention": cell.attention, "params": dict(cell.params), "n": cell.n, "k": cell.k,
-            "dtype": cell.dtype, "device": cell.device,
-            "ceiling_bytes": cell.ceiling_bytes or preset.total_bytes, "status": "error",
-            "reason": reason, "env": environment()}
+    row = empty_row(cell, cell.ceiling_bytes or preset.total_bytes, preset.overhead_bytes)
+    row.update(status="error", reason=reason)
+    return row
+
+
+INVOCATION_ENV = "ATTNBENCH_INVOCATION"  # one id per `attnbench run` command
+PLAN_ENV = "ATTNBENCH_SWEEP_PLAN"  # a JSON file: the (run dir, key) pairs of this command
+
+
+def _claim(key: str) -> bool:
+    """First job of this command to reach ``key``? Vanilla ignores k, so a sweep over k
+    launches the same cell several times; parallel launchers would run the copies at once,
+    and rerun=true would measure each. A file per (command, key) in the temp dir decides."""
+    invocation = os.environ.get(INVOCATION_ENV)
+    if not invocation:
+        return True
+    claims = Path(tempfile.gettempdir()) / f"attnbench-{invocation}"
+    claims.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(claims / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 def job(cfg: DictConfig) -> dict[str, Any] | None:
@@ -295,19 +341,32 @@ def job(cfg: DictConfig) -> dict[str, Any] | None:
     key = cell_key(spec)
     label = " ".join([cell.attention, f"n={cell.n}"] + ([f"k={cell.k}"] if cell.k else [])
                      + [f"{p}={v}" for p, v in cell.params])
-    if not cfg.rerun and key in store.done():
+    if not _claim(key) or (not cfg.rerun and key in store.done()):
         print(f"  done before: {label}", flush=True)
         return None
     if not in_sweep:
-        store.write_once("config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    store.write_once("env.json", json.dumps(environment(), indent=2))
+        record_command(store, cfg)
     start = time.perf_counter()
     row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
     row.update(key=key, sweep=cfg.sweep_name, wall_s=round(time.perf_counter() - start, 3),
+               finished_at=time.time(), invocation=os.environ.get(INVOCATION_ENV),
                model=spec["model"], cell=spec)
     store.append(row, replace=bool(cfg.rerun))
     print(f"  {row['status']:7s} {label}: " + _summary(row), flush=True)
     return row
+
+
+def record_command(store: RunStore, cfg: DictConfig, sweep: dict | None = None) -> None:
+    """The run directory keeps the resolved config of its first command (``config.yaml``),
+    the environment (``env.json``) and one line per command that wrote to it."""
+    plain = {k: (OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                 else cfg[k]) for k in cfg if k != "hydra"}  # hydra's keys resolve in jobs
+    if sweep is not None:
+        plain["sweep"] = sweep
+    store.write_once("config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
+    store.write_once("env.json", json.dumps(environment(), indent=2))
+    store.add_line("commands.jsonl", {"invocation": os.environ.get(INVOCATION_ENV),
+                                      "time": time.time(), "argv": sys.argv[1:]})
 
 
 def _summary(row: dict[str, Any]) -> str:
@@ -325,8 +384,9 @@ def _summary(row: dict[str, Any]) -> str:
 
 
 class Progress(Callback):
-    """A rich progress bar (with ETA) and a live table of finished rows, fed by watching
-    ``cells.jsonl``; with ``progress=false``, only the jobs' own one-line reports."""
+    """A rich progress bar (with ETA) and a live table of this command's finished rows, fed
+    by watching the run directories' ``cells.jsonl`` (so it works under every launcher);
+    with ``progress=false``, only the jobs' own one-line reports."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
@@ -339,30 +399,34 @@ class Progress(Callback):
         self.__init__()  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        store = RunStore(run_dir(config))
-        cfg = {k: (OmegaConf.to_container(config[k], resolve=True)
-                if OmegaConf.is_config(config[k]) else config[k])
-               for k in config if k != "hydra"}  # hydra's own keys resolve only inside jobs
-        cfg["sweep"] = OmegaConf.to_container(config.hydra.sweeper.params or {})
-        cfg["overrides"] = list(config.hydra.overrides.task)
-        store.write_once("config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
-        if not config.progress:
-            return
-        total = int(os.environ.get(TOTAL_ENV, "0")) or None
-        self._thread = threading.Thread(target=self._watch, args=(store, total), daemon=True)
-        self._thread.start()
+        plan = _plan()
+        params = config.hydra.sweeper.params
+        sweep = {"params": OmegaConf.to_container(params) if params else {},
+                 "overrides": list(config.hydra.overrides.task)}
+        for d in {d for d, _ in plan} or {str(run_dir(config))}:
+            record_command(RunStore(Path(d)), config, sweep)
+        if config.progress and plan:
+            self._thread = threading.Thread(target=self._watch, args=(plan, config.rerun),
+                                            daemon=True)
+            self._thread.start()
+            atexit.register(self._halt)  # a crashed sweep must not leave the cursor hidden
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def _halt(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        rows = read_rows(RunStore(run_dir(config)).cells, strict=False)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._halt()
+        plan = _plan()
+        rows = _rows_of(plan) if plan else []
         counts = {s: sum(r.get("status") == s for r in rows) for s in
                   ("ok", "oom", "skipped", "error")}
-        print(f"attnbench: {len(rows)} rows in {RunStore(run_dir(config)).cells} "
+        dirs = sorted({d for d, _ in plan})
+        print(f"attnbench: {len(rows)} of {len(plan)} cells in {', '.join(dirs)} "
               f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})", flush=True)
 
-    def _watch(self, store: RunStore, total: int | None) -> None:
+    def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
         from rich.console import Group
         from rich.live import Live
         from rich.progress import (
@@ -375,15 +439,21 @@ class Progress(Callback):
         from rich.progress import Progress as Bar
         from rich.table import Table
 
-        start_rows = len(read_rows(store.cells, strict=False))
+        started = time.time()
+
+        def finished() -> list[dict[str, Any]]:
+            rows = _rows_of(plan)
+            return [r for r in rows if r.get("finished_at", 0) >= started] if rerun else rows
+
+        before = 0 if rerun else len(finished())
         bar = Bar(TextColumn("cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn())
-        task = bar.add_task("cells", total=total)
+        task = bar.add_task("cells", total=len(plan), completed=before)
         with Live(Group(bar), refresh_per_second=2, transient=False) as live:
             while True:
                 stopping = self._stop.wait(0.5)
-                rows = read_rows(store.cells, strict=False)
-                bar.update(task, completed=len(rows) if total else len(rows) - start_rows)
+                rows = finished()
+                bar.update(task, completed=len(rows))
                 table = Table("attention", "n", "k", "status", "max b", "ms/seq", "memory",
                               title="finished cells (last 8)")
                 for r in rows[-8:]:
@@ -395,6 +465,21 @@ class Progress(Callback):
                 live.update(Group(bar, table))
                 if stopping:  # one last frame with every row, then out
                     break
+
+
+def _plan() -> list[tuple[str, str]]:
+    path = os.environ.get(PLAN_ENV)
+    return [tuple(p) for p in json.loads(Path(path).read_text())] if path else []
+
+
+def _rows_of(plan: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """This command's rows, from every run directory it writes to."""
+    wanted = set(plan)
+    rows = []
+    for d in sorted({d for d, _ in plan}):
+        rows += [r for r in read_rows(RunStore(Path(d)).cells, strict=False)
+                 if (d, r.get("key")) in wanted]
+    return rows
 
 
 def _main_cell(payload: str) -> int:

@@ -175,3 +175,40 @@ def test_parallel_writers_keep_every_row_exactly_once(tmp_path: Path) -> None:
         p.join(60)
     keys = [r["key"] for r in read_rows(RunStore(tmp_path).cells)]
     assert len(keys) == len(set(keys)) == 20 + 4 * 20
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in
+                                        (Path(__file__).parents[1] / "conf/sweep").glob("*.yaml")))
+def test_every_shipped_sweep_validates(name: str) -> None:
+    from attnbench.sweep import prevalidate
+
+    plan = prevalidate([f"+sweep={name}"])
+    assert plan and len(set(plan)) == len(plan)
+    if name == "table3":
+        assert len(plan) == 42  # 8 Transformer cells + 34 Linformer cells with k < n
+
+
+def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    # long enough for the first cell's lazy imports (an alarm inside an import can break
+    # the module for the next cell: in-process timeouts are a last resort), shorter than
+    # the 8 s of timing asked for
+    out = run(*SMOKE, "attention=vanilla", "model=base", "n=64,128", "cell_timeout_s=5",
+              "timing.min_seconds=8", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = rows_of(tmp_path)
+    assert len(rows) == 2 and all(r["status"] == "error" for r in rows)
+    assert all(r["reason"] == "timed out after 5 s" for r in rows)
+    assert {"max_batch", "time_per_seq_s", "peak_bytes", "memory_source"} <= set(rows[0])
+
+
+def test_command_line_sweep_duplicates_run_once_and_config_is_kept(tmp_path: Path) -> None:
+    """Vanilla ignores k: three jobs, one cell, measured once even with rerun=true."""
+    args = ("-m", "attention=vanilla", "model=tiny", "n=32", "k=8,16,32", "dtype=fp32",
+            "ceiling=1GB", "timing.min_seconds=0", "progress=false")
+    assert run(*args, cwd=tmp_path).returncode == 0
+    out = run(*args, "rerun=true", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.count("  ok ") == 1
+    (cells,) = tmp_path.glob("results/single/*/cells.jsonl")
+    assert len(read_rows(cells)) == 1
+    assert "attention:" in (cells.parent / "config.yaml").read_text()
+    assert len((cells.parent / "commands.jsonl").read_text().splitlines()) == 2
