@@ -139,7 +139,10 @@ def cmd_run(args: list[str]) -> int:
         os.environ[sweep.PLAN_ENV] = path
         os.environ[sweep.INVOCATION_ENV] = uuid.uuid4().hex
     sys.argv = ["attnbench run", *args]
-    sweep.hydra_main()
+    try:
+        sweep.hydra_main()
+    finally:  # the plan and the claims of this command are of no use after it
+        sweep.forget_invocation()
     return 0
 
 

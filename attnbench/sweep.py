@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,13 +317,26 @@ def _claim(key: str) -> bool:
     invocation = os.environ.get(INVOCATION_ENV)
     if not invocation:
         return True
-    claims = Path(tempfile.gettempdir()) / f"attnbench-{invocation}"
+    claims = _claims_dir()
     claims.mkdir(exist_ok=True)
     try:
         os.close(os.open(claims / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         return True
     except FileExistsError:
         return False
+
+
+def _claims_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"attnbench-{os.environ.get(INVOCATION_ENV)}"
+
+
+def forget_invocation() -> None:
+    """Remove this command's plan file and claim directory (temp files only)."""
+    if os.environ.get(INVOCATION_ENV):
+        shutil.rmtree(_claims_dir(), ignore_errors=True)
+    plan = os.environ.pop(PLAN_ENV, None)
+    if plan:
+        Path(plan).unlink(missing_ok=True)
 
 
 def job(cfg: DictConfig) -> dict[str, Any] | None:
