@@ -431,7 +431,9 @@ class Progress(Callback):
             self._thread.join(timeout=5)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        self._halt()
+        if self._thread is not None:
+            self._halt()
+            print(flush=True)  # the live display's last frame ends without a newline
         plan = _plan()
         rows = _rows_of(plan) if plan else []
         counts = {s: sum(r.get("status") == s for r in rows) for s in
