@@ -1,0 +1,1 @@
+"""Reports: pure functions of rows (tables now; HTML and plots to come)."""

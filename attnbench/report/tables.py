@@ -1,0 +1,191 @@
+"""Table 3 as the paper lays it out: rows n, columns k, ratios against the baseline.
+
+Pure functions of rows (``cells.jsonl``): no measuring, no files. For each efficient
+mechanism (with its parameters) against the baseline at the same n, dtype, device and model:
+
+* time ratio   = baseline time per sequence ÷ mechanism time per sequence (speed-up)
+* memory ratio = mechanism max batch ÷ baseline max batch (memory saved)
+
+each model at its own max batch, as in section 5.3. Cells never claim more than the rows
+hold: a baseline that does not fit at b = 1 gives ``OOM`` with a footnote, a time that was
+skipped gives ``–`` with its reason, and modeled memory or CPU-measured time is marked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING = "-"  # no such cell (e.g. k >= n), as in the paper
+SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
+
+
+@dataclass(frozen=True)
+class RatioTable:
+    """One of Table 3's two halves for one mechanism: ``text[(n, k)]`` is what to print,
+    ``value[(n, k)]`` the number behind it (None where there is none)."""
+
+    mechanism: str
+    kind: str  # "time" or "memory"
+    ns: tuple[int, ...]
+    ks: tuple[int, ...]
+    text: dict[tuple[int, int], str]
+    value: dict[tuple[int, int], float | None]
+    footnotes: tuple[str, ...] = field(default=())
+    context: str = ""
+
+
+def label(row: dict[str, Any]) -> str:
+    """A mechanism with its own parameters, e.g. ``linformer (kernel=eager, sharing=layerwise)``."""
+    params = row.get("params") or {}
+    inner = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    return f"{row['attention']} ({inner})" if inner else row["attention"]
+
+
+def _group(row: dict[str, Any]) -> tuple:
+    """What must match between a mechanism's row and its baseline's."""
+    return (row["n"], row["dtype"], row["device"], row.get("ceiling_bytes"),
+            tuple(sorted((row.get("model") or {}).items())))
+
+
+def _context(rows: list[dict[str, Any]]) -> str:
+    first = rows[0]
+    model = first.get("model") or {}
+    env = first.get("env") or {}
+    shape = ", ".join(f"{k} {v}" for k, v in model.items())
+    ceiling = first.get("ceiling_bytes")
+    when = first.get("finished_at")
+    date = ""
+    if when:
+        import datetime
+
+        date = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%d")
+    return (f"device {first['device']} ({env.get('device_name', '?')}), {first['dtype']}, "
+            f"model {shape}, ceiling {ceiling} bytes, attnbench {env.get('attnbench', '?')}"
+            + (f", {date}" if date else ""))
+
+
+def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[RatioTable]:
+    """Time and memory ratio tables for every mechanism other than ``baseline``."""
+    base = {_group(r): r for r in rows if r["attention"] == baseline}
+    if not base:
+        raise ValueError(f"baseline: no rows of {baseline!r}; the rows have "
+                         f"{', '.join(sorted({r['attention'] for r in rows}))}")
+    by_mech: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["attention"] != baseline:
+            by_mech.setdefault(label(r), []).append(r)
+    tables = []
+    for mech, mrows in by_mech.items():
+        ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base}))
+        ks = tuple(sorted({r["k"] for r in mrows if r["k"] is not None}))
+        for kind in ("time", "memory"):
+            tables.append(_table(mech, kind, ns, ks, mrows, base))
+    return tables
+
+
+def _table(mech: str, kind: str, ns: tuple[int, ...], ks: tuple[int, ...],
+           mrows: list[dict[str, Any]], base: dict[tuple, dict[str, Any]]) -> RatioTable:
+    text: dict[tuple[int, int], str] = {}
+    value: dict[tuple[int, int], float | None] = {}
+    notes: dict[str, str] = {}  # footnote text -> its mark
+
+    def mark(note: str) -> str:
+        return notes.setdefault(note, superscript(len(notes) + 1))
+
+    cells = {(r["n"], r["k"]): r for r in mrows}
+    for n in ns:
+        for k in ks:
+            r = cells.get((n, k))
+            value[(n, k)] = None
+            if r is None:
+                text[(n, k)] = MISSING
+                continue
+            b = base.get(_group(r))
+            if b is None:
+                text[(n, k)] = SKIPPED + mark(f"no {r['attention']} baseline row at n={n}")
+                continue
+            text[(n, k)], value[(n, k)] = _cell(kind, r, b, mark)
+    return RatioTable(mech, kind, ns, ks, text, value,
+                      tuple(f"{m} {t}" for t, m in notes.items()), _context(mrows))
+
+
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def superscript(i: int) -> str:
+    return str(i).translate(SUPERSCRIPT)
+
+
+def _why(reason: str | None) -> str:
+    """A footnote for a skipped figure: one per kind of reason, not one per cell."""
+    if reason and "exceed time_budget_s" in reason:
+        return "time not measured: a CPU forward was estimated over timing.time_budget_s"
+    return (reason or "not timed").split(";")[0]
+
+
+def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
+          ) -> tuple[str, float | None]:
+    if b["status"] == "oom":
+        return "OOM" + mark(f"the baseline does not fit at b = 1 under the ceiling "
+                            f"({b.get('memory_source') or 'measured'})"), None
+    if r["status"] == "oom":
+        return "OOM" + mark("this mechanism does not fit at b = 1 under the ceiling"), None
+    if r["status"] != "ok" or b["status"] != "ok":
+        bad = r if r["status"] != "ok" else b
+        return SKIPPED + mark(f"{bad['attention']}: {bad['status']}: {bad.get('reason')}"), None
+    if kind == "memory":
+        v = r["max_batch"] / b["max_batch"]
+        modeled = "modeled" in (r.get("memory_source"), b.get("memory_source"))
+        return f"{v:.1f}x" + (mark("memory modeled, not measured") if modeled else ""), v
+    t, tb = r.get("time_per_seq_s"), b.get("time_per_seq_s")
+    if not t or not tb:
+        return SKIPPED + mark(_why((r if not t else b).get("reason"))), None
+    v = tb / t
+    where = {(x.get("time_device"), x.get("time_dtype"), x.get("time_batch")) for x in (r, b)}
+    elsewhere = [w for w in where if w[0] != "cuda"]
+    note = (mark(f"time measured on {elsewhere[0][0]} in {elsewhere[0][1]} at b = "
+                 f"{elsewhere[0][2]}, not at max batch on the device") if elsewhere else "")
+    return f"{v:.2f}x" + note, v
+
+
+def to_markdown(t: RatioTable) -> str:
+    title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns k)"
+    lines = [title, "", "| n | " + " | ".join(str(k) for k in t.ks) + " |",
+             "|---:|" + "---:|" * len(t.ks)]
+    lines += [f"| {n} | " + " | ".join(t.text[(n, k)] for k in t.ks) + " |" for n in t.ns]
+    lines += ["", *(f"{f}  " for f in t.footnotes), t.context]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_csv(t: RatioTable) -> str:
+    """Numbers only (empty where there is none), one row per n: for spreadsheets."""
+    lines = ["n," + ",".join(f"k={k}" for k in t.ks)]
+    lines += [f"{n}," + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}"
+                                 for k in t.ks) for n in t.ns]
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(t: RatioTable) -> str:
+    """A booktabs table; footnote marks as superscripts."""
+
+    def tex(s: str) -> str:
+        sup = {c: str(i) for i, c in enumerate("⁰¹²³⁴⁵⁶⁷⁸⁹")}
+        out, marks = "", ""
+        for ch in s:
+            if ch in sup:
+                marks += sup[ch]
+            else:
+                out += {"–": "--", "_": r"\_", "%": r"\%", "&": r"\&"}.get(ch, ch)
+        out = out.replace("x", r"$\times$") if out[:1].isdigit() else out
+        return out + (f"$^{{{marks}}}$" if marks else "")
+
+    cols = "r" + "r" * len(t.ks)
+    lines = [r"\begin{tabular}{" + cols + "}", r"\toprule",
+             r"$n$ & " + " & ".join(f"$k={k}$" for k in t.ks) + r" \\", r"\midrule"]
+    lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\"
+              for n in t.ns]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [f"% {f}" for f in t.footnotes] + [f"% {tex(t.mechanism)}, {t.kind} ratio; "
+                                                  f"{t.context}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""Table 3 ratio tables: hand-computed ratios and golden Markdown, CSV and LaTeX text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnbench.report.tables import ratio_tables, to_csv, to_latex, to_markdown
+from attnbench.store import CorruptLine, read_rows
+
+FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
+CONTEXT = ("device v100_16gb (Tesla V100-SXM2-16GB), fp16, model layers 12, d_model 768, "
+           "n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, 2026-11-21")
+
+
+@pytest.fixture
+def tables() -> dict[str, object]:
+    return {t.kind: t for t in ratio_tables(read_rows(FIXTURE))}
+
+
+def test_ratios_are_the_papers_definitions(tables) -> None:
+    time, memory = tables["time"], tables["memory"]
+    assert time.mechanism == memory.mechanism == "linformer (sharing=layerwise)"
+    assert time.value[(512, 128)] == pytest.approx(0.010 / 0.008)  # baseline time / ours
+    assert time.value[(1024, 128)] == pytest.approx(0.040 / 0.016)
+    assert memory.value[(512, 128)] == pytest.approx(170 / 100)  # our max b / baseline's
+    assert memory.value[(512, 256)] == pytest.approx(150 / 100)
+    assert memory.value[(1024, 128)] == pytest.approx(60 / 20)
+
+
+def test_honest_cells(tables) -> None:
+    time, memory = tables["time"], tables["memory"]
+    assert time.text[(512, 256)] == "–¹" and time.value[(512, 256)] is None  # time skipped
+    assert time.text[(1024, 256)] == "OOM²" and memory.text[(1024, 256)] == "OOM¹"  # ours OOMs
+    assert time.text[(2048, 128)] == "OOM³"  # the baseline OOMs at b = 1: no number
+    assert time.text[(2048, 256)] == "-"  # no such cell
+    assert "the baseline does not fit at b = 1" in time.footnotes[2]
+
+
+def test_golden_markdown(tables) -> None:
+    assert to_markdown(tables["time"]) == (
+        "**time ratio: linformer (sharing=layerwise)** (rows n, columns k)\n\n"
+        "| n | 128 | 256 |\n|---:|---:|---:|\n"
+        "| 512 | 1.25x | –¹ |\n| 1024 | 2.50x | OOM² |\n| 2048 | OOM³ | - |\n\n"
+        "¹ time not measured: a CPU forward was estimated over timing.time_budget_s  \n"
+        "² this mechanism does not fit at b = 1 under the ceiling  \n"
+        "³ the baseline does not fit at b = 1 under the ceiling (modeled)  \n"
+        f"{CONTEXT}\n")
+
+
+def test_golden_csv(tables) -> None:
+    assert to_csv(tables["time"]) == "n,k=128,k=256\n512,1.25,\n1024,2.5,\n2048,,\n"
+    assert to_csv(tables["memory"]) == "n,k=128,k=256\n512,1.7,1.5\n1024,3,\n2048,,\n"
+
+
+def test_golden_latex(tables) -> None:
+    assert to_latex(tables["memory"]) == (
+        "\\begin{tabular}{rrr}\n\\toprule\n$n$ & $k=128$ & $k=256$ \\\\\n\\midrule\n"
+        "512 & 1.7$\\times$ & 1.5$\\times$ \\\\\n"
+        "1024 & 3.0$\\times$ & OOM$^{1}$ \\\\\n"
+        "2048 & OOM$^{2}$ & - \\\\\n\\bottomrule\n\\end{tabular}\n"
+        "% ¹ this mechanism does not fit at b = 1 under the ceiling\n"
+        "% ² the baseline does not fit at b = 1 under the ceiling (modeled)\n"
+        f"% linformer (sharing=layerwise), memory ratio; {CONTEXT}\n")
+
+
+def test_modeled_memory_and_cpu_time_are_marked(tmp_path: Path) -> None:
+    rows = read_rows(FIXTURE)
+    for r in rows:
+        r.update(memory_source="modeled", time_device="cpu", time_dtype="fp32", time_batch=1)
+    tables = {t.kind: t for t in ratio_tables(rows)}
+    assert tables["memory"].text[(512, 128)] == "1.7x¹"
+    assert tables["memory"].footnotes[0] == "¹ memory modeled, not measured"
+    assert tables["time"].text[(512, 128)] == "1.25x¹"
+    assert "time measured on cpu in fp32 at b = 1" in tables["time"].footnotes[0]
+
+
+def test_a_corrupt_line_is_reported_with_its_number(tmp_path: Path) -> None:
+    lines = FIXTURE.read_text().splitlines()
+    lines[3] = lines[3][:40]
+    bad = tmp_path / "cells.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorruptLine, match=r"cells.jsonl:4: not a JSON row"):
+        read_rows(bad)
+
+
+def test_unknown_baseline_says_which_mechanisms_there_are() -> None:
+    with pytest.raises(ValueError, match="baseline: no rows of 'sdpa'; the rows have linformer"):
+        ratio_tables(read_rows(FIXTURE), baseline="sdpa")
