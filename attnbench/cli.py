@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import uuid
 
 import torch
@@ -20,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 import attnbench
+from attnbench.measure.timing import time_forward
 
 
 def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str]]:
@@ -62,17 +61,6 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def _median_forward_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
-    with torch.inference_mode():
-        model(x)  # warm-up, not counted
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()  # CPU only: the forward has returned when this reads
-            model(x)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.k >= args.n:
         print(f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}",
@@ -87,7 +75,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t = {}
     for name, params in (("vanilla", {}), ("linformer", {"k": args.k, "sharing": "layerwise"})):
         model = attnbench.build_model(name, max_seq_len=args.n, **params)
-        t[name] = _median_forward_s(model, x, args.repeats)
+        t[name] = time_forward(lambda m=model: m(x), x.device, min_repeats=args.repeats,
+                               max_repeats=args.repeats, min_seconds=0.0, warmup=1).median
         console.print(f"  {name:10s} {t[name] * 1e3:9.1f} ms per forward")
     console.print(f"  time ratio (vanilla / linformer): {t['vanilla'] / t['linformer']:.2f}x")
     return 0

@@ -84,9 +84,10 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> _Plan:
     """
     attnbench.info(cell.attention)  # unknown mechanism
     check_int("n", cell.n)
-    if cell.batch != "max" and (isinstance(cell.batch, str) or check_int("batch", cell.batch)):
-        if isinstance(cell.batch, str):
-            raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
+    if isinstance(cell.batch, str) and cell.batch != "max":
+        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
+    if cell.batch != "max":
+        check_int("batch", cell.batch)
     if cell.k is not None:
         check_int("k", cell.k)
         if attnbench.info(cell.attention).fixed_max_len and cell.k > cell.n:

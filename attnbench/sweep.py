@@ -206,8 +206,6 @@ def _check_run_keys(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{key}: must be a number >= 0, got {value!r}")
-    if not isinstance(cfg.get("device"), DictConfig):
-        raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
