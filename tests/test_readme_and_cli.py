@@ -82,3 +82,17 @@ def test_readme_measurement_example_runs() -> None:
     row = scope["row"]
     assert row["status"] == "ok" and row["max_batch"] > 0
     assert row["memory_source"] == ("measured" if torch.cuda.is_available() else "modeled")
+
+
+def test_no_committed_run_sits_where_the_readme_commands_write() -> None:
+    """A committed cells.jsonl under results/<sweep>/ would make a new user's run resume
+    from it and measure nothing."""
+    import subprocess as sp
+
+    root = README.parent
+    done = sp.run(["git", "ls-files", "results"], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip("not a git checkout")
+    sweeps = [p.stem for p in (root / "conf" / "sweep").glob("*.yaml")] + ["single"]
+    clashing = [f for f in done.stdout.split() if f.split("/")[1] in sweeps]
+    assert not clashing, clashing
