@@ -1,7 +1,7 @@
 """Command line: ``attnbench run`` (Hydra; see :mod:`attnbench.sweep`), ``list``, ``demo``.
 
 ``run`` is taken off the command line before Hydra sees it; ``list`` and ``demo`` are plain
-argparse. ``report`` and ``check`` come with their issues.
+argparse, as is ``report`` (see :mod:`attnbench.report.files`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -82,6 +83,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnbench.report import files
+    from attnbench.store import CorruptLine
+
+    try:
+        report = files.build(args.run_dir, args.baseline)
+    except (ValueError, CorruptLine) as e:
+        print(f"attnbench report: error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or files.default_out(args.run_dir)
+    if not args.quiet:
+        files.print_tables(report, _console())
+    written = files.render(report, with_plots=not args.no_plots)
+    files.write(written, out)
+    print(f"attnbench: report of {len(report.rows)} cells in {out}/ (index.html, table3.md, "
+          f"table3.tex, {sum(f.endswith('.csv') for f in written)} CSV, "
+          f"{sum(f.endswith('.png') for f in written)} plots)")
+    return 0
+
+
 def _positive(text: str) -> int:
     value = int(text) if text.lstrip("-").isdigit() else None
     if value is None or value < 1:
@@ -101,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="mechanisms, their capabilities and whether they run here")
     p.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     p.set_defaults(fn=cmd_list)
+    p = sub.add_parser(
+        "report", help="Table 3 from a run directory: Markdown, CSV, LaTeX, HTML, plots",
+        description="Time and memory ratio tables (rows n, columns k) of every mechanism "
+                    "against the baseline, the paper's Table 3 beside Linformer's, and plots. "
+                    "Written to OUT in one step; the tables are also printed.")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                   help="a directory holding cells.jsonl, e.g. results/table3/v100_16gb-cpu")
+    p.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report); "
+                   "replaced as a whole")
+    p.add_argument("--baseline", default="vanilla",
+                   help="the mechanism every ratio is taken against (default vanilla)")
+    p.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="do not print the tables")
+    p.set_defaults(fn=cmd_report)
     p = sub.add_parser("demo", help="time vanilla against Linformer (layerwise) on one cell")
     p.add_argument("--n", type=_positive, default=1024, help="sequence length (default 1024)")
     p.add_argument("--k", type=_positive, default=128, help="Linformer's k (default 128)")

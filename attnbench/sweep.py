@@ -199,13 +199,17 @@ def expand_jobs(overrides: list[str], config_dir: str | None = None,
 
 def _check_run_keys(cfg: DictConfig) -> None:
     """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
-    for key in ("rerun", "progress", "timing.flush_l2"):
+    for key in ("rerun", "progress", "report", "timing.flush_l2"):
         if not isinstance(OmegaConf.select(cfg, key), bool):
             raise ValueError(f"{key}: must be true or false, got {OmegaConf.select(cfg, key)!r}")
     for key in ("cell_timeout_s", "timing.min_seconds", "timing.time_budget_s"):
         value = OmegaConf.select(cfg, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{key}: must be a number >= 0, got {value!r}")
+    baseline = cfg.report_baseline
+    if baseline not in attnbench.names():
+        raise ValueError(f"report_baseline: must be a mechanism ({', '.join(attnbench.names())})"
+                         f", got {baseline!r}")
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
@@ -439,6 +443,28 @@ class Progress(Callback):
         dirs = sorted({d for d, _ in plan})
         print(f"attnbench: {len(rows)} of {len(plan)} cells in {', '.join(dirs)} "
               f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})", flush=True)
+        if config.report:
+            for d in dirs:
+                write_report(Path(d), config.report_baseline, show=config.progress)
+
+
+def write_report(run: Path, baseline: str, show: bool) -> None:
+    """The report of a sweep's run dir. Its rows are already safe on disk, so a report that
+    cannot be made (no baseline rows, no matplotlib) is one line, not a failed sweep."""
+    from rich.console import Console
+
+    from attnbench.report import files
+
+    try:
+        report = files.build(run, baseline)
+        if show:
+            files.print_tables(report, Console())
+        out = files.write(files.render(report), files.default_out(run))
+    except Exception as e:  # the sweep's rows stand: say why, go on
+        print(f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
+              flush=True)
+        return
+    print(f"attnbench: report in {out}/index.html", flush=True)
 
     def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
         from rich.console import Group

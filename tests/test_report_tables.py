@@ -6,12 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report.tables import ratio_tables, to_csv, to_latex, to_markdown
+from attnbench.report.tables import (
+    load_paper,
+    paper_table,
+    quotient,
+    ratio_tables,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 from attnbench.store import CorruptLine, read_rows
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
-CONTEXT = ("device v100_16gb (Tesla V100-SXM2-16GB), fp16, model layers 12, d_model 768, "
-           "n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, 2026-11-21")
+CONTEXT = ("preset v100_16gb, run on Tesla V100-SXM2-16GB, fp16, model layers 12, "
+           "d_model 768, n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, "
+           "2026-11-21")
 
 
 @pytest.fixture
@@ -88,3 +97,53 @@ def test_a_corrupt_line_is_reported_with_its_number(tmp_path: Path) -> None:
 def test_unknown_baseline_says_which_mechanisms_there_are() -> None:
     with pytest.raises(ValueError, match="baseline: no rows of 'sdpa'; the rows have linformer"):
         ratio_tables(read_rows(FIXTURE), baseline="sdpa")
+
+
+def test_the_papers_table_ships_with_the_package() -> None:
+    paper = {(r["n"], r["k"]): r for r in load_paper()}
+    assert len(paper) == 34  # 8 rows of n, k < n only, as printed in the paper
+    assert paper[(4096, 128)] == {"n": 4096, "k": 128, "time_ratio": 3.4, "memory_ratio": 14.0}
+    assert paper[(65536, 2048)]["time_ratio"] == 7.9 and (512, 512) not in paper
+
+
+def test_measured_over_paper_cell_by_cell(tables) -> None:
+    paper = load_paper()
+    time_paper = paper_table(tables["time"], paper)
+    assert time_paper.text[(512, 128)] == "1.5x" and time_paper.value[(2048, 256)] == 2.4
+    q = quotient(tables["time"], time_paper)
+    assert q.value[(512, 128)] == pytest.approx(1.25 / 1.5)  # measured 1.25x, paper 1.5x
+    assert q.value[(1024, 128)] == pytest.approx(2.5 / 1.7)
+    assert q.text[(512, 128)] == "0.83" and q.text[(1024, 128)] == "1.47"
+    assert q.text[(512, 256)] == "-" and q.value[(1024, 256)] is None  # no measured number
+    assert q.footnotes == tables["time"].footnotes
+    memory = dict(tables)["memory"]
+    rows = read_rows(FIXTURE)
+    for r in rows:
+        r["memory_source"] = "modeled"
+    modeled = {t.kind: t for t in ratio_tables(rows)}["memory"]
+    q = quotient(modeled, paper_table(modeled, paper))
+    assert q.text[(512, 128)] == "1.00¹"  # 1.7x measured (modeled, footnote ¹), paper 1.7x
+    assert memory.text[(512, 128)] == "1.7x"
+
+
+def test_columns_are_named_after_the_mechanisms_budget() -> None:
+    rows = read_rows(FIXTURE)
+    for r in rows:
+        if r["attention"] == "linformer":
+            r["attention"] = "performer"
+    (time, _) = ratio_tables(rows)
+    assert time.column == "nb_features" and time.attention == "performer"
+    assert to_csv(time).startswith("n,nb_features=128,nb_features=256\n")
+    assert "(rows n, columns nb_features)" in to_markdown(time)
+    assert r"$\text{nb\_features}=128$" in to_latex(time)
+
+
+def test_two_settings_of_one_mechanism_are_two_tables_never_one() -> None:
+    rows = read_rows(FIXTURE)
+    fp32 = [dict(r, dtype="fp32", time_per_seq_s=(r["time_per_seq_s"] or 0) * 2 or None)
+            for r in rows]
+    tables = ratio_tables(rows + fp32)
+    assert len(tables) == 4
+    assert sorted(t.context.split(", ")[2] for t in tables) == ["fp16"] * 2 + ["fp32"] * 2
+    for t in tables:  # both halves of the fixture give the same ratios (times doubled)
+        assert t.value[(512, 128)] == pytest.approx(1.25 if t.kind == "time" else 1.7)

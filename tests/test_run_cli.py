@@ -45,6 +45,12 @@ def test_smoke_sweep_writes_a_row_per_cell_and_resumes(tmp_path: Path) -> None:
     assert json.loads((run_dir / "env.json").read_text())["torch"]
     for r in rows:
         assert r["memory_source"] in ("modeled", "measured") and r["time_per_seq_s"] > 0
+    # the sweep ends with its report, the same one `attnbench report RUN_DIR` writes
+    where = run_dir.relative_to(tmp_path)
+    assert f"attnbench: report in {where}/report/index.html" in first.stdout
+    report = json.loads((run_dir / "report/report.json").read_text())
+    assert {t["mechanism"].split()[0] for t in report["tables"]} == {"linformer", "performer"}
+    assert (run_dir / "report/plots/time-vs-n.png").stat().st_size > 1000
     again = run(*SMOKE, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("done before") == 6
@@ -99,6 +105,8 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
     (("ceiling=20GB",), "ceiling: 20000000000 bytes is above v100_16gb's"),
     (("dtype=bf16",), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot run bf16"),
     (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
+    (("+sweep=smoke", "report_baseline=vanila"), "report_baseline: must be a mechanism"),
+    (("+sweep=smoke", "report=maybe"), "report: must be true or false, got 'maybe'"),
 ])
 def test_bad_overrides_are_one_line_exit_2_and_write_nothing(tmp_path: Path, args: tuple,
                                                              needle: str) -> None:

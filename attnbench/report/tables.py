@@ -33,6 +33,8 @@ class RatioTable:
     value: dict[tuple[int, int], float | None]
     footnotes: tuple[str, ...] = field(default=())
     context: str = ""
+    attention: str = ""  # the registry name behind ``mechanism`` (which carries its params)
+    column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
 
 
 def label(row: dict[str, Any]) -> str:
@@ -60,7 +62,7 @@ def _context(rows: list[dict[str, Any]]) -> str:
         import datetime
 
         date = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%d")
-    return (f"device {first['device']} ({env.get('device_name', '?')}), {first['dtype']}, "
+    return (f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
             f"model {shape}, ceiling {ceiling} bytes, attnbench {env.get('attnbench', '?')}"
             + (f", {date}" if date else ""))
 
@@ -71,13 +73,15 @@ def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[
     if not base:
         raise ValueError(f"baseline: no rows of {baseline!r}; the rows have "
                          f"{', '.join(sorted({r['attention'] for r in rows}))}")
-    by_mech: dict[str, list[dict[str, Any]]] = {}
+    # one table per mechanism and setting: a run dir that holds fp16 and fp32 rows (or two
+    # ceilings) gives two tables, never one that silently mixes them
+    by_mech: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r["attention"] != baseline:
-            by_mech.setdefault(label(r), []).append(r)
+            by_mech.setdefault((label(r), _group(r)[1:]), []).append(r)
     tables = []
-    for mech, mrows in by_mech.items():
-        ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base}))
+    for (mech, setting), mrows in by_mech.items():
+        ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base if b[1:] == setting}))
         ks = tuple(sorted({r["k"] for r in mrows if r["k"] is not None}))
         for kind in ("time", "memory"):
             tables.append(_table(mech, kind, ns, ks, mrows, base))
@@ -107,7 +111,18 @@ def _table(mech: str, kind: str, ns: tuple[int, ...], ks: tuple[int, ...],
                 continue
             text[(n, k)], value[(n, k)] = _cell(kind, r, b, mark)
     return RatioTable(mech, kind, ns, ks, text, value,
-                      tuple(f"{m} {t}" for t, m in notes.items()), _context(mrows))
+                      tuple(f"{m} {t}" for t, m in notes.items()), _context(mrows),
+                      attention=mrows[0]["attention"], column=_budget(mrows[0]["attention"]))
+
+
+def _budget(attention: str) -> str:
+    """The column heading: the registry's name for what ``k`` sets (``k`` if unknown)."""
+    import attnbench
+
+    try:
+        return attnbench.info(attention).budget or "k"
+    except ValueError:  # a plugin that is not loaded here: its rows still make a table
+        return "k"
 
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -150,7 +165,7 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
 
 
 def to_markdown(t: RatioTable) -> str:
-    title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns k)"
+    title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns {t.column})"
     lines = [title, "", "| n | " + " | ".join(str(k) for k in t.ks) + " |",
              "|---:|" + "---:|" * len(t.ks)]
     lines += [f"| {n} | " + " | ".join(t.text[(n, k)] for k in t.ks) + " |" for n in t.ns]
@@ -160,7 +175,7 @@ def to_markdown(t: RatioTable) -> str:
 
 def to_csv(t: RatioTable) -> str:
     """Numbers only (empty where there is none), one row per n: for spreadsheets."""
-    lines = ["n," + ",".join(f"k={k}" for k in t.ks)]
+    lines = ["n," + ",".join(f"{t.column}={k}" for k in t.ks)]
     lines += [f"{n}," + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}"
                                  for k in t.ks) for n in t.ns]
     return "\n".join(lines) + "\n"
@@ -182,10 +197,67 @@ def to_latex(t: RatioTable) -> str:
 
     cols = "r" + "r" * len(t.ks)
     lines = [r"\begin{tabular}{" + cols + "}", r"\toprule",
-             r"$n$ & " + " & ".join(f"$k={k}$" for k in t.ks) + r" \\", r"\midrule"]
+             r"$n$ & " + " & ".join(f"${_tex_name(t.column)}={k}$" for k in t.ks) + r" \\",
+             r"\midrule"]
     lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\"
               for n in t.ns]
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {f}" for f in t.footnotes] + [f"% {tex(t.mechanism)}, {t.kind} ratio; "
                                                   f"{t.context}"]
     return "\n".join(lines) + "\n"
+
+
+def _tex_name(name: str) -> str:
+    return name if len(name) == 1 else r"\text{" + name.replace("_", r"\_") + "}"
+
+
+# --- the paper beside the measurement ------------------------------------------------------
+
+PAPER = "Linformer paper (Wang et al. 2020), Table 3"
+
+
+def paper_rows(text: str) -> list[dict[str, Any]]:
+    """Parse the shipped ``linformer_table3.csv`` (``#`` lines are its provenance)."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    head = lines[0].split(",")
+    return [dict(zip(head, (float(v) if "." in v or "ratio" in h else int(v)
+                            for h, v in zip(head, ln.split(","), strict=True)), strict=True))
+            for ln in lines[1:]]
+
+
+def load_paper() -> list[dict[str, Any]]:
+    """The paper's Table 3 as shipped with the package (``attnbench/data``)."""
+    from importlib.resources import files
+
+    return paper_rows(files("attnbench").joinpath("data/linformer_table3.csv").read_text())
+
+
+def paper_table(measured: RatioTable, paper: list[dict[str, Any]]) -> RatioTable:
+    """The paper's figures laid out on the measured table's rows and columns."""
+    got = {(r["n"], r["k"]): r[f"{measured.kind}_ratio"] for r in paper}
+    value = {(n, k): got.get((n, k)) for n in measured.ns for k in measured.ks}
+    text = {c: MISSING if v is None else f"{v:g}x" for c, v in value.items()}
+    return RatioTable(PAPER + " (Linformer, layerwise sharing)", measured.kind, measured.ns,
+                      measured.ks, text, value, (),
+                      "16 GB Tesla V100, each model at its maximum batch size; '-': not in "
+                      "the paper", attention="linformer", column="k")
+
+
+def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
+    """Measured ÷ paper, cell by cell: 1.00 means the paper's figure is reproduced."""
+    value: dict[tuple[int, int], float | None] = {}
+    for c in measured.text:
+        m, p = measured.value.get(c), paper.value.get(c)
+        value[c] = None if m is None or p is None else m / p
+    # the measured cell's footnote marks stay on its quotient (CPU time, modeled memory)
+    marks = {c: "".join(ch for ch in t if ch in "⁰¹²³⁴⁵⁶⁷⁸⁹") for c, t in measured.text.items()}
+    text = {c: MISSING if v is None else f"{v:.2f}{marks[c]}" for c, v in value.items()}
+    return RatioTable(f"{measured.mechanism} ÷ paper", measured.kind, measured.ns, measured.ks,
+                      text, value, measured.footnotes,
+                      "'-' where either table has no number; " + measured.context,
+                      attention=measured.attention, column=measured.column)
+
+
+def compares_with_paper(t: RatioTable) -> bool:
+    """The paper's Table 3 is Linformer against the Transformer: set it beside those only."""
+    return t.attention == "linformer"

@@ -1,0 +1,70 @@
+"""One self-contained HTML page: tables, the paper beside them, and the plots inlined.
+
+Pure: strings and bytes in, a string out. Nothing is fetched (no CDN, no fonts, images as
+``data:`` URIs), so the page can be mailed, attached to a CI run or opened offline years later
+and still show what was measured.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from attnbench.report.tables import RatioTable
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; } h3 { font-size: 1em; }
+table { border-collapse: collapse; margin: 0.5em 1.5em 0.5em 0; font-size: 0.9em; }
+th, td { padding: 0.2em 0.7em; text-align: right; border-bottom: 1px solid #ddd; }
+thead th { border-bottom: 2px solid #444; } caption { text-align: left; font-weight: 600; }
+.side { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 1em; }
+.side > div { flex: 1 1 28%; min-width: 22em; }
+.notes { font-size: 0.8em; color: #555; margin: 0.2em 0 0 0; }
+figure { display: inline-block; margin: 0.5em; } figcaption { font-size: 0.8em; }
+img { width: 640px; height: auto; border: 1px solid #eee; }
+"""
+
+# the test that opens the page in Chromium reads this attribute back from the DOM: it
+# counts the images the browser actually decoded, not the <img> tags written
+COUNT_IMAGES = """
+window.addEventListener("load", () => {
+  const ok = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.dataset.imagesDecoded = String(ok);
+});
+"""
+
+
+def table_html(t: RatioTable, caption: str | None = None) -> str:
+    """A ratio table with its footnotes and context under it."""
+    e = html.escape
+    head = "".join(f"<th>{e(t.column)}={k}</th>" for k in t.ks)
+    body = "".join(
+        f"<tr><th>{n}</th>" + "".join(f"<td>{e(t.text[(n, k)])}</td>" for k in t.ks) + "</tr>"
+        for n in t.ns)
+    notes = "<br>".join(e(f) for f in (*t.footnotes, t.context) if f)
+    return (f'<div><table><caption>{e(caption or f"{t.kind} ratio: {t.mechanism}")}</caption>'
+            f"<thead><tr><th>n</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f'<p class="notes">{notes}</p></div>')
+
+
+def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:
+    """The SVG shown (sharp at any zoom), the PNG one click away; both inline."""
+    svg64, png64 = base64.b64encode(svg).decode(), base64.b64encode(png).decode()
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/svg+xml;base64,{svg64}">'
+            f"<figcaption>{html.escape(caption)} "
+            f'(<a download="{name}.png" href="data:image/png;base64,{png64}">PNG</a>, '
+            f'<a download="{name}.svg" href="data:image/svg+xml;base64,{svg64}">SVG</a>)'
+            "</figcaption></figure>")
+
+
+def page(title: str, intro: list[str], sections: list[tuple[str, list[str]]]) -> str:
+    """The whole document: ``sections`` are (heading, blocks of HTML) in order."""
+    e = html.escape
+    parts = [f"<h1>{e(title)}</h1>", *(f"<p>{e(p)}</p>" for p in intro)]
+    for heading, blocks in sections:
+        parts.append(f"<h2>{e(heading)}</h2>")
+        parts.extend(blocks)
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{e(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"
+            "</head><body>\n" + "\n".join(parts) + "\n</body></html>\n")

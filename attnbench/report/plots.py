@@ -1,0 +1,145 @@
+"""The report's figures, drawn with matplotlib (the ``plot`` extra).
+
+Each function takes rows or tables and returns a figure, or ``None`` when the rows hold
+nothing to draw (say, no row whose memory was both modeled and measured): an empty axis
+would look like a result. Every figure has the same size, so a report's pages line up and a
+test can check the PNGs' dimensions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from attnbench.report.tables import RatioTable, label
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SIZE_IN = (6.4, 4.2)
+DPI = 100  # PNGs are 640 × 420 pixels
+PNG_PIXELS = (round(SIZE_IN[0] * DPI), round(SIZE_IN[1] * DPI))
+
+
+def available() -> str | None:
+    """None if matplotlib can be imported, else the one line that says how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "plots need matplotlib: pip install 'attnbench[plot]'"
+    return None
+
+
+def _figure() -> tuple[Figure, Any]:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    fig = Figure(figsize=SIZE_IN, dpi=DPI, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, float]]]:
+    """One line per mechanism and budget (``linformer (...) k=128``), points (n, y)."""
+    out: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for r in rows:
+        v = r.get(y)
+        if r.get("status") != "ok" or not v:
+            continue
+        out.setdefault((label(r), r.get("k") or 0), []).append((r["n"], float(v)))
+    return {name + (f" k={k}" if k else ""): sorted(points)  # k in numeric order
+            for (name, k), points in sorted(out.items())}
+
+
+def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:
+    for name, points in series.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=6, loc="best")
+
+
+def time_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
+    """Inference time per sequence against n, log–log: the paper's Figure 2 (top right)."""
+    series = _series(rows, "time_per_seq_s")
+    if not series:
+        return None
+    fig, ax = _figure()
+    _lines(ax, series, "time per sequence (s)")
+    where = sorted({f"{r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}"
+                    for r in rows if r.get("time_per_seq_s")})
+    ax.set_title(f"time per sequence (timed on {', '.join(where)})", fontsize=9)
+    return fig
+
+
+def batch_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
+    """Maximum batch under the ceiling against n; a model that cannot fit b = 1 has no point."""
+    series = _series(rows, "max_batch")
+    if not series:
+        return None
+    fig, ax = _figure()
+    _lines(ax, series, "maximum batch size")
+    sources = sorted({str(r.get("memory_source")) for r in rows if r.get("max_batch")})
+    ax.set_title(f"maximum batch size ({', '.join(sources)})", fontsize=9)
+    return fig
+
+
+def speedup_heatmap(table: RatioTable) -> Figure | None:
+    """The time ratio table as a heat map over n × k, each cell labelled with its text."""
+    if table.kind != "time" or not table.ks or all(v is None for v in table.value.values()):
+        return None
+    import numpy as np
+
+    grid = np.array([[math.nan if table.value[(n, k)] is None else table.value[(n, k)]
+                      for k in table.ks] for n in table.ns])
+    fig, ax = _figure()
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax, label="speed-up (baseline time ÷ mechanism time)")
+    ax.set_xticks(range(len(table.ks)), [str(k) for k in table.ks])
+    ax.set_yticks(range(len(table.ns)), [str(n) for n in table.ns])
+    ax.set_xlabel(table.column)
+    ax.set_ylabel("n")
+    for i, n in enumerate(table.ns):
+        for j, k in enumerate(table.ks):
+            v = table.value[(n, k)]
+            light = v is None or image.norm(v) > 0.6  # viridis turns yellow at the top
+            ax.text(j, i, table.text[(n, k)], ha="center", va="center", fontsize=7,
+                    color="black" if light else "white")
+    ax.set_title(f"speed-up: {table.mechanism}", fontsize=8)
+    return fig
+
+
+def modeled_vs_measured(rows: list[dict[str, Any]]) -> Figure | None:
+    """Max batch the memory model predicted against the one found on the GPU, per cell."""
+    pairs = [(r["predicted_max_batch"], r["max_batch"], r["attention"]) for r in rows
+             if r.get("memory_source") == "measured" and r.get("predicted_max_batch")
+             and r.get("max_batch")]
+    if not pairs:
+        return None
+    fig, ax = _figure()
+    for name in sorted({p[2] for p in pairs}):
+        mine = [p for p in pairs if p[2] == name]
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=12, label=name)
+    low = min(min(p[0], p[1]) for p in pairs)
+    high = max(max(p[0], p[1]) for p in pairs)
+    ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--", label="modeled = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("modeled max batch")
+    ax.set_ylabel("measured max batch")
+    ax.legend(fontsize=7)
+    ax.set_title("memory model against the device", fontsize=9)
+    return fig
+
+
+def save(fig: Figure, stem: str) -> dict[str, bytes]:
+    """The figure as PNG and SVG bytes, keyed by file name."""
+    import io
+
+    out = {}
+    for fmt in ("png", "svg"):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else {})
+        out[f"{stem}.{fmt}"] = buf.getvalue()
+    return out

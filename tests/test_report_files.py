@@ -1,0 +1,183 @@
+"""`attnbench report` on disk: the files, the plots, the HTML page in a real browser, and
+the errors a user sees. The table arithmetic itself is in test_report_tables.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnbench.report import files, plots
+from attnbench.store import read_rows
+
+FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# .ci/run installs Chromium and sets this, so that in CI the browser test cannot skip
+NEED_CHROMIUM = os.environ.get("ATTNBENCH_REQUIRE_CHROMIUM") == "1"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """The fixture's rows as a run directory, with a modeled prediction beside each measured
+    max batch (as a GPU run has), so that every plot has something to draw."""
+    d = tmp_path / "run"
+    d.mkdir()
+    rows = read_rows(FIXTURE)
+    for r in rows:
+        if r["memory_source"] == "measured" and r["max_batch"]:
+            r["predicted_max_batch"] = round(r["max_batch"] * 1.1)
+    (d / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def attnbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_report_command_writes_every_format(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "reports" / "fixture"
+    done = attnbench("report", str(run_dir), "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "time ratio: linformer (sharing=layerwise)" in done.stdout  # the rich tables
+    assert "1.25x" in done.stdout and "OOM³" in done.stdout
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"index.html", "table3.md", "table3.tex", "report.json",
+            "linformer-sharing-layerwise-time.csv",
+            "linformer-sharing-layerwise-memory.csv"} <= names
+    md = (out / "table3.md").read_text()
+    assert "| 512 | 1.25x | –¹ |" in md  # measured
+    assert "| 512 | 1.5x | 1.3x |" in md  # the paper's Table 3 beside it
+    assert "| 512 | 0.83 | - |" in md  # and the quotient
+    assert (out / "linformer-sharing-layerwise-memory.csv").read_text().startswith(
+        "n,k=128,k=256\n512,1.7,1.5\n")
+    assert r"\toprule" in (out / "table3.tex").read_text()
+    for stem in ("time-vs-n", "batch-vs-n", "memory-modeled-vs-measured",
+                 "speedup-linformer-sharing-layerwise"):
+        assert f"plots/{stem}.png" in names and f"plots/{stem}.svg" in names
+
+
+def test_plots_are_real_images_of_the_stated_size(run_dir: Path) -> None:
+    from matplotlib.image import imread
+
+    rendered = files.render(files.build(run_dir))
+    pngs = {k: v for k, v in rendered.items() if k.endswith(".png")}
+    assert len(pngs) == 4
+    for name, data in pngs.items():
+        assert png_size(data) == plots.PNG_PIXELS, name
+        pixels = imread(__import__("io").BytesIO(data))
+        assert pixels.std() > 0.05, f"{name} is a blank image"  # lines, text, colour
+        assert b"<svg" in rendered[name.replace(".png", ".svg")]
+
+
+def test_no_plot_is_drawn_for_rows_that_hold_nothing_to_draw(run_dir: Path) -> None:
+    rows = read_rows(FIXTURE)  # no row has both a modeled and a measured max batch
+    assert plots.modeled_vs_measured(rows) is None
+    assert plots.time_vs_n([dict(r, time_per_seq_s=None) for r in rows]) is None
+    page = files.render(files.build(run_dir), with_plots=False)["index.html"].decode()
+    assert "no plots: plots not asked for" in page
+
+
+def test_a_report_replaces_the_old_one_whole_or_not_at_all(run_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    out = tmp_path / "rep"
+    rendered = files.render(files.build(run_dir), with_plots=False)
+    files.write(rendered, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    real = Path.write_bytes
+    calls = []
+
+    def failing(self: Path, data: bytes) -> int:
+        calls.append(self)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", failing)
+    with pytest.raises(OSError, match="disk full"):
+        files.write({**rendered, "table3.md": b"new"}, out)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rep")] == []
+    files.write({"only.md": b"x"}, out)  # a new report leaves nothing of the old behind
+    assert [p.name for p in out.iterdir()] == ["only.md"]
+
+
+@pytest.mark.parametrize(("setup", "args", "message"), [
+    ("none", ("report", "missing"), "run dir: no cells.jsonl in missing"),
+    ("corrupt", ("report", "run"), "cells.jsonl:4: not a JSON row"),
+    ("ok", ("report", "run", "--baseline", "sdpa"), "baseline: no rows of 'sdpa'"),
+    ("empty", ("report", "run"), "holds no rows yet"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, setup: str,
+                                                          args: tuple, message: str) -> None:
+    run = tmp_path / "run"
+    if setup != "none":
+        run.mkdir()
+        lines = FIXTURE.read_text().splitlines()
+        if setup == "corrupt":
+            lines[3] = lines[3][:40]
+        (run / "cells.jsonl").write_text("" if setup == "empty" else "\n".join(lines) + "\n")
+    done = attnbench(*args, "--out", "out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None and not NEED_CHROMIUM,
+                    reason="needs Debian's chromium (apt-get install chromium); CI installs it")
+def test_the_html_page_shows_tables_and_plots_in_headless_chromium(run_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """Chromium opens the page from disk with the network off: the tables are in its DOM,
+    every embedded image decoded (counted by the page itself after load), and the
+    screenshot holds the plots' colour, which tables alone do not have."""
+    from matplotlib.image import imread
+
+    assert CHROMIUM, "ATTNBENCH_REQUIRE_CHROMIUM=1 but chromium is not on PATH"
+    out = files.write(files.render(files.build(run_dir)), tmp_path / "rep")
+    page = (out / "index.html").as_uri()
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True,
+                         timeout=120).stdout
+    n_images = (out / "index.html").read_text().count("<img ")
+    assert n_images == 4
+    assert f'data-images-decoded="{n_images}"' in dom
+    assert dom.count("<table>") == 8  # time and memory, each measured, paper and quotient
+    assert "measured ÷ paper" in dom and "OOM³" in dom
+    shot = tmp_path / "page.png"
+    subprocess.run([*flags, "--window-size=1400,3800", f"--screenshot={shot}", page],
+                   capture_output=True, timeout=120, check=True)
+    assert png_size(shot.read_bytes()) == (1400, 3800)
+    rgb = imread(shot)[..., :3]
+    colourful = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.3  # saturated: plot lines, heat map
+    assert colourful.sum() > 5000, "no plot visible in the screenshot"
+    dark = rgb.max(axis=-1) < 0.3
+    assert dark[:1500].sum() > 5000, "no table text in the top of the page"
+
+
+def test_committed_reports_are_those_of_the_committed_reference_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """reports/ is regenerated by scripts/make_reports.sh; a stale one fails here."""
+    root = Path(__file__).parent.parent
+    monkeypatch.chdir(root)
+    runs = sorted(p.name for p in (root / "results/reference").iterdir() if p.is_dir())
+    assert runs and sorted(p.name for p in (root / "reports").iterdir() if p.is_dir()) == runs
+    for name in runs:
+        fresh = files.render(files.build(Path("results/reference") / name), with_plots=False)
+        for rel, data in fresh.items():
+            if rel != "index.html":  # the committed page also holds the plots
+                assert (root / "reports" / name / rel).read_bytes() == data, (name, rel)
