@@ -1,0 +1,1 @@
+"""attnbench check: the CI regression gate (interleaved A/B timing, noise-aware verdicts)."""
