@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -103,6 +104,97 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """The regression gate: exit 1 on a regression, 0 otherwise, 2 on misuse."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from attnbench.check import gate
+
+    err = Console(stderr=True)
+    started = time.time()
+    try:
+        suite = gate.load_suite(args.suite, args.config_dir,
+                                {"threshold": args.threshold, "rounds": args.rounds})
+        stored = gate.read_baseline(args.baseline) if args.baseline else None
+        cwd = Path.cwd()
+        root = gate.repo_root(cwd) if not (args.baseline or args.write_baseline) else (
+            _git_root_or(cwd))
+        if stored is None and not args.write_baseline:
+            a_name, a_commit = gate.resolve_ref(root, args.against)
+    except gate.Misuse as e:
+        print(f"attnbench check: error: {e}", file=sys.stderr)
+        return 2
+    if stored is not None:
+        for line in gate.fingerprint_mismatch(stored["fingerprint"],
+                                              gate.fingerprint(suite.settings)):
+            err.print(f"[yellow]attnbench check: warning: the baseline was recorded on "
+                      f"another machine or setup ({line}); its times may not compare[/]")
+    for cell, why in suite.skipped:
+        err.print(f"attnbench check: skipped {cell}: {why}")
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=err,
+                  transient=True, disable=args.quiet) as bar:
+        task = bar.add_task("samples", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            if stored is not None or args.write_baseline:
+                got = gate.sample({"B": root}, suite, seed=args.seed, progress=tick)
+            else:
+                bar.update(task, description=f"A = {a_name}, B = working tree")
+                with gate.worktree(root, a_commit) as tree:
+                    got = gate.sample({"A": tree, "B": root}, suite, seed=args.seed,
+                                      progress=tick)
+        except (gate.Misuse, RuntimeError) as e:
+            print(f"attnbench check: error: {e}", file=sys.stderr)
+            return 2
+    if args.write_baseline:
+        gate.write_baseline(args.write_baseline, suite, got.versions["B"], got.reps)
+        print(f"attnbench check: baseline of {len(got.versions['B'])} cells x "
+              f"{suite.settings['rounds']} samples written to {args.write_baseline}")
+        return 0
+    if stored is not None:
+        a, a_name, a_commit = stored["samples"], f"baseline {args.baseline}", None
+        why_not = {}
+    else:
+        a = got.versions["A"]
+        why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
+    results = gate.judge(suite, a, got.versions["B"], why_not)
+    failed = [r for r in results if r.verdict == "regressed"]
+    _console().print(gate.table(results, a_name, "working tree", 0.99))
+    meta = {"against": a_name, "against_commit": a_commit, "suite": args.suite,
+            "settings": suite.settings, "fingerprint": gate.fingerprint(suite.settings),
+            "wall_s": round(time.time() - started, 1)}
+    gate._write_json(args.json, gate.result_json(
+        results, meta, {"A": a, "B": got.versions["B"]}))
+    verdict = (f"FAILED: {len(failed)} cell(s) slower beyond their limit: "
+               + ", ".join(r.cell for r in failed)) if failed else "passed"
+    print(f"attnbench check: {verdict} ({len(results)} cells, "
+          f"{meta['wall_s']:.0f} s; details in {args.json})")
+    return 1 if failed else 0
+
+
+def _git_root_or(cwd: Path) -> Path:
+    from attnbench.check import gate
+
+    try:
+        return gate.repo_root(cwd)
+    except gate.Misuse:
+        return cwd
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"must be a fraction like 0.1 or 10%, got {text!r}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text) if text.lstrip("-").isdigit() else None
     if value is None or value < 1:
@@ -136,6 +228,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser(
+        "check", help="the CI regression gate: working tree against a git ref, interleaved",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time the regression suite (conf/sweep/regression.yaml) for the working "
+                    "tree (B) and a git ref (A,\nchecked out in a temporary worktree), "
+                    "interleaved A B A B ..., and fail when a cell is slower\nby more than "
+                    "its threshold AND significantly so (one-sided Mann-Whitney U, p < "
+                    "alpha).",
+        epilog="exit status: 1 if a cell regressed, 0 if none did, 2 on misuse\n\n"
+               "examples:\n"
+               "  attnbench check                          # against the parent commit\n"
+               "  attnbench check --against origin/main --threshold 15%\n"
+               "  attnbench check --write-baseline results/baseline.json   # on a CI runner\n"
+               "  attnbench check --baseline results/baseline.json")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--against", metavar="REF",
+                       help="git ref of version A (default: the parent commit, HEAD~1)")
+    which.add_argument("--baseline", type=Path, metavar="FILE",
+                       help="compare with samples stored by --write-baseline on this machine")
+    which.add_argument("--write-baseline", type=Path, metavar="FILE",
+                       help="time the working tree only and store its samples in FILE")
+    p.add_argument("--suite", default="regression",
+                   help="the sweep whose cells and check: settings to use (default regression)")
+    p.add_argument("--config-dir", metavar="DIR", help="extra config dir holding sweep/SUITE.yaml")
+    p.add_argument("--threshold", type=_fraction, help="default slowdown a cell may show "
+                   "before failing, e.g. 0.1 or 10%% (default: the suite's, 10%%)")
+    p.add_argument("--rounds", type=_positive, help="samples per cell and version "
+                   "(default: the suite's, 15)")
+    p.add_argument("--json", type=Path, default=Path("results/check/latest.json"),
+                   help="where to write every sample and verdict (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="order of the interleaving")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="time vanilla against Linformer (layerwise) on one cell")
     p.add_argument("--n", type=_positive, default=1024, help="sequence length (default 1024)")
     p.add_argument("--k", type=_positive, default=128, help="Linformer's k (default 128)")

@@ -1,0 +1,87 @@
+"""One version's timing process for ``attnbench check``, driven over stdin/stdout.
+
+Run as a script (``python worker.py ROOT``) with ``PYTHONPATH`` pointing into one version's
+tree, so that ``import attnbench`` (and any plugin named by ``$ATTNBENCH_PLUGINS``) is that
+version's code, not the code that drives the check. It therefore uses only what every
+version of attnbench has — ``attnbench.create`` and ``attnbench.names`` — and imports
+nothing else of the package.
+
+Protocol, one JSON object per line. In: ``{"op": "setup", "cells": [...], "device", "threads",
+"warmup"}``, then ``{"op": "time", "cell": i, "reps": m}`` any number of times, then
+``{"op": "exit"}``. Out: one JSON reply per request; a cell that this version cannot build is
+reported with its reason at setup and never timed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main(root: str) -> int:
+    import os
+
+    import torch
+
+    import attnbench
+
+    where = os.path.realpath(attnbench.__file__)
+    if os.path.isfile(os.path.join(root, "attnbench", "__init__.py")) and \
+            not where.startswith(os.path.realpath(root) + os.sep):
+        _reply({"error": f"imported attnbench from {where}, not from the version in {root}"})
+        return 1
+    _reply({"ready": True, "attnbench": where, "torch": torch.__version__})
+    runs: list[Any] = []
+    sync = lambda: None  # noqa: E731 - replaced on CUDA
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["op"] == "exit":
+            return 0
+        if msg["op"] == "setup":
+            torch.set_num_threads(msg["threads"])
+            device = torch.device(msg["device"])
+            if device.type == "cuda":
+                sync = torch.cuda.synchronize
+            runs, built = [], []
+            for i, c in enumerate(msg["cells"]):
+                try:
+                    layer = attnbench.create(c["attention"], d_model=c["d_model"],
+                                             n_heads=c["n_heads"], max_seq_len=c["n"],
+                                             **c["params"]).to(device).eval()
+                    g = torch.Generator().manual_seed(i)
+                    x = torch.randn(c["batch"], c["n"], c["d_model"], generator=g).to(device)
+                    with torch.inference_mode():
+                        for _ in range(msg["warmup"]):
+                            layer(x)
+                        sync()
+                        t = time.perf_counter()
+                        layer(x)
+                        sync()
+                        once = time.perf_counter() - t
+                    runs.append((layer, x))
+                    built.append({"ok": True, "once_s": once})
+                except Exception as e:  # this version cannot run the cell: say so
+                    runs.append(None)
+                    built.append({"ok": False, "reason": f"{type(e).__name__}: {e}"})
+            _reply({"cells": built})
+        elif msg["op"] == "time":
+            layer, x = runs[msg["cell"]]
+            with torch.inference_mode():
+                sync()
+                t = time.perf_counter()
+                for _ in range(msg["reps"]):
+                    layer(x)
+                sync()
+                _reply({"s": (time.perf_counter() - t) / msg["reps"]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
