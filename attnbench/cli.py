@@ -112,6 +112,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     started = time.time()
+    # a user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo: importable here too
+    sys.path.insert(0, str(_git_root_or(Path.cwd())))
     try:
         suite = gate.load_suite(args.suite, args.config_dir,
                                 {"threshold": args.threshold, "rounds": args.rounds})

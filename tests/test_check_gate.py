@@ -1,0 +1,161 @@
+"""`attnbench check` end to end: real git repositories, real worker processes, real timing.
+
+The repository under test is a user's: a plugin mechanism (``ATTNBENCH_PLUGINS``) committed
+once, then changed in the working tree. A slowdown planted there is large (3x) so that these
+tests decide on a handful of short samples; the gate's power at 15 % and its false-alarm rate
+are measured by scripts/gate_power.py, with figures in the README, not asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLUGIN = '''
+import time
+from dataclasses import dataclass
+
+import attnbench
+from attnbench.attention.vanilla import VanillaAttention
+
+SLOWDOWN = {slowdown}
+
+
+@dataclass
+class Cfg:
+    causal: bool = False
+
+
+@attnbench.register("mine", config=Cfg, summary="vanilla, with a cost we control")
+class Mine(VanillaAttention):
+    def forward(self, x, key_padding_mask=None):
+        start = time.perf_counter()
+        out = super().forward(x, key_padding_mask)
+        end = start + (time.perf_counter() - start) * (1 + SLOWDOWN)
+        while time.perf_counter() < end:
+            pass
+        return out
+'''
+
+SUITE = """# @package _global_
+defaults:
+  - override /device: cpu
+  - override /model: tiny
+sweep_name: quick
+dtype: fp32
+batch: 2
+hydra:
+  mode: MULTIRUN
+  sweeper:
+    params:
+      attention: {attention}
+      n: 64
+check:
+  device: cpu
+  rounds: {rounds}
+  sample_s: 0.01
+  warmup: 1
+  threads: 1
+  threshold: 0.10
+  alpha: 0.002
+  thresholds: {thresholds}
+  pythonpath: ["."]
+"""
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+def user_repo(tmp: Path, attention: str = "mine", rounds: int = 8,
+              thresholds: str = "[]") -> Path:
+    repo = tmp / "repo"
+    (repo / "conf/sweep").mkdir(parents=True)
+    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=0))
+    (repo / "conf/sweep/quick.yaml").write_text(
+        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds))
+    git("init", "-q", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("commit", "-qm", "one", cwd=repo)
+    return repo
+
+
+def check(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ATTNBENCH_PLUGINS": "myattn", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "attnbench.cli", "check", "--quiet",
+                           "--config-dir", "conf", "--suite", "quick", "--json", "out.json",
+                           *args], cwd=repo, capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_a_planted_slowdown_fails_the_gate_and_the_same_code_passes(tmp_path: Path) -> None:
+    repo = user_repo(tmp_path)
+    same = check(repo, "--against", "HEAD")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "attnbench check: passed" in same.stdout
+    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=2.0))  # 3x: beyond any noise
+    slow = check(repo, "--against", "HEAD")
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "FAILED: 1 cell(s) slower beyond their limit: mine(causal=False) n=64 b=2" \
+        in slow.stdout
+    result = json.loads((repo / "out.json").read_text())
+    (cell,) = result["cells"]
+    assert cell["verdict"] == "regressed" and result["failed"] is True
+    assert 2.0 < cell["ratio"] < 4.5 and cell["p"] < 0.002  # 3x, measured
+    assert len(result["samples"]["A"][cell["cell"]]) == 8  # every sample is kept
+    assert result["against"] == "HEAD" and len(result["against_commit"]) == 40
+
+
+def test_a_per_cell_threshold_lets_a_known_slow_cell_through(tmp_path: Path) -> None:
+    repo = user_repo(tmp_path, thresholds="[{attention: mine, threshold: 5.0}]")
+    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=2.0))
+    done = check(repo, "--against", "HEAD")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((repo / "out.json").read_text())["cells"][0]["threshold"] == 5.0
+
+
+def test_stored_baseline_mode(tmp_path: Path) -> None:
+    repo = user_repo(tmp_path)
+    wrote = check(repo, "--write-baseline", "base.json")
+    assert wrote.returncode == 0, wrote.stderr
+    base = json.loads((repo / "base.json").read_text())
+    assert base["schema"] == 1 and base["fingerprint"]["threads"] == 1
+    assert check(repo, "--baseline", "base.json").returncode == 0
+    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=2.0))
+    assert check(repo, "--baseline", "base.json").returncode == 1
+    base["fingerprint"]["cpu"] = "some other CPU"
+    (repo / "base.json").write_text(json.dumps(base))
+    warned = check(repo, "--baseline", "base.json")
+    assert "warning: the baseline was recorded on another machine" in warned.stderr
+    assert "some other CPU" in warned.stderr
+
+
+@pytest.mark.parametrize(("setup", "args", "needle"), [
+    ("repo", ("--against", "nope"), "--against: unknown git ref 'nope'"),
+    ("repo", (), "--against: HEAD has no parent commit"),
+    ("plain", (), "is not inside a git repository"),
+    ("repo", ("--baseline", "missing.json"), "--baseline: no such file missing.json"),
+    ("schema", ("--baseline", "old.json"), "has schema 0; this attnbench reads schema 1"),
+    ("empty", ("--against", "HEAD"), "empty suite, no cell can run here"),
+    ("repo", ("--against", "HEAD", "--rounds", "3"), "check.rounds: must be at least 6"),
+    ("repo", ("--against", "HEAD", "--threshold", "-5"), "--threshold: must be a fraction"),
+    ("repo", ("--suite", "nosuch"), "--suite: sweep: unknown option 'nosuch'"),
+])
+def test_misuse_is_one_line_and_exit_2(tmp_path: Path, setup: str, args: tuple,
+                                       needle: str) -> None:
+    repo = user_repo(tmp_path, attention="xformers" if setup == "empty" else "mine")
+    if setup == "plain":
+        subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
+    if setup == "schema":
+        (repo / "old.json").write_text(json.dumps({"kind": "attnbench-check-baseline",
+                                                   "schema": 0}))
+    done = check(repo, *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (repo / "out.json").exists()
