@@ -88,12 +88,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from attnbench.report import files
     from attnbench.store import CorruptLine
 
+    out = args.out or files.default_out(args.run_dir)
     try:
+        files.check_out(out)
         report = files.build(args.run_dir, args.baseline)
     except (ValueError, CorruptLine) as e:
         print(f"attnbench report: error: {e}", file=sys.stderr)
         return 2
-    out = args.out or files.default_out(args.run_dir)
     if not args.quiet:
         files.print_tables(report, _console())
     written = files.render(report, with_plots=not args.no_plots)
@@ -105,34 +106,54 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """The regression gate: exit 1 on a regression, 0 otherwise, 2 on misuse."""
+    """The regression gate: exit 1 on a regression, 0 otherwise, 2 on misuse or error."""
+    import signal
+
+    from attnbench.check import gate
+
+    # CI cancels with SIGTERM: unwind, so that the temporary worktree and workers go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _check(args)
+    except gate.Misuse as e:
+        print(f"attnbench check: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("attnbench check: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a crash is not a regression: never exit 1 for it
+        print(f"attnbench check: error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 2
+
+
+def _check(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from attnbench.check import gate
 
     err = Console(stderr=True)
     started = time.time()
+    cwd = Path.cwd()
+    root = _git_root_or(cwd) if (args.baseline or args.write_baseline) else gate.repo_root(cwd)
     # a user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo: importable here too
-    sys.path.insert(0, str(_git_root_or(Path.cwd())))
-    try:
-        suite = gate.load_suite(args.suite, args.config_dir,
-                                {"threshold": args.threshold, "rounds": args.rounds})
-        stored = gate.read_baseline(args.baseline) if args.baseline else None
-        cwd = Path.cwd()
-        root = gate.repo_root(cwd) if not (args.baseline or args.write_baseline) else (
-            _git_root_or(cwd))
-        if stored is None and not args.write_baseline:
-            a_name, a_commit = gate.resolve_ref(root, args.against)
-    except gate.Misuse as e:
-        print(f"attnbench check: error: {e}", file=sys.stderr)
-        return 2
+    sys.path.insert(0, str(root))
+    suite = gate.load_suite(args.suite, args.config_dir,
+                            {"threshold": args.threshold, "rounds": args.rounds})
+    stored = gate.read_baseline(args.baseline) if args.baseline else None
+    a_name = a_commit = None
+    if stored is None and not args.write_baseline:
+        a_name, a_commit = gate.resolve_ref(root, args.against)
     if stored is not None:
+        why = gate.settings_mismatch(stored["settings"], suite.settings)
+        if why:
+            raise gate.Misuse(f"--baseline: {why}; write it again with --write-baseline")
         for line in gate.fingerprint_mismatch(stored["fingerprint"],
                                               gate.fingerprint(suite.settings)):
             err.print(f"[yellow]attnbench check: warning: the baseline was recorded on "
-                      f"another machine or setup ({line}); its times may not compare[/]")
+                      f"another machine or setup ({line}); its times may not compare[/]",
+                      markup=True, highlight=False)
+    expect = gate.expected_modules(root)
     for cell, why in suite.skipped:
-        err.print(f"attnbench check: skipped {cell}: {why}")
+        err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=err,
                   transient=True, disable=args.quiet) as bar:
@@ -141,40 +162,45 @@ def cmd_check(args: argparse.Namespace) -> int:
         def tick(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        try:
-            if stored is not None or args.write_baseline:
-                got = gate.sample({"B": root}, suite, seed=args.seed, progress=tick)
-            else:
-                bar.update(task, description=f"A = {a_name}, B = working tree")
-                with gate.worktree(root, a_commit) as tree:
-                    got = gate.sample({"A": tree, "B": root}, suite, seed=args.seed,
-                                      progress=tick)
-        except (gate.Misuse, RuntimeError) as e:
-            print(f"attnbench check: error: {e}", file=sys.stderr)
-            return 2
+        if stored is not None or args.write_baseline:
+            got = gate.sample({"B": root}, suite, seed=args.seed, expect=expect,
+                              reps=stored["reps"] if stored else None, progress=tick)
+        else:
+            bar.update(task, description=f"A = {a_name}, B = working tree")
+            with gate.worktree(root, a_commit) as tree:
+                got = gate.sample({"A": tree, "B": root}, suite, seed=args.seed,
+                                  expect=expect, progress=tick)
     if args.write_baseline:
+        if got.unavailable.get("B"):
+            raise gate.Misuse("--write-baseline: these cells cannot run here: " + "; ".join(
+                f"{c}: {w}" for c, w in got.unavailable["B"].items()))
         gate.write_baseline(args.write_baseline, suite, got.versions["B"], got.reps)
         print(f"attnbench check: baseline of {len(got.versions['B'])} cells x "
               f"{suite.settings['rounds']} samples written to {args.write_baseline}")
         return 0
     if stored is not None:
-        a, a_name, a_commit = stored["samples"], f"baseline {args.baseline}", None
-        why_not = {}
+        a, a_name = stored["samples"], f"baseline {args.baseline}"
     else:
         a = got.versions["A"]
-        why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
+    why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
     results = gate.judge(suite, a, got.versions["B"], why_not)
-    failed = [r for r in results if r.verdict == "regressed"]
+    failed = [r for r in results if r.verdict in gate.FAILING]
+    if not failed and not any(r.stats for r in results):
+        raise gate.Misuse("nothing to compare: no cell ran in both versions ("
+                          + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results) + ")")
     _console().print(gate.table(results, a_name, "working tree", 0.99))
     meta = {"against": a_name, "against_commit": a_commit, "suite": args.suite,
             "settings": suite.settings, "fingerprint": gate.fingerprint(suite.settings),
             "wall_s": round(time.time() - started, 1)}
-    gate._write_json(args.json, gate.result_json(
+    gate.write_json(args.json, gate.result_json(
         results, meta, {"A": a, "B": got.versions["B"]}))
-    verdict = (f"FAILED: {len(failed)} cell(s) slower beyond their limit: "
-               + ", ".join(r.cell for r in failed)) if failed else "passed"
-    print(f"attnbench check: {verdict} ({len(results)} cells, "
-          f"{meta['wall_s']:.0f} s; details in {args.json})")
+    counts = {v: sum(r.verdict == v for r in results) for v in
+              ("regressed", "broken", "improved", "same", "new", "gone", "skipped")}
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    verdict = ("FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)) if failed \
+        else "passed"
+    print(f"attnbench check: {verdict} ({tally}; {meta['wall_s']:.0f} s; details in "
+          f"{args.json})")
     return 1 if failed else 0
 
 

@@ -448,24 +448,6 @@ class Progress(Callback):
                 write_report(Path(d), config.report_baseline, show=config.progress)
 
 
-def write_report(run: Path, baseline: str, show: bool) -> None:
-    """The report of a sweep's run dir. Its rows are already safe on disk, so a report that
-    cannot be made (no baseline rows, no matplotlib) is one line, not a failed sweep."""
-    from rich.console import Console
-
-    from attnbench.report import files
-
-    try:
-        report = files.build(run, baseline)
-        if show:
-            files.print_tables(report, Console())
-        out = files.write(files.render(report), files.default_out(run))
-    except Exception as e:  # the sweep's rows stand: say why, go on
-        print(f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
-              flush=True)
-        return
-    print(f"attnbench: report in {out}/index.html", flush=True)
-
     def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
         from rich.console import Group
         from rich.live import Live
@@ -505,6 +487,24 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
                 live.update(Group(bar, table))
                 if stopping:  # one last frame with every row, then out
                     break
+
+def write_report(run: Path, baseline: str, show: bool) -> None:
+    """The report of a sweep's run dir. Its rows are already safe on disk, so a report that
+    cannot be made (no baseline rows, no matplotlib) is one line, not a failed sweep."""
+    from rich.console import Console
+
+    from attnbench.report import files
+
+    try:
+        report = files.build(run, baseline)
+        if show:
+            files.print_tables(report, Console())
+        out = files.write(files.render(report), files.default_out(run))
+    except Exception as e:  # the sweep's rows stand: say why, go on
+        print(f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
+              flush=True)
+        return
+    print(f"attnbench: report in {out}/index.html", flush=True)
 
 
 def _plan() -> list[tuple[str, str]]:

@@ -2,7 +2,7 @@
 
     python scripts/gate_power.py pool --slowdown 0.15 --rounds 60 --out results/gate/pool-15.json
     python scripts/gate_power.py replay results/gate/pool-*.json --rounds 30 --draws 1000
-    python scripts/gate_power.py whole --slowdown 0 --runs 5
+    python scripts/gate_power.py whole --slowdown 0 --runs 6
 
 ``pool`` checks out HEAD in a temporary worktree, plants a known extra cost into one
 mechanism there (every forward of ``vanilla`` made ``slowdown`` longer, of its own time, by
@@ -117,7 +117,8 @@ def cmd_whole(args: argparse.Namespace) -> None:
     fails = 0
     try:
         for i in range(args.runs):
-            out = Path(tempfile.mkdtemp()) / "check.json"
+            out = args.keep / f"whole-{args.slowdown:g}-{i + 1}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
             rc = check(tree, out, "--seed", str(i))
             fails += rc == 1
             print(f"run {i + 1}: exit {rc} ({json.loads(out.read_text())['wall_s']} s)",
@@ -147,6 +148,8 @@ def main() -> None:
     s = sub.add_parser("whole")
     s.add_argument("--slowdown", type=float, required=True)
     s.add_argument("--runs", type=int, default=5)
+    s.add_argument("--keep", type=Path, default=Path("results/gate"),
+                   help="where each run's JSON goes (whole-<slowdown>-<i>.json)")
     s.set_defaults(fn=cmd_whole)
     args = p.parse_args()
     args.fn(args)

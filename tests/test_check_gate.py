@@ -24,6 +24,7 @@ import attnbench
 from attnbench.attention.vanilla import VanillaAttention
 
 SLOWDOWN = {slowdown}
+print("the plugin says hello on stdout")  # must not disturb the worker's replies
 
 
 @dataclass
@@ -31,8 +32,13 @@ class Cfg:
     causal: bool = False
 
 
-@attnbench.register("mine", config=Cfg, summary="vanilla, with a cost we control")
+@attnbench.register("mine", config=Cfg, causal=True, summary="vanilla, costs we control")
 class Mine(VanillaAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if SLOWDOWN < 0:
+            raise RuntimeError("this change broke the mechanism")
+
     def forward(self, x, key_padding_mask=None):
         start = time.perf_counter()
         out = super().forward(x, key_padding_mask)
@@ -102,14 +108,25 @@ def test_a_planted_slowdown_fails_the_gate_and_the_same_code_passes(tmp_path: Pa
     (repo / "myattn.py").write_text(PLUGIN.format(slowdown=2.0))  # 3x: beyond any noise
     slow = check(repo, "--against", "HEAD")
     assert slow.returncode == 1, slow.stdout + slow.stderr
-    assert "FAILED: 1 cell(s) slower beyond their limit: mine(causal=False) n=64 b=2" \
-        in slow.stdout
+    assert "FAILED: mine() n=64 b=2 regressed" in slow.stdout
     result = json.loads((repo / "out.json").read_text())
     (cell,) = result["cells"]
     assert cell["verdict"] == "regressed" and result["failed"] is True
     assert 2.0 < cell["ratio"] < 4.5 and cell["p"] < 0.002  # 3x, measured
     assert len(result["samples"]["A"][cell["cell"]]) == 8  # every sample is kept
     assert result["against"] == "HEAD" and len(result["against_commit"]) == 40
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True,
+                               text=True).stdout.splitlines()
+    assert len(worktrees) == 1, worktrees  # the temporary one for HEAD is gone
+
+
+def test_a_change_that_breaks_a_mechanism_fails_the_gate(tmp_path: Path) -> None:
+    repo = user_repo(tmp_path)
+    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=-1))
+    done = check(repo, "--against", "HEAD")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "mine() n=64 b=2 broken" in done.stdout
+    assert "this change broke the mechanism" in done.stdout
 
 
 def test_a_per_cell_threshold_lets_a_known_slow_cell_through(tmp_path: Path) -> None:
@@ -117,7 +134,8 @@ def test_a_per_cell_threshold_lets_a_known_slow_cell_through(tmp_path: Path) -> 
     (repo / "myattn.py").write_text(PLUGIN.format(slowdown=2.0))
     done = check(repo, "--against", "HEAD")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads((repo / "out.json").read_text())["cells"][0]["threshold"] == 5.0
+    (cell,) = json.loads((repo / "out.json").read_text())["cells"]
+    assert cell["threshold"] == 5.0 and cell["verdict"] == "same" and cell["ratio"] > 2
 
 
 def test_stored_baseline_mode(tmp_path: Path) -> None:
@@ -139,17 +157,25 @@ def test_stored_baseline_mode(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("setup", "args", "needle"), [
     ("repo", ("--against", "nope"), "--against: unknown git ref 'nope'"),
     ("repo", (), "--against: HEAD has no parent commit"),
-    ("plain", (), "is not inside a git repository"),
+    ("plain", (), "is not usable as a git repository"),
     ("repo", ("--baseline", "missing.json"), "--baseline: no such file missing.json"),
     ("schema", ("--baseline", "old.json"), "has schema 0; this attnbench reads schema 1"),
     ("empty", ("--against", "HEAD"), "empty suite, no cell can run here"),
     ("repo", ("--against", "HEAD", "--rounds", "3"), "check.rounds: must be at least 6"),
     ("repo", ("--against", "HEAD", "--threshold", "-5"), "--threshold: must be a fraction"),
     ("repo", ("--suite", "nosuch"), "--suite: sweep: unknown option 'nosuch'"),
+    ("thresholds", ("--against", "HEAD"), "check.thresholds: each entry needs a threshold"),
+    ("settings", ("--baseline", "base.json"), "--baseline: check.threads is 1 here but 2"),
 ])
 def test_misuse_is_one_line_and_exit_2(tmp_path: Path, setup: str, args: tuple,
                                        needle: str) -> None:
-    repo = user_repo(tmp_path, attention="xformers" if setup == "empty" else "mine")
+    repo = user_repo(tmp_path, attention="xformers" if setup == "empty" else "mine",
+                     thresholds="[{attention: mine}]" if setup == "thresholds" else "[]")
+    if setup == "settings":
+        (repo / "base.json").write_text(json.dumps({
+            "kind": "attnbench-check-baseline", "schema": 1, "fingerprint": {},
+            "settings": {"device": "cpu", "sample_s": 0.01, "warmup": 1, "threads": 2},
+            "reps": {}, "samples": {}}))
     if setup == "plain":
         subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
     if setup == "schema":
@@ -159,3 +185,20 @@ def test_misuse_is_one_line_and_exit_2(tmp_path: Path, setup: str, args: tuple,
     assert done.returncode == 2, done.stdout + done.stderr
     assert needle in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (repo / "out.json").exists()
+
+
+def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
+    """Users of pytest-benchmark: save a run, then compare against it with a fail rule."""
+    suite = Path(__file__).parent / "benchmarks" / "test_regression_suite.py"
+    args = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
+            "-k", "vanilla and 256", "--benchmark-enable", "--benchmark-only",
+            f"--benchmark-storage=file://{tmp_path}"]
+    saved = subprocess.run([*args, "--benchmark-autosave"], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+    assert saved.returncode == 0, saved.stdout[-2000:]
+    assert list(tmp_path.rglob("0001_*.json"))
+    compared = subprocess.run([*args, "--benchmark-compare",
+                               "--benchmark-compare-fail=median:1000%"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert compared.returncode == 0, compared.stdout[-2000:]
+    assert "0001" in compared.stdout  # the saved run is in the comparison table

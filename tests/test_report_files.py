@@ -115,6 +115,17 @@ def test_a_report_replaces_the_old_one_whole_or_not_at_all(run_dir: Path, tmp_pa
     assert [p.name for p in out.iterdir()] == ["only.md"]
 
 
+def test_out_never_deletes_what_is_not_a_report(run_dir: Path, tmp_path: Path) -> None:
+    for out in (run_dir, tmp_path):  # the run dir itself, or a directory holding it
+        done = attnbench("report", str(run_dir), "--out", str(out), cwd=tmp_path)
+        assert done.returncode == 2 and "is not an attnbench report" in done.stderr
+        assert (run_dir / "cells.jsonl").is_file()
+    assert attnbench("report", str(run_dir), "--out", "rep", "--no-plots",
+                     cwd=tmp_path).returncode == 0
+    assert attnbench("report", str(run_dir), "--out", "rep", "--no-plots",
+                     cwd=tmp_path).returncode == 0  # an earlier report is replaced
+
+
 @pytest.mark.parametrize(("setup", "args", "message"), [
     ("none", ("report", "missing"), "run dir: no cells.jsonl in missing"),
     ("corrupt", ("report", "run"), "cells.jsonl:4: not a JSON row"),

@@ -147,3 +147,29 @@ def test_two_settings_of_one_mechanism_are_two_tables_never_one() -> None:
     assert sorted(t.context.split(", ")[2] for t in tables) == ["fp16"] * 2 + ["fp32"] * 2
     for t in tables:  # both halves of the fixture give the same ratios (times doubled)
         assert t.value[(512, 128)] == pytest.approx(1.25 if t.kind == "time" else 1.7)
+
+
+def test_a_mechanism_without_a_budget_gets_one_ratio_column() -> None:
+    rows = [dict(r, attention="sdpa", k=None) for r in read_rows(FIXTURE)
+            if r["attention"] == "linformer" and r["k"] == 128]
+    (time, memory) = ratio_tables(read_rows(FIXTURE)[:3] + rows)
+    assert time.ks == (None,) and time.text[(512, None)] == "1.25x"
+    assert to_csv(memory).splitlines()[:2] == ["n,ratio", "512,1.7"]
+    assert "| n | ratio |" in to_markdown(time) and "& ratio" in to_latex(time)
+
+
+def test_fixed_batch_rows_pair_with_the_same_batch_and_have_no_memory_ratio() -> None:
+    rows = []
+    for b, scale in ((1, 1.0), (8, 0.5)):  # per-sequence times halve at b = 8
+        for r in read_rows(FIXTURE):
+            t = r["time_per_seq_s"]
+            rows.append(dict(r, cell={"batch": b}, max_batch=None,
+                             time_per_seq_s=t * scale * (2 if r["attention"] == "linformer"
+                                                         and b == 8 else 1) if t else None))
+    tables = ratio_tables(rows)
+    assert len(tables) == 4  # linformer at b = 1 and at b = 8: never against each other
+    by = {(t.kind, t.context.split("fixed batch ")[1].split(",")[0]): t for t in tables}
+    assert by[("time", "1")].value[(512, 128)] == pytest.approx(1.25)
+    assert by[("time", "8")].value[(512, 128)] == pytest.approx(1.25 / 2)
+    assert by[("memory", "8")].text[(512, 128)] == "–¹"
+    assert by[("memory", "8")].footnotes[0] == "¹ fixed batch: no max batch was searched"

@@ -220,3 +220,13 @@ def test_command_line_sweep_duplicates_run_once_and_config_is_kept(tmp_path: Pat
     assert len(read_rows(cells)) == 1
     assert "attention:" in (cells.parent / "config.yaml").read_text()
     assert len((cells.parent / "commands.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_progress_display_runs_and_the_report_follows(tmp_path: Path) -> None:
+    """The default (progress=true): the live table's last frame is in the output, and the
+    Hydra callback raised nothing (Hydra would only have warned)."""
+    out = run("+sweep=smoke", "n=64", "attention=vanilla,linformer", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "finished cells (last 8)" in out.stdout
+    assert "Error" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert "time ratio: linformer" in out.stdout  # the report's tables, printed

@@ -31,6 +31,7 @@ from typing import Any
 from attnbench.check.stats import Verdict, compare, min_samples
 
 SCHEMA = 1  # of the JSON this module writes (results and stored baselines)
+FAILING = ("regressed", "broken")  # verdicts that fail the check
 WORKER = Path(__file__).with_name("worker.py")
 
 
@@ -90,9 +91,14 @@ def load_suite(name: str = "regression", config_dir: str | None = None,
             continue
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}") from None
+        if not isinstance(cell.batch, int):
+            raise Misuse(f"--suite {name}: batch must be a number in a check suite, got "
+                         f"{cell.batch!r}")
         params = cell.mechanism_params()
-        sc = SuiteCell(cell.attention, params, cell.n, int(cell.batch), cell.d_model,
+        sc = SuiteCell(cell.attention, params, cell.n, cell.batch, cell.d_model,
                        cell.n_heads, _threshold(settings, cell.attention, cell.n, params))
+        if any(c.name == sc.name for c in cells):
+            continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
         why = info(cell.attention).unavailable
         if why is None and settings["device"] not in info(cell.attention).devices:
             why = f"runs on {', '.join(info(cell.attention).devices)}, not {settings['device']}"
@@ -120,6 +126,16 @@ def _check_settings(s: dict[str, Any]) -> None:
     if s["rounds"] < min_samples(s["alpha"]):  # the rank test could never fire: a blind gate
         raise Misuse(f"check.rounds: must be at least {min_samples(s['alpha'])} for "
                      f"alpha={s['alpha']:g}, got {s['rounds']}")
+    paths = s.get("pythonpath")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        raise Misuse(f"check.pythonpath: must be a list of paths, got {paths!r}")
+    for entry in s.get("thresholds") or []:
+        keys = set(entry) if isinstance(entry, dict) else set()
+        t = entry.get("threshold") if isinstance(entry, dict) else None
+        if "threshold" not in keys or isinstance(t, bool) or not isinstance(t, (int, float)) \
+                or t <= 0:
+            raise Misuse(f"check.thresholds: each entry needs a threshold > 0 (a fraction, "
+                         f"0.2 = 20 %), got {entry!r}")
     if s.get("device") not in ("cpu", "cuda"):
         raise Misuse(f"check.device: must be cpu or cuda, got {s.get('device')!r}")
     if s["device"] == "cuda":
@@ -153,9 +169,11 @@ def git(*args: str, cwd: Path) -> str:
 def repo_root(cwd: Path) -> Path:
     try:
         return Path(git("rev-parse", "--show-toplevel", cwd=cwd))
-    except (Misuse, FileNotFoundError):
-        raise Misuse(f"--against: {cwd} is not inside a git repository (use --baseline "
-                     "FILE to compare with stored samples instead)") from None
+    except FileNotFoundError:
+        raise Misuse("--against: git is not installed here") from None
+    except Misuse as e:
+        raise Misuse(f"--against: {cwd} is not usable as a git repository ({e}); use "
+                     "--baseline FILE to compare with stored samples instead") from None
 
 
 def resolve_ref(root: Path, ref: str | None) -> tuple[str, str]:
@@ -165,8 +183,11 @@ def resolve_ref(root: Path, ref: str | None) -> tuple[str, str]:
         commit = git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}", cwd=root)
     except Misuse:
         if ref is None:
-            raise Misuse("--against: HEAD has no parent commit; name a ref to compare "
-                         "with") from None
+            shallow = git("rev-parse", "--is-shallow-repository", cwd=root) == "true"
+            raise Misuse("--against: HEAD has no parent commit" + (
+                " in this shallow clone (fetch more history: git fetch --deepen=1, or "
+                "fetch-depth: 0 in actions/checkout)" if shallow else
+                "; name a ref to compare with")) from None
         raise Misuse(f"--against: unknown git ref {name!r}") from None
     return name, commit
 
@@ -176,8 +197,8 @@ def worktree(root: Path, commit: str) -> Iterator[Path]:
     """The commit checked out in a temporary worktree, removed afterwards whatever happens."""
     tmp = Path(tempfile.mkdtemp(prefix="attnbench-check-"))
     path = tmp / "tree"
-    git("worktree", "add", "--detach", "--quiet", str(path), commit, cwd=root)
     try:
+        git("worktree", "add", "--detach", "--quiet", str(path), commit, cwd=root)
         yield path
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=root,
@@ -186,32 +207,60 @@ def worktree(root: Path, commit: str) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
 
 
+def expected_modules(root: Path) -> dict[str, str]:
+    """Where, relative to the repository root, the driver found attnbench and the user's
+    plugins: each worker must import its own copies from the same place in its own tree.
+    Modules from outside the repository (an installed attnbench) are not version-specific."""
+    import importlib
+
+    names = ["attnbench", *filter(None, (m.strip() for m in
+                                         os.environ.get("ATTNBENCH_PLUGINS", "").split(",")))]
+    out = {}
+    for name in names:
+        try:
+            path = Path(importlib.import_module(name).__file__ or "").resolve()
+        except ImportError as e:
+            raise Misuse(f"ATTNBENCH_PLUGINS: cannot import {name!r}: {e}") from None
+        if path.is_relative_to(root.resolve()):
+            out[name] = str(path.relative_to(root.resolve()))
+    return out
+
+
 class Worker:
     """One version's worker process: importing ``tree``'s code, timing on request."""
 
-    def __init__(self, tree: Path, settings: dict[str, Any]) -> None:
-        paths = [str((tree / p).resolve()) for p in settings.get("pythonpath") or ["."]]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    def __init__(self, tree: Path, settings: dict[str, Any], expect: dict[str, str]) -> None:
+        paths = [str((tree / p).resolve()) for p in settings["pythonpath"]]
+        env = {**os.environ, "ATTNBENCH_CHECK_EXPECT": json.dumps(expect),
+               "PYTHONPATH": os.pathsep.join(
+                   [*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
         # run by path from the version's tree as cwd: the driver's package is not imported
         code = ("import runpy, sys; sys.argv = ['worker', sys.argv[1]]; "
                 f"runpy.run_path({str(WORKER)!r}, run_name='__main__')")
         self.tree = tree
+        # stderr to a file, not a pipe: a chatty version cannot fill a pipe and hang us both
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-c", code, str(tree)], cwd=tree,
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+                                     stderr=self.log, text=True, bufsize=1)
         hello = self._read()
         if "error" in hello:
-            raise Misuse(f"worker for {tree}: {hello['error']}")
+            self.close()
+            raise Misuse(f"the version in {tree}: {hello['error']}")
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.proc.wait(timeout=30)
+            self.log.seek(0)
+            err = self.log.read().strip()
             raise RuntimeError(f"the worker for {self.tree} died: "
-                               f"{err.strip().splitlines()[-1] if err.strip() else 'no output'}")
-        return json.loads(line)
+                               f"{err.splitlines()[-1] if err else 'no output'}")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"the worker for {self.tree} answered {line[:80]!r}") from None
 
     def ask(self, **msg: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -228,6 +277,8 @@ class Worker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 # --- sampling -----------------------------------------------------------------------------
@@ -242,6 +293,7 @@ class Samples:
 
 
 def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
+           expect: dict[str, str] | None = None, reps: dict[str, int] | None = None,
            progress: Callable[[int, int], None] | None = None) -> Samples:
     """Time every cell of ``suite`` for each version in ``trees``, interleaved.
 
@@ -254,7 +306,7 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
     out = Samples()
     try:
         for v, tree in trees.items():
-            workers[v] = Worker(tree, s)
+            workers[v] = Worker(tree, s, expect or {})
         built = {v: w.ask(op="setup", cells=cells, device=s["device"], threads=s["threads"],
                           warmup=s["warmup"])["cells"] for v, w in workers.items()}
         first = next(iter(trees))
@@ -266,7 +318,8 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
             ok = [b[i]["once_s"] for b in built.values() if b[i]["ok"]]
             if ok:
                 once = built[first][i]["once_s"] if built[first][i]["ok"] else ok[0]
-                out.reps[c.name] = max(1, round(s["sample_s"] / max(once, 1e-6)))
+                out.reps[c.name] = (reps or {}).get(c.name) or max(
+                    1, round(s["sample_s"] / max(once, 1e-6)))  # a baseline's count, if any
                 timed.append(i)
         for v in trees:
             out.versions[v] = {suite.cells[i].name: [] for i in timed
@@ -299,7 +352,7 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
 class CellResult:
     cell: str
     threshold: float
-    verdict: str  # regressed | improved | same | new | gone | skipped
+    verdict: str  # regressed | broken (fail) | improved | same | new | gone | skipped
     stats: Verdict | None = None
     note: str = ""
 
@@ -316,9 +369,12 @@ def judge(suite: Suite, a: dict[str, list[float]], b: dict[str, list[float]],
         elif c.name in b:
             results.append(CellResult(c.name, c.threshold, "new",
                                       note=(why_not or {}).get(c.name, "not in version A")))
+        elif c.name in a:  # A ran it and B cannot: the change broke it, a failure
+            results.append(CellResult(c.name, c.threshold, "broken",
+                                      note=(why_not or {}).get(c.name, "B cannot run it")))
         else:
             results.append(CellResult(c.name, c.threshold, "gone",
-                                      note=(why_not or {}).get(c.name, "not in version B")))
+                                      note=(why_not or {}).get(c.name, "neither version ran it")))
     results += [CellResult(name, s["threshold"], "skipped", note=why)
                 for name, why in suite.skipped]
     return results
@@ -348,7 +404,7 @@ def write_baseline(path: Path, suite: Suite, samples: dict[str, list[float]],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "fingerprint": fingerprint(suite.settings), "settings": suite.settings,
             "reps": reps, "samples": samples}
-    _write_json(path, data)
+    write_json(path, data)
 
 
 def read_baseline(path: Path) -> dict[str, Any]:
@@ -368,12 +424,20 @@ def read_baseline(path: Path) -> dict[str, Any]:
     return data
 
 
+def settings_mismatch(stored: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """Settings that change what a sample is: a baseline taken otherwise cannot compare."""
+    for key in ("device", "sample_s", "warmup", "threads"):
+        if stored.get(key) != here.get(key):
+            return f"check.{key} is {here.get(key)!r} here but {stored.get(key)!r} in the baseline"
+    return None
+
+
 def fingerprint_mismatch(stored: dict[str, Any], here: dict[str, Any]) -> list[str]:
     return [f"{k}: {stored.get(k)!r} there, {here.get(k)!r} here" for k in here
             if stored.get(k) != here.get(k)]
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Whole or not at all: a crash must not leave a truncated baseline for the next run."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,7 +449,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def result_json(results: list[CellResult], meta: dict[str, Any],
                 samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     return {"schema": SCHEMA, "kind": "attnbench-check-result", **meta,
-            "failed": any(r.verdict == "regressed" for r in results),
+            "failed": any(r.verdict in FAILING for r in results),
             "cells": [{"cell": r.cell, "threshold": r.threshold, "verdict": r.verdict,
                        "note": r.note, **(asdict(r.stats) if r.stats else {})}
                       for r in results],
@@ -398,14 +462,17 @@ def table(results: list[CellResult], a_name: str, b_name: str, confidence: float
     t = Table("cell", f"A: {a_name} (ms)", f"B: {b_name} (ms)", "B/A",
               f"{confidence:.0%} interval", "p", "limit", "verdict",
               title="attnbench check: time per forward, median of the samples")
-    colour = {"regressed": "bold red", "improved": "green"}
+    from rich.markup import escape
+
+    colour = {"regressed": "bold red", "broken": "bold red", "improved": "green"}
     for r in results:
         v = r.stats
         if v is None:
-            t.add_row(r.cell, "-", "-", "-", "-", "-", f"+{r.threshold:.0%}",
-                      f"{r.verdict}: {r.note}")
+            t.add_row(escape(r.cell), "-", "-", "-", "-", "-", f"+{r.threshold:.0%}",
+                      f"[{colour.get(r.verdict, 'default')}]{escape(r.verdict)}[/]: "
+                      f"{escape(r.note)}")
             continue
-        t.add_row(r.cell, f"{v.median_a * 1e3:.2f}", f"{v.median_b * 1e3:.2f}",
+        t.add_row(escape(r.cell), f"{v.median_a * 1e3:.2f}", f"{v.median_b * 1e3:.2f}",
                   f"{v.ratio:.3f}", f"{v.ci_low:.3f}-{v.ci_high:.3f}", f"{v.p:.2g}",
                   f"+{r.threshold:.0%}", f"[{colour.get(r.verdict, '')}]{r.verdict}[/]"
                   if r.verdict in colour else r.verdict)

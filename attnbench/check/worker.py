@@ -15,29 +15,45 @@ reported with its reason at setup and never timed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
 
+# the protocol gets its own copy of stdout; fd 1 then points at stderr, so that a print()
+# in the code under test (a plugin's, say) cannot corrupt a reply
+_PROTOCOL = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+
 
 def _reply(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _PROTOCOL.write(json.dumps(obj) + "\n")
+    _PROTOCOL.flush()
 
 
 def main(root: str) -> int:
-    import os
+    import importlib
 
     import torch
 
     import attnbench
 
-    where = os.path.realpath(attnbench.__file__)
-    if os.path.isfile(os.path.join(root, "attnbench", "__init__.py")) and \
-            not where.startswith(os.path.realpath(root) + os.sep):
-        _reply({"error": f"imported attnbench from {where}, not from the version in {root}"})
-        return 1
-    _reply({"ready": True, "attnbench": where, "torch": torch.__version__})
+    # the driver says where each module must come from inside this version's tree (its
+    # path relative to the tree): anything else means the wrong version would be timed
+    expect = json.loads(os.environ.get("ATTNBENCH_CHECK_EXPECT", "{}"))
+    for name, rel in expect.items():
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:
+            _reply({"error": f"cannot import {name} from {root}: {type(e).__name__}: {e}"})
+            return 1
+        where = os.path.realpath(module.__file__ or "")
+        want = os.path.realpath(os.path.join(root, rel))
+        if where != want:
+            _reply({"error": f"imported {name} from {where}, not from this version's "
+                             f"{want}"})
+            return 1
+    _reply({"ready": True, "attnbench": attnbench.__file__, "torch": torch.__version__})
     runs: list[Any] = []
     sync = lambda: None  # noqa: E731 - replaced on CUDA
     for line in sys.stdin:
@@ -52,6 +68,7 @@ def main(root: str) -> int:
             runs, built = [], []
             for i, c in enumerate(msg["cells"]):
                 try:
+                    torch.manual_seed(i)  # the same weights in both versions
                     layer = attnbench.create(c["attention"], d_model=c["d_model"],
                                              n_heads=c["n_heads"], max_seq_len=c["n"],
                                              **c["params"]).to(device).eval()

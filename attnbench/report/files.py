@@ -21,6 +21,7 @@ from attnbench.report import html, plots
 from attnbench.report.tables import (
     RatioTable,
     compares_with_paper,
+    heading,
     load_paper,
     paper_table,
     quotient,
@@ -140,9 +141,20 @@ def _stem(report: Report, t: RatioTable, i: int) -> str:
     return slug(t.mechanism) + (f"-{i // 2}" if twice else "")  # tables come in pairs
 
 
+def check_out(out: Path) -> Path:
+    """``out`` resolved, if it may be replaced: absent, empty, or an earlier report. Anything
+    else (a run directory, ``results/``, a file) is refused, never deleted."""
+    out = Path(out).resolve()
+    if out.exists() and (not out.is_dir() or (any(out.iterdir())
+                                               and not (out / "report.json").is_file())):
+        raise ValueError(f"--out: {out} exists and is not an attnbench report (no "
+                         "report.json); refusing to replace it: name a new directory")
+    return out
+
+
 def write(files: dict[str, bytes], out: Path) -> Path:
     """Replace ``out`` with ``files`` in one rename: never a half-written report."""
-    out = Path(out)
+    out = check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     umask = os.umask(0)
@@ -172,7 +184,7 @@ def print_tables(report: Report, console: Any) -> None:
 
     def show(t: RatioTable, title: str) -> None:
         # title and notes outside the table: inside, rich wraps them to the table's width
-        table = Table("n", *(f"{t.column}={k}" for k in t.ks))
+        table = Table("n", *(heading(t, k) for k in t.ks))
         for n in t.ns:
             table.add_row(str(n), *(t.text[(n, k)] for k in t.ks))
         console.print(f"[bold]{escape(title)}[/bold]", table, *map(escape, t.footnotes),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import html
 
-from attnbench.report.tables import RatioTable
+from attnbench.report.tables import RatioTable, heading
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
@@ -38,7 +38,7 @@ window.addEventListener("load", () => {
 def table_html(t: RatioTable, caption: str | None = None) -> str:
     """A ratio table with its footnotes and context under it."""
     e = html.escape
-    head = "".join(f"<th>{e(t.column)}={k}</th>" for k in t.ks)
+    head = "".join(f"<th>{e(heading(t, k))}</th>" for k in t.ks)
     body = "".join(
         f"<tr><th>{n}</th>" + "".join(f"<td>{e(t.text[(n, k)])}</td>" for k in t.ks) + "</tr>"
         for n in t.ns)
@@ -62,8 +62,8 @@ def page(title: str, intro: list[str], sections: list[tuple[str, list[str]]]) ->
     """The whole document: ``sections`` are (heading, blocks of HTML) in order."""
     e = html.escape
     parts = [f"<h1>{e(title)}</h1>", *(f"<p>{e(p)}</p>" for p in intro)]
-    for heading, blocks in sections:
-        parts.append(f"<h2>{e(heading)}</h2>")
+    for section, blocks in sections:
+        parts.append(f"<h2>{e(section)}</h2>")
         parts.extend(blocks)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{e(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"

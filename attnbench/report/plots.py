@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from attnbench.report.tables import RatioTable, label
+from attnbench.report.tables import RatioTable, label, setting
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,14 +39,19 @@ def _figure() -> tuple[Figure, Any]:
 
 def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, float]]]:
     """One line per mechanism and budget (``linformer (...) k=128``), points (n, y)."""
-    out: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    many = len({setting(r) for r in rows}) > 1  # fp16 and fp32 rows: two lines, not a zigzag
+    out: dict[tuple[str, int, str], list[tuple[int, float]]] = {}
     for r in rows:
         v = r.get(y)
         if r.get("status") != "ok" or not v:
             continue
-        out.setdefault((label(r), r.get("k") or 0), []).append((r["n"], float(v)))
-    return {name + (f" k={k}" if k else ""): sorted(points)  # k in numeric order
-            for (name, k), points in sorted(out.items())}
+        where = ""
+        if many:
+            batch = (r.get("cell") or {}).get("batch", "max")
+            where = f" [{r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
+        out.setdefault((label(r), r.get("k") or 0, where), []).append((r["n"], float(v)))
+    return {name + (f" k={k}" if k else "") + where: sorted(points)  # k in numeric order
+            for (name, k, where), points in sorted(out.items())}
 
 
 def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:

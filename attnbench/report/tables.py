@@ -45,9 +45,22 @@ def label(row: dict[str, Any]) -> str:
 
 
 def _group(row: dict[str, Any]) -> tuple:
-    """What must match between a mechanism's row and its baseline's."""
+    """What must match between a mechanism's row and its baseline's: the same n, dtype,
+    preset, ceiling, model, batch setting (``max`` or a fixed b) and the same machine."""
     return (row["n"], row["dtype"], row["device"], row.get("ceiling_bytes"),
-            tuple(sorted((row.get("model") or {}).items())))
+            tuple(sorted((row.get("model") or {}).items())),
+            str((row.get("cell") or {}).get("batch", "max")),
+            (row.get("env") or {}).get("device_name"))
+
+
+def setting(row: dict[str, Any]) -> tuple:
+    """Everything of :func:`_group` but n: rows of one setting form one table (or line)."""
+    return _group(row)[1:]
+
+
+def heading(t: RatioTable, k: int | None) -> str:
+    """A column's heading: ``k=128``; ``ratio`` for a mechanism without a budget."""
+    return "ratio" if k is None else f"{t.column}={k}"
 
 
 def _context(rows: list[dict[str, Any]]) -> str:
@@ -61,10 +74,12 @@ def _context(rows: list[dict[str, Any]]) -> str:
     if when:
         import datetime
 
-        date = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%d")
+        date = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d")
+    batch = str((first.get("cell") or {}).get("batch", "max"))
     return (f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
-            f"model {shape}, ceiling {ceiling} bytes, attnbench {env.get('attnbench', '?')}"
-            + (f", {date}" if date else ""))
+            f"model {shape}, ceiling {ceiling} bytes, "
+            + ("" if batch == "max" else f"fixed batch {batch}, ")
+            + f"attnbench {env.get('attnbench', '?')}" + (f", {date}" if date else ""))
 
 
 def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[RatioTable]:
@@ -78,11 +93,12 @@ def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[
     by_mech: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r["attention"] != baseline:
-            by_mech.setdefault((label(r), _group(r)[1:]), []).append(r)
+            by_mech.setdefault((label(r), setting(r)), []).append(r)
     tables = []
-    for (mech, setting), mrows in by_mech.items():
-        ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base if b[1:] == setting}))
-        ks = tuple(sorted({r["k"] for r in mrows if r["k"] is not None}))
+    for (mech, where), mrows in by_mech.items():
+        ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base if b[1:] == where}))
+        # a mechanism without a budget (sdpa, xformers) gets one column, headed "ratio"
+        ks = tuple(sorted({r["k"] for r in mrows if r["k"] is not None})) or (None,)
         for kind in ("time", "memory"):
             tables.append(_table(mech, kind, ns, ks, mrows, base))
     return tables
@@ -150,6 +166,8 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
         bad = r if r["status"] != "ok" else b
         return SKIPPED + mark(f"{bad['attention']}: {bad['status']}: {bad.get('reason')}"), None
     if kind == "memory":
+        if not r.get("max_batch") or not b.get("max_batch"):
+            return SKIPPED + mark("fixed batch: no max batch was searched"), None
         v = r["max_batch"] / b["max_batch"]
         modeled = "modeled" in (r.get("memory_source"), b.get("memory_source"))
         return f"{v:.1f}x" + (mark("memory modeled, not measured") if modeled else ""), v
@@ -158,15 +176,16 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
         return SKIPPED + mark(_why((r if not t else b).get("reason"))), None
     v = tb / t
     where = {(x.get("time_device"), x.get("time_dtype"), x.get("time_batch")) for x in (r, b)}
-    elsewhere = [w for w in where if w[0] != "cuda"]
-    note = (mark(f"time measured on {elsewhere[0][0]} in {elsewhere[0][1]} at b = "
-                 f"{elsewhere[0][2]}, not at max batch on the device") if elsewhere else "")
+    elsewhere = sorted((w for w in where if w[0] != "cuda"), key=str)
+    note = "".join(mark(f"time measured on {d} in {t} at b = {tb}, not at max batch on the "
+                        "device") for d, t, tb in elsewhere)
     return f"{v:.2f}x" + note, v
 
 
 def to_markdown(t: RatioTable) -> str:
     title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns {t.column})"
-    lines = [title, "", "| n | " + " | ".join(str(k) for k in t.ks) + " |",
+    lines = [title, "", "| n | " + " | ".join("ratio" if k is None else str(k) for k in t.ks)
+             + " |",
              "|---:|" + "---:|" * len(t.ks)]
     lines += [f"| {n} | " + " | ".join(t.text[(n, k)] for k in t.ks) + " |" for n in t.ns]
     lines += ["", *(f"{f}  " for f in t.footnotes), t.context]
@@ -175,7 +194,7 @@ def to_markdown(t: RatioTable) -> str:
 
 def to_csv(t: RatioTable) -> str:
     """Numbers only (empty where there is none), one row per n: for spreadsheets."""
-    lines = ["n," + ",".join(f"{t.column}={k}" for k in t.ks)]
+    lines = ["n," + ",".join(heading(t, k) for k in t.ks)]
     lines += [f"{n}," + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}"
                                  for k in t.ks) for n in t.ns]
     return "\n".join(lines) + "\n"
@@ -197,7 +216,8 @@ def to_latex(t: RatioTable) -> str:
 
     cols = "r" + "r" * len(t.ks)
     lines = [r"\begin{tabular}{" + cols + "}", r"\toprule",
-             r"$n$ & " + " & ".join(f"${_tex_name(t.column)}={k}$" for k in t.ks) + r" \\",
+             r"$n$ & " + " & ".join("ratio" if k is None else f"${_tex_name(t.column)}={k}$"
+                                    for k in t.ks) + r" \\",
              r"\midrule"]
     lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\"
               for n in t.ns]

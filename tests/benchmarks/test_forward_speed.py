@@ -1,4 +1,4 @@
-"""Forward speed of every mechanism beside the public Linformer packages (pytest-benchmark).
+r"""Forward speed of every mechanism beside the public Linformer packages (pytest-benchmark).
 
 One shape, the one issue #2 names: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on
 the CPU. Beside the timings, each benchmark records the FLOPs of one forward counted by
@@ -7,7 +7,8 @@ flash kernel) and the run records the fp32 matmul rate, so that
 ``scripts/bench_summary.py`` can put every median against its matmul floor (FLOPs / rate)
 measured in the same run. No speed is asserted here: figures go to the README.
 
-    pytest tests/benchmarks --benchmark-enable --benchmark-only --benchmark-json bench.json
+    pytest tests/benchmarks/test_forward_speed.py --benchmark-enable --benchmark-only \
+        --benchmark-json bench.json
     python scripts/bench_summary.py bench.json
 """
 
