@@ -499,7 +499,8 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
         report = files.build(run, baseline)
         if show:
             files.print_tables(report, Console())
-        out = files.write(files.render(report), files.default_out(run))
+        out = files.default_out(run)
+        files.write(files.render(report), out)
     except Exception as e:  # the sweep's rows stand: say why, go on
         print(f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
               flush=True)

@@ -9,6 +9,7 @@ test can check the PNGs' dimensions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.report.tables import RatioTable, label, setting
@@ -65,29 +66,29 @@ def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> 
     ax.legend(fontsize=6, loc="best")
 
 
-def time_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
-    """Inference time per sequence against n, log–log: the paper's Figure 2 (top right)."""
-    series = _series(rows, "time_per_seq_s")
+def _against_n(rows: list[dict[str, Any]], y: str, ylabel: str,
+               where: Callable[[dict[str, Any]], str]) -> Figure | None:
+    """One log–log figure of ``y`` against n; the title says how the figures were taken."""
+    series = _series(rows, y)
     if not series:
         return None
     fig, ax = _figure()
-    _lines(ax, series, "time per sequence (s)")
-    where = sorted({f"{r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}"
-                    for r in rows if r.get("time_per_seq_s")})
-    ax.set_title(f"time per sequence (timed on {', '.join(where)})", fontsize=9)
+    _lines(ax, series, ylabel)
+    how = sorted({where(r) for r in rows if r.get(y)})
+    ax.set_title(f"{ylabel} ({', '.join(how)})", fontsize=9)
     return fig
+
+
+def time_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
+    """Inference time per sequence against n, log–log: the paper's Figure 2 (top right)."""
+    return _against_n(rows, "time_per_seq_s", "time per sequence (s)", lambda r: (
+        f"timed on {r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}"))
 
 
 def batch_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
     """Maximum batch under the ceiling against n; a model that cannot fit b = 1 has no point."""
-    series = _series(rows, "max_batch")
-    if not series:
-        return None
-    fig, ax = _figure()
-    _lines(ax, series, "maximum batch size")
-    sources = sorted({str(r.get("memory_source")) for r in rows if r.get("max_batch")})
-    ax.set_title(f"maximum batch size ({', '.join(sources)})", fontsize=9)
-    return fig
+    return _against_n(rows, "max_batch", "maximum batch size",
+                      lambda r: str(r.get("memory_source")))
 
 
 def speedup_heatmap(table: RatioTable) -> Figure | None:
@@ -142,9 +143,14 @@ def save(fig: Figure, stem: str) -> dict[str, bytes]:
     """The figure as PNG and SVG bytes, keyed by file name."""
     import io
 
+    import matplotlib
+
     out = {}
     for fmt in ("png", "svg"):
         buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else {})
+        # a fixed salt and no date: the same rows give the same bytes (reports/ in git)
+        with matplotlib.rc_context({"svg.hashsalt": "attnbench"}):
+            fig.savefig(buf, format=fmt, dpi=DPI,
+                        metadata={"Date": None} if fmt == "svg" else {})
         out[f"{stem}.{fmt}"] = buf.getvalue()
     return out
