@@ -226,12 +226,20 @@ def expected_modules(root: Path) -> dict[str, str]:
     return out
 
 
+# glibc serves big blocks (vanilla's (12, 512, 512) scores are 12.6 MB) by mmap and gives
+# freed memory back by trimming, at thresholds that adapt to each process's history, so one
+# process faults its pages in on every forward and the next does not: the same code at
+# n=512 ran 46-74 ms in six fresh processes, 46-49 ms with these fixed (measured, README).
+# A difference between two processes would read as a difference between two versions.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
 class Worker:
     """One version's worker process: importing ``tree``'s code, timing on request."""
 
     def __init__(self, tree: Path, settings: dict[str, Any], expect: dict[str, str]) -> None:
         paths = [str((tree / p).resolve()) for p in settings["pythonpath"]]
-        env = {**os.environ, "ATTNBENCH_CHECK_EXPECT": json.dumps(expect),
+        env = {**MALLOC, **os.environ, "ATTNBENCH_CHECK_EXPECT": json.dumps(expect),
                "PYTHONPATH": os.pathsep.join(
                    [*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
         # run by path from the version's tree as cwd: the driver's package is not imported
