@@ -23,6 +23,17 @@ KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceil
               "model")
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Put ``text`` at ``path`` whole or not at all: written beside it, synced, renamed over
+    it, so a crash leaves the old file (or none), never a truncated one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def cell_key(spec: dict[str, Any]) -> str:
     """A stable id of what a cell measures (not of how long it is timed)."""
     canonical = json.dumps({f: spec[f] for f in KEY_FIELDS}, sort_keys=True, default=str)
@@ -110,12 +121,7 @@ class RunStore:
             f.truncate(data.rfind(b"\n") + 1)  # the killed writer's half line
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        tmp = self.cells.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.cells)
+        replace_file(self.cells, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
     def write_once(self, name: str, text: str) -> None:
         """Write a run-level file (resolved config, environment) atomically, unless it
@@ -123,9 +129,7 @@ class RunStore:
         with self._locked():
             if (self.dir / name).exists():
                 return
-            tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, self.dir / name)
+            replace_file(self.dir / name, text)
 
     def add_line(self, name: str, record: dict[str, Any]) -> None:
         """Append one JSON line to a run-level log (e.g. the commands that wrote here)."""

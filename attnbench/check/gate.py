@@ -447,11 +447,11 @@ def fingerprint_mismatch(stored: dict[str, Any], here: dict[str, Any]) -> list[s
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Whole or not at all: a crash must not leave a truncated baseline for the next run."""
+    from attnbench.store import replace_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(data, indent=1) + "\n")
 
 
 def result_json(results: list[CellResult], meta: dict[str, Any],
