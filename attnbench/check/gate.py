@@ -278,8 +278,9 @@ class Worker:
 
     def close(self) -> None:
         try:
-            self.ask(op="exit") if self.proc.poll() is None else None
-        except (BrokenPipeError, RuntimeError, OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # end of input: the worker's loop ends, it exits
+        except OSError:  # it is already gone
             pass
         try:
             self.proc.wait(timeout=10)

@@ -7,9 +7,9 @@ version of attnbench has — ``attnbench.create`` and ``attnbench.names`` — an
 nothing else of the package.
 
 Protocol, one JSON object per line. In: ``{"op": "setup", "cells": [...], "device", "threads",
-"warmup"}``, then ``{"op": "time", "cell": i, "reps": m}`` any number of times, then
-``{"op": "exit"}``. Out: one JSON reply per request; a cell that this version cannot build is
-reported with its reason at setup and never timed.
+"warmup"}``, then ``{"op": "time", "cell": i, "reps": m}`` any number of times; the end of
+stdin ends the worker. Out: one JSON reply per request; a cell that this version cannot
+build is reported with its reason at setup and never timed.
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ def main(root: str) -> int:
     sync = lambda: None  # noqa: E731 - replaced on CUDA
     for line in sys.stdin:
         msg = json.loads(line)
-        if msg["op"] == "exit":
-            return 0
         if msg["op"] == "setup":
             torch.set_num_threads(msg["threads"])
             device = torch.device(msg["device"])
