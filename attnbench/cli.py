@@ -142,12 +142,12 @@ def _check(args: argparse.Namespace) -> int:
     a_name = a_commit = None
     if stored is None and not args.write_baseline:
         a_name, a_commit = gate.resolve_ref(root, args.against)
+    here = gate.fingerprint(suite.settings)  # for the warning and the result file
     if stored is not None:
         why = gate.settings_mismatch(stored["settings"], suite.settings)
         if why:
             raise gate.Misuse(f"--baseline: {why}; write it again with --write-baseline")
-        for line in gate.fingerprint_mismatch(stored["fingerprint"],
-                                              gate.fingerprint(suite.settings)):
+        for line in gate.fingerprint_mismatch(stored["fingerprint"], here):
             err.print(f"[yellow]attnbench check: warning: the baseline was recorded on "
                       f"another machine or setup ({line}); its times may not compare[/]",
                       markup=True, highlight=False)
@@ -190,7 +190,7 @@ def _check(args: argparse.Namespace) -> int:
                           + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results) + ")")
     _console().print(gate.table(results, a_name, "working tree", 0.99))
     meta = {"against": a_name, "against_commit": a_commit, "suite": args.suite,
-            "settings": suite.settings, "fingerprint": gate.fingerprint(suite.settings),
+            "settings": suite.settings, "fingerprint": here,
             "wall_s": round(time.time() - started, 1)}
     gate.write_json(args.json, gate.result_json(
         results, meta, {"A": a, "B": got.versions["B"]}))

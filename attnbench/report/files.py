@@ -112,8 +112,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
             + html.table_html(paper, "paper (Wang et al. 2020, Table 3)")
             + html.table_html(q, "measured ÷ paper") + "</div>"]))
     figures = []
-    why_no_plots = None if with_plots else "plots not asked for"
-    why_no_plots = why_no_plots or plots.available()
+    why_no_plots = plots.available() if with_plots else "plots not asked for"
     if why_no_plots is None:
         for stem, fig, caption in _figures(report):
             made = plots.save(fig, f"plots/{stem}")

@@ -141,7 +141,8 @@ def _budget(attention: str) -> str:
         return "k"
 
 
-SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+MARKS = "⁰¹²³⁴⁵⁶⁷⁸⁹"  # footnote marks are superscript digits
+SUPERSCRIPT = str.maketrans("0123456789", MARKS)
 
 
 def superscript(i: int) -> str:
@@ -204,7 +205,7 @@ def to_latex(t: RatioTable) -> str:
     """A booktabs table; footnote marks as superscripts."""
 
     def tex(s: str) -> str:
-        sup = {c: str(i) for i, c in enumerate("⁰¹²³⁴⁵⁶⁷⁸⁹")}
+        sup = {c: str(i) for i, c in enumerate(MARKS)}
         out, marks = "", ""
         for ch in s:
             if ch in sup:
@@ -270,7 +271,7 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
         m, p = measured.value.get(c), paper.value.get(c)
         value[c] = None if m is None or p is None else m / p
     # the measured cell's footnote marks stay on its quotient (CPU time, modeled memory)
-    marks = {c: "".join(ch for ch in t if ch in "⁰¹²³⁴⁵⁶⁷⁸⁹") for c, t in measured.text.items()}
+    marks = {c: "".join(ch for ch in t if ch in MARKS) for c, t in measured.text.items()}
     text = {c: MISSING if v is None else f"{v:.2f}{marks[c]}" for c, v in value.items()}
     return RatioTable(f"{measured.mechanism} ÷ paper", measured.kind, measured.ns, measured.ks,
                       text, value, measured.footnotes,
