@@ -51,8 +51,16 @@ class Encoder(nn.Module):
         )
 
 
-def build_model(attention: str, *, layers: int = 12, d_model: int = 768, n_heads: int = 12,
-                d_ff: int = 3072, max_seq_len: int, **params: Any) -> Encoder:
+def build_model(
+    attention: str,
+    *,
+    layers: int = 12,
+    d_model: int = 768,
+    n_heads: int = 12,
+    d_ff: int = 3072,
+    max_seq_len: int,
+    **params: Any,
+) -> Encoder:
     """A RoBERTa-base-shaped encoder using mechanism ``attention`` in every layer, in eval mode.
 
     ``params`` are the mechanism's own (e.g. Linformer's ``k``, ``sharing``); bad ones raise

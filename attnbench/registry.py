@@ -95,8 +95,18 @@ def register(
             f.name: (f.default if f.default is not dataclasses.MISSING else None)
             for f in dataclasses.fields(config)
         }
-        caps = Info(name, summary, causal, padding_mask, tuple(devices), tuple(dtypes),
-                    fixed_max_len, budget, defaults, unavailable=None)
+        caps = Info(
+            name,
+            summary,
+            causal,
+            padding_mask,
+            tuple(devices),
+            tuple(dtypes),
+            fixed_max_len,
+            budget,
+            defaults,
+            unavailable=None,
+        )
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls
 

@@ -94,24 +94,32 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> _Plan:
             raise ValueError(f"k: must be at most n={cell.n}, got {cell.k}")
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
-    ceiling = preset.check_ceiling(cell.ceiling_bytes) if cell.ceiling_bytes is not None \
+    ceiling = (
+        preset.check_ceiling(cell.ceiling_bytes)
+        if cell.ceiling_bytes is not None
         else preset.total_bytes
+    )
     if ceiling <= preset.overhead_bytes:
-        raise ValueError(f"ceiling: {ceiling} bytes leave nothing after {cell.device}'s fixed "
-                         f"overhead of {preset.overhead_bytes} bytes")
+        raise ValueError(
+            f"ceiling: {ceiling} bytes leave nothing after {cell.device}'s fixed "
+            f"overhead of {preset.overhead_bytes} bytes"
+        )
     for name in ("layers", "d_model", "n_heads", "d_ff", "min_repeats", "cpu_batch"):
         check_int(name, getattr(cell, name))
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (k <= n, d_model % n_heads, ...) on meta
     with torch.device("meta"):
-        attnbench.create(cell.attention, d_model=cell.d_model, n_heads=cell.n_heads,
-                         max_seq_len=cell.n, **params)
+        attnbench.create(
+            cell.attention, d_model=cell.d_model, n_heads=cell.n_heads, max_seq_len=cell.n, **params
+        )
     on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
     if on_gpu:
         here = torch.cuda.get_device_properties(0).total_memory
         if ceiling - preset.overhead_bytes > here:
-            raise ValueError(f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
-                             f"overhead exceed this GPU's {here} bytes")
+            raise ValueError(
+                f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
+                f"overhead exceed this GPU's {here} bytes"
+            )
     return _Plan(preset, ceiling, on_gpu, params)
 
 
@@ -127,9 +135,15 @@ def _build(cell: Cell, plan: _Plan, device: str, dtype: torch.dtype) -> torch.nn
     """
     torch.manual_seed(0)
     with torch.device("meta" if device == "meta" else "cpu"):
-        model = attnbench.build_model(cell.attention, layers=cell.layers, d_model=cell.d_model,
-                                      n_heads=cell.n_heads, d_ff=cell.d_ff, max_seq_len=cell.n,
-                                      **plan.params)
+        model = attnbench.build_model(
+            cell.attention,
+            layers=cell.layers,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            d_ff=cell.d_ff,
+            max_seq_len=cell.n,
+            **plan.params,
+        )
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -187,11 +201,20 @@ def environment() -> dict[str, Any]:
     """What a figure was measured with: device, versions, git revision, threads."""
     here = Path(__file__).resolve().parent
     try:  # only a checkout of attnbench itself: an install inside a user's repo is not one
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, cwd=here, timeout=10).stdout.strip()
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=here, timeout=10).stdout.strip() \
-            if top and Path(top).resolve() == here.parent else None
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            cwd=here,
+            timeout=10,
+        ).stdout.strip()
+        rev = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here, timeout=10
+            ).stdout.strip()
+            if top and Path(top).resolve() == here.parent
+            else None
+        )
     except OSError:
         rev = None
     cuda = torch.cuda.is_available()
@@ -236,16 +259,41 @@ def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
 def empty_row(cell: Cell, ceiling: int, overhead: int) -> dict[str, Any]:
     """Every key of a row (DESIGN.md), nothing measured yet: what a failure row starts from."""
     return {
-        "attention": cell.attention, "params": dict(cell.params), "n": cell.n, "k": cell.k,
-        "dtype": cell.dtype, "device": cell.device, "ceiling_bytes": ceiling,
-        "model": {"layers": cell.layers, "d_model": cell.d_model, "n_heads": cell.n_heads,
-                  "d_ff": cell.d_ff},
-        "status": "ok", "reason": None, "max_batch": None, "batch": None,
-        "predicted_max_batch": None, "probes": 0, "model_error": None,
-        "time_median_s": None, "time_iqr_s": None, "repeats": 0, "time_per_seq_s": None,
-        "time_batch": None, "time_device": None, "time_dtype": None, "time_method": None,
-        "peak_bytes": None, "memory_source": None, "overhead_bytes": overhead,
-        "flops": None, "flops_per_s": None, "pct_of_peak": None, "env": environment(),
+        "attention": cell.attention,
+        "params": dict(cell.params),
+        "n": cell.n,
+        "k": cell.k,
+        "dtype": cell.dtype,
+        "device": cell.device,
+        "ceiling_bytes": ceiling,
+        "model": {
+            "layers": cell.layers,
+            "d_model": cell.d_model,
+            "n_heads": cell.n_heads,
+            "d_ff": cell.d_ff,
+        },
+        "status": "ok",
+        "reason": None,
+        "max_batch": None,
+        "batch": None,
+        "predicted_max_batch": None,
+        "probes": 0,
+        "model_error": None,
+        "time_median_s": None,
+        "time_iqr_s": None,
+        "repeats": 0,
+        "time_per_seq_s": None,
+        "time_batch": None,
+        "time_device": None,
+        "time_dtype": None,
+        "time_method": None,
+        "peak_bytes": None,
+        "memory_source": None,
+        "overhead_bytes": overhead,
+        "flops": None,
+        "flops_per_s": None,
+        "pct_of_peak": None,
+        "env": environment(),
     }
 
 
@@ -263,8 +311,7 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
         return modeled_peak(meta_model, cell, b, overhead) <= plan.ceiling
 
     if cell.batch == "max":
-        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead),
-                              plan.ceiling)
+        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead), plan.ceiling)
         predicted, _ = largest_fitting(model_fits, guess)
         row["predicted_max_batch"] = predicted
     else:
@@ -273,30 +320,44 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
     if plan.on_gpu:
         model = _build(cell, plan, GPU, dtype)
         if cell.batch == "max":
-            b, probes = largest_fitting(lambda b: _cuda_fits(model, cell, plan, b),
-                                        max(predicted, 1))
+            b, probes = largest_fitting(
+                lambda b: _cuda_fits(model, cell, plan, b), max(predicted, 1)
+            )
             row.update(max_batch=b, probes=probes, model_error=predicted - b)
         else:
             b = cell.batch
             row["max_batch"] = None
         if b == 0:
-            row.update(status="oom", reason=f"b=1 does not fit under {plan.ceiling} bytes",
-                       memory_source="measured")
+            row.update(
+                status="oom",
+                reason=f"b=1 does not fit under {plan.ceiling} bytes",
+                memory_source="measured",
+            )
             return
         x = _input(b, cell, GPU, dtype)
         try:
             peak = measured_peak_cuda(lambda: model(x), torch.device(GPU), plan.ceiling - overhead)
         except torch.OutOfMemoryError:
-            why = "passed its probe but ran out of memory when run again (allocator " \
-                "fragmentation)" if cell.batch == "max" else "does not fit under the ceiling"
+            why = (
+                "passed its probe but ran out of memory when run again (allocator fragmentation)"
+                if cell.batch == "max"
+                else "does not fit under the ceiling"
+            )
             row.update(status="oom", batch=b, memory_source="measured", reason=f"b={b} {why}")
             return
-        row.update(batch=b, peak_bytes=peak.bytes + overhead, memory_source="measured",
-                   peak_reserved_bytes=None if peak.reserved is None else
-                   peak.reserved + overhead)
-        timing = time_forward(lambda: model(x), torch.device(GPU),
-                              min_repeats=cell.min_repeats, min_seconds=cell.min_seconds,
-                              flush_l2=cell.flush_l2)
+        row.update(
+            batch=b,
+            peak_bytes=peak.bytes + overhead,
+            memory_source="measured",
+            peak_reserved_bytes=None if peak.reserved is None else peak.reserved + overhead,
+        )
+        timing = time_forward(
+            lambda: model(x),
+            torch.device(GPU),
+            min_repeats=cell.min_repeats,
+            min_seconds=cell.min_seconds,
+            flush_l2=cell.flush_l2,
+        )
         _put_timing(row, timing, b, "cuda", cell.dtype, cell, plan)
         return
     # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
@@ -307,8 +368,11 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
         return
     row["peak_bytes"] = modeled_peak(meta_model, cell, b, overhead)
     if row["peak_bytes"] > plan.ceiling:
-        row.update(status="oom", reason=f"modeled: b={b} peaks at {row['peak_bytes']} bytes, "
-                                        f"over the ceiling of {plan.ceiling}")
+        row.update(
+            status="oom",
+            reason=f"modeled: b={b} peaks at {row['peak_bytes']} bytes, "
+            f"over the ceiling of {plan.ceiling}",
+        )
         return
     if cell.model_only:
         row["reason"] = "model only: no time measured"
@@ -321,29 +385,43 @@ def _time_on_cpu(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
     estimate = row["flops"] * b / cpu_matmul_rate()  # seconds per forward, at the GEMM rate
     work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
     if work > cell.time_budget_s:
-        row["reason"] = (f"time skipped: ~{estimate:.1f} s per forward at b={b} on this CPU; "
-                         f"{2 + cell.min_repeats} forwards exceed time_budget_s="
-                         f"{cell.time_budget_s:g}")
+        row["reason"] = (
+            f"time skipped: ~{estimate:.1f} s per forward at b={b} on this CPU; "
+            f"{2 + cell.min_repeats} forwards exceed time_budget_s="
+            f"{cell.time_budget_s:g}"
+        )
         return
     model = _build(cell, plan, "cpu", torch.float32)
     x = _input(b, cell, "cpu", torch.float32)
-    timing = time_forward(lambda: model(x), torch.device("cpu"), min_repeats=cell.min_repeats,
-                          min_seconds=min(cell.min_seconds, cell.time_budget_s / 2))
+    timing = time_forward(
+        lambda: model(x),
+        torch.device("cpu"),
+        min_repeats=cell.min_repeats,
+        min_seconds=min(cell.min_seconds, cell.time_budget_s / 2),
+    )
     _put_timing(row, timing, b, "cpu", "fp32", cell, plan)
 
 
-def _put_timing(row: dict[str, Any], timing: Timing, b: int, device: str, dtype: str,
-                cell: Cell, plan: _Plan) -> None:
+def _put_timing(
+    row: dict[str, Any], timing: Timing, b: int, device: str, dtype: str, cell: Cell, plan: _Plan
+) -> None:
     flops_per_forward = row["flops"] * b  # row["flops"] is per sequence
     rate = flops_per_forward / timing.median
     # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
     same_gpu = device == "cuda" and plan.preset.gpu == row["env"]["device_name"]
     peak = plan.preset.peak_flops.get(dtype) if same_gpu else None
     row.update(
-        time_median_s=timing.median, time_iqr_s=timing.iqr, repeats=timing.repeats,
-        time_per_seq_s=timing.median / b, time_batch=b, time_device=device, time_dtype=dtype,
-        time_method=timing.method, time_samples_s=list(timing.samples),
-        flops_per_s=rate, pct_of_peak=None if peak is None else 100 * rate / peak,
+        time_median_s=timing.median,
+        time_iqr_s=timing.iqr,
+        repeats=timing.repeats,
+        time_per_seq_s=timing.median / b,
+        time_batch=b,
+        time_device=device,
+        time_dtype=dtype,
+        time_method=timing.method,
+        time_samples_s=list(timing.samples),
+        flops_per_s=rate,
+        pct_of_peak=None if peak is None else 100 * rate / peak,
     )
     row["env"] = {**row["env"], "threads": timing.threads}
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
-KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes",
-              "model")
+KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
 
 
 def replace_file(path: Path, text: str) -> None:

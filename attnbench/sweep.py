@@ -43,8 +43,17 @@ from attnbench.store import RunStore, cell_key, read_rows
 
 CONFIG_MODULE = "attnbench.conf"
 SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 class NotACell(Exception):
@@ -59,8 +68,9 @@ def parse_size(value: Any) -> int | None:
         return value
     m = SIZE.match(str(value))
     if not m:
-        raise ValueError(f"ceiling: must be a number of bytes or a size like 16GB or 15.5GiB, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"ceiling: must be a number of bytes or a size like 16GB or 15.5GiB, got {value!r}"
+        )
     return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])
 
 
@@ -81,17 +91,29 @@ def cell_from_cfg(cfg: DictConfig, *, in_sweep: bool = False) -> Cell:
     if cfg.k is not None:
         check_int("k", cfg.k)  # even where the mechanism ignores it: k=0 is a typo
     k = cfg.k if info.budget else None
-    if in_sweep and info.fixed_max_len and k is not None and isinstance(cfg.n, int) \
-            and k >= cfg.n:  # Linformer's k < n, as in the paper; Performer's m is free
+    if (
+        in_sweep and info.fixed_max_len and k is not None and isinstance(cfg.n, int) and k >= cfg.n
+    ):  # Linformer's k < n, as in the paper; Performer's m is free
         raise NotACell(f"k={k} >= n={cfg.n}")
     t = cfg.timing
     return Cell(
-        attention=name, n=cfg.n, k=k, batch=cfg.batch, dtype=cfg.dtype, device=cfg.device.name,
+        attention=name,
+        n=cfg.n,
+        k=k,
+        batch=cfg.batch,
+        dtype=cfg.dtype,
+        device=cfg.device.name,
         ceiling_bytes=parse_size(cfg.ceiling),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
-        layers=cfg.model.layers, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads,
-        d_ff=cfg.model.d_ff, min_repeats=t.min_repeats, min_seconds=float(t.min_seconds),
-        cpu_batch=t.cpu_batch, time_budget_s=float(t.time_budget_s), flush_l2=t.flush_l2,
+        layers=cfg.model.layers,
+        d_model=cfg.model.d_model,
+        n_heads=cfg.model.n_heads,
+        d_ff=cfg.model.d_ff,
+        min_repeats=t.min_repeats,
+        min_seconds=float(t.min_seconds),
+        cpu_batch=t.cpu_batch,
+        time_budget_s=float(t.time_budget_s),
+        flush_l2=t.flush_l2,
     )
 
 
@@ -141,8 +163,19 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-FLAGS_WITH_VALUE = {"--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                    "--cfg", "-c", "--package", "-p", "--experimental-rerun"}
+FLAGS_WITH_VALUE = {
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--experimental-rerun",
+}
 
 
 def _split_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
@@ -162,9 +195,12 @@ def _split_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
     return overrides, valued, bare
 
 
-def expand_jobs(overrides: list[str], config_dir: str | None = None,
-                config_name: str = "config", multirun: bool = False
-                ) -> tuple[list[DictConfig], bool]:
+def expand_jobs(
+    overrides: list[str],
+    config_dir: str | None = None,
+    config_name: str = "config",
+    multirun: bool = False,
+) -> tuple[list[DictConfig], bool]:
     """Every job's composed config, expanded by Hydra's own BasicSweeper exactly as a
     multirun will expand them (sweep file params first, the command line winning), and
     whether the command is a multirun. Raises ValueError with one line on a bad override."""
@@ -184,14 +220,18 @@ def expand_jobs(overrides: list[str], config_dir: str | None = None,
             multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
             if not multirun:
                 if len(fixed) != len(parsed):
-                    raise ValueError("overrides: a,b or range() sweeps need multirun: add "
-                                     "-m, or use +sweep=NAME")
+                    raise ValueError(
+                        "overrides: a,b or range() sweeps need multirun: add -m, or use +sweep=NAME"
+                    )
                 return [compose(config_name, overrides=overrides + search)], False
             params = base.hydra.sweeper.params
             params = OmegaConf.to_container(params, resolve=False) if params else {}
             every = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
-            jobs = [compose(config_name, overrides=list(job) + search)
-                    for batch in BasicSweeper.split_arguments(every, None) for job in batch]
+            jobs = [
+                compose(config_name, overrides=list(job) + search)
+                for batch in BasicSweeper.split_arguments(every, None)
+                for job in batch
+            ]
     except (HydraException, ConfigCompositionException, ImportError) as e:
         raise ValueError(_one_line(e)) from None
     return jobs, True
@@ -208,8 +248,10 @@ def _check_run_keys(cfg: DictConfig) -> None:
             raise ValueError(f"{key}: must be a number >= 0, got {value!r}")
     baseline = cfg.report_baseline
     if baseline not in attnbench.names():
-        raise ValueError(f"report_baseline: must be a mechanism ({', '.join(attnbench.names())})"
-                         f", got {baseline!r}")
+        raise ValueError(
+            f"report_baseline: must be a mechanism ({', '.join(attnbench.names())})"
+            f", got {baseline!r}"
+        )
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
@@ -217,9 +259,12 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     distinct (run dir, cell key) pairs the command will fill (the progress bar's cells)."""
     overrides, valued, bare = _split_args(args)
     flag_m = bool(bare & {"-m", "--multirun"})
-    jobs, is_sweep = expand_jobs(overrides, valued.get("--config-dir", valued.get("-cd")),
-                                 valued.get("--config-name", valued.get("-cn", "config")),
-                                 multirun=flag_m)
+    jobs, is_sweep = expand_jobs(
+        overrides,
+        valued.get("--config-dir", valued.get("-cd")),
+        valued.get("--config-name", valued.get("-cn", "config")),
+        multirun=flag_m,
+    )
     plan: dict[tuple[str, str], None] = {}
     left_out: list[str] = []
     for cfg in jobs:
@@ -236,8 +281,11 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         validate(cell, preset)
         plan[(str(run_dir(cfg)), cell_key(cell_spec(cell, preset)))] = None
     if left_out:
-        print(f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
-              f"mechanism), e.g. {left_out[0]}", file=sys.stderr)
+        print(
+            f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
+            f"mechanism), e.g. {left_out[0]}",
+            file=sys.stderr,
+        )
     if not plan:
         raise ValueError("k: every combination has k >= n; nothing to run")
     return list(plan)
@@ -279,21 +327,24 @@ def _isolated() -> bool:
         return False
 
 
-def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool
-            ) -> dict[str, Any]:
+def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool) -> dict[str, Any]:
     """One row for ``cell``; a timeout is a row too."""
     if isolate:
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset)})
         try:
-            done = subprocess.run([sys.executable, "-m", "attnbench.sweep", "--cell", payload],
-                                  capture_output=True, text=True,
-                                  timeout=timeout_s if timeout_s > 0 else None)
+            done = subprocess.run(
+                [sys.executable, "-m", "attnbench.sweep", "--cell", payload],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s if timeout_s > 0 else None,
+            )
         except subprocess.TimeoutExpired:
             return _failed(cell, preset, f"timed out after {timeout_s:g} s")
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
-            return _failed(cell, preset, lines[-1][:300] if lines else
-                           f"exit code {done.returncode}")
+            return _failed(
+                cell, preset, lines[-1][:300] if lines else f"exit code {done.returncode}"
+            )
         return json.loads(done.stdout.strip().splitlines()[-1])
     try:
         with _time_limit(timeout_s):
@@ -355,8 +406,11 @@ def job(cfg: DictConfig) -> dict[str, Any] | None:
     store = RunStore(run_dir(cfg))
     spec = cell_spec(cell, preset)
     key = cell_key(spec)
-    label = " ".join([cell.attention, f"n={cell.n}"] + ([f"k={cell.k}"] if cell.k else [])
-                     + [f"{p}={v}" for p, v in cell.params])
+    label = " ".join(
+        [cell.attention, f"n={cell.n}"]
+        + ([f"k={cell.k}"] if cell.k else [])
+        + [f"{p}={v}" for p, v in cell.params]
+    )
     if not _claim(key) or (not cfg.rerun and key in store.done()):
         print(f"  done before: {label}", flush=True)
         return None
@@ -364,9 +418,15 @@ def job(cfg: DictConfig) -> dict[str, Any] | None:
         record_command(store, cfg)
     start = time.perf_counter()
     row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
-    row.update(key=key, sweep=cfg.sweep_name, wall_s=round(time.perf_counter() - start, 3),
-               finished_at=time.time(), invocation=os.environ.get(INVOCATION_ENV),
-               model=spec["model"], cell=spec)
+    row.update(
+        key=key,
+        sweep=cfg.sweep_name,
+        wall_s=round(time.perf_counter() - start, 3),
+        finished_at=time.time(),
+        invocation=os.environ.get(INVOCATION_ENV),
+        model=spec["model"],
+        cell=spec,
+    )
     store.append(row, replace=bool(cfg.rerun))
     print(f"  {row['status']:7s} {label}: " + _summary(row), flush=True)
     return row
@@ -375,14 +435,19 @@ def job(cfg: DictConfig) -> dict[str, Any] | None:
 def record_command(store: RunStore, cfg: DictConfig, sweep: dict | None = None) -> None:
     """The run directory keeps the resolved config of its first command (``config.yaml``),
     the environment (``env.json``) and one line per command that wrote to it."""
-    plain = {k: (OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-                 else cfg[k]) for k in cfg if k != "hydra"}  # hydra's keys resolve in jobs
+    plain = {
+        k: (OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k])
+        for k in cfg
+        if k != "hydra"
+    }  # hydra's keys resolve in jobs
     if sweep is not None:
         plain["sweep"] = sweep
     store.write_once("config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
     store.write_once("env.json", json.dumps(environment(), indent=2))
-    store.add_line("commands.jsonl", {"invocation": os.environ.get(INVOCATION_ENV),
-                                      "time": time.time(), "argv": sys.argv[1:]})
+    store.add_line(
+        "commands.jsonl",
+        {"invocation": os.environ.get(INVOCATION_ENV), "time": time.time(), "argv": sys.argv[1:]},
+    )
 
 
 def _summary(row: dict[str, Any]) -> str:
@@ -417,13 +482,16 @@ class Progress(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         plan = _plan()
         params = config.hydra.sweeper.params
-        sweep = {"params": OmegaConf.to_container(params) if params else {},
-                 "overrides": list(config.hydra.overrides.task)}
+        sweep = {
+            "params": OmegaConf.to_container(params) if params else {},
+            "overrides": list(config.hydra.overrides.task),
+        }
         for d in {d for d, _ in plan} or {str(run_dir(config))}:
             record_command(RunStore(Path(d)), config, sweep)
         if config.progress and plan:
-            self._thread = threading.Thread(target=self._watch, args=(plan, config.rerun),
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._watch, args=(plan, config.rerun), daemon=True
+            )
             self._thread.start()
             atexit.register(self._halt)  # a crashed sweep must not leave the cursor hidden
 
@@ -438,15 +506,18 @@ class Progress(Callback):
             print(flush=True)  # the live display's last frame ends without a newline
         plan = _plan()
         rows = _rows_of(plan) if plan else []
-        counts = {s: sum(r.get("status") == s for r in rows) for s in
-                  ("ok", "oom", "skipped", "error")}
+        counts = {
+            s: sum(r.get("status") == s for r in rows) for s in ("ok", "oom", "skipped", "error")
+        }
         dirs = sorted({d for d, _ in plan})
-        print(f"attnbench: {len(rows)} of {len(plan)} cells in {', '.join(dirs)} "
-              f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})", flush=True)
+        print(
+            f"attnbench: {len(rows)} of {len(plan)} cells in {', '.join(dirs)} "
+            f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})",
+            flush=True,
+        )
         if config.report:
             for d in dirs:
                 write_report(Path(d), config.report_baseline, show=config.progress)
-
 
     def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
         from rich.console import Group
@@ -468,25 +539,45 @@ class Progress(Callback):
             return [r for r in rows if r.get("finished_at", 0) >= started] if rerun else rows
 
         before = 0 if rerun else len(finished())
-        bar = Bar(TextColumn("cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn())
+        bar = Bar(
+            TextColumn("cells"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
         task = bar.add_task("cells", total=len(plan), completed=before)
         with Live(Group(bar), refresh_per_second=2, transient=False) as live:
             while True:
                 stopping = self._stop.wait(0.5)
                 rows = finished()
                 bar.update(task, completed=len(rows))
-                table = Table("attention", "n", "k", "status", "max b", "ms/seq", "memory",
-                              title="finished cells (last 8)")
+                table = Table(
+                    "attention",
+                    "n",
+                    "k",
+                    "status",
+                    "max b",
+                    "ms/seq",
+                    "memory",
+                    title="finished cells (last 8)",
+                )
                 for r in rows[-8:]:
                     t = r.get("time_per_seq_s")
-                    table.add_row(str(r.get("attention")), str(r.get("n")), str(r.get("k")),
-                                  str(r.get("status")), str(r.get("max_batch")),
-                                  "-" if not t else f"{t * 1e3:.2f}",
-                                  str(r.get("memory_source")))
+                    table.add_row(
+                        str(r.get("attention")),
+                        str(r.get("n")),
+                        str(r.get("k")),
+                        str(r.get("status")),
+                        str(r.get("max_batch")),
+                        "-" if not t else f"{t * 1e3:.2f}",
+                        str(r.get("memory_source")),
+                    )
                 live.update(Group(bar, table))
                 if stopping:  # one last frame with every row, then out
                     break
+
 
 def write_report(run: Path, baseline: str, show: bool) -> None:
     """The report of a sweep's run dir. Its rows are already safe on disk, so a report that
@@ -502,8 +593,10 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
         out = files.default_out(run)
         files.write(files.render(report), out)
     except Exception as e:  # the sweep's rows stand: say why, go on
-        print(f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
-              flush=True)
+        print(
+            f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
+            flush=True,
+        )
         return
     print(f"attnbench: report in {out}/index.html", flush=True)
 
@@ -518,8 +611,11 @@ def _rows_of(plan: list[tuple[str, str]]) -> list[dict[str, Any]]:
     wanted = set(plan)
     rows = []
     for d in sorted({d for d, _ in plan}):
-        rows += [r for r in read_rows(RunStore(Path(d)).cells, strict=False)
-                 if (d, r.get("key")) in wanted]
+        rows += [
+            r
+            for r in read_rows(RunStore(Path(d)).cells, strict=False)
+            if (d, r.get("key")) in wanted
+        ]
     return rows
 
 
@@ -537,8 +633,7 @@ def hydra_main() -> None:
     import hydra
 
     register_user_mechanisms()
-    hydra.main(config_path="pkg://attnbench.conf", config_name="config",
-               version_base="1.3")(job)()
+    hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--cell":

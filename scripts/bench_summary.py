@@ -11,8 +11,10 @@ import sys
 
 
 def summarize(data: dict) -> str:
-    rows = [(b["name"].removeprefix("test_"), b["stats"]["median"], b["extra_info"])
-            for b in data["benchmarks"]]
+    rows = [
+        (b["name"].removeprefix("test_"), b["stats"]["median"], b["extra_info"])
+        for b in data["benchmarks"]
+    ]
     mm = next((med, e) for n, med, e in rows if e["role"] == "matmul")
     rate = mm[1]["flops"] / mm[0]
     peers = [med for _, med, e in rows if e["role"] == "peer"]
@@ -34,8 +36,9 @@ def summarize(data: dict) -> str:
             counted = f"{e['flops'] / 1e9:.2f} | {floor * 1e3:.1f} | {med / floor:.2f}"
         else:  # a fused op FlopCounterMode cannot see (nn.MultiheadAttention's fast path)
             counted = "not counted | - | -"
-        out.append(f"| {name} | {e['role']} | {med * 1e3:.1f} | {counted} | "
-                   f"{fastest_peer / med:.2f} |")
+        out.append(
+            f"| {name} | {e['role']} | {med * 1e3:.1f} | {counted} | {fastest_peer / med:.2f} |"
+        )
     return "\n".join(out)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from attnbench.check.stats import compare
 
 ROOT = Path(__file__).resolve().parent.parent
-PLANT = '''
+PLANT = """
 
 # --- planted by scripts/gate_power.py: every forward costs {slowdown:.0%} more of its own time
 import time as _time  # noqa: E402
@@ -43,15 +43,16 @@ def _slow_forward(self, *args, **kwargs):
 
 
 VanillaAttention.forward = _slow_forward
-'''
+"""
 
 
 def planted_tree(slowdown: float) -> tuple[Path, Path]:
     """(temporary dir, a worktree of HEAD in it with the slowdown planted into vanilla)."""
     tmp = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
     tree = tmp / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), "HEAD"],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "--quiet", str(tree), "HEAD"], cwd=ROOT, check=True
+    )
     if slowdown:
         target = tree / "attnbench/attention/vanilla.py"
         target.write_text(target.read_text() + PLANT.format(slowdown=slowdown))
@@ -63,8 +64,18 @@ def remove(tree: Path) -> None:
 
 
 def check(tree: Path, out: Path, *extra: str) -> int:
-    cmd = [sys.executable, "-m", "attnbench.cli", "check", "--against", "HEAD", "--quiet",
-           "--json", str(out.resolve()), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnbench.cli",
+        "check",
+        "--against",
+        "HEAD",
+        "--quiet",
+        "--json",
+        str(out.resolve()),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=tree, stdout=subprocess.DEVNULL).returncode
 
 
@@ -85,8 +96,13 @@ def decide(pool: dict, rounds: list[int], threshold: float, alpha: float) -> set
     a, b = pool["samples"]["A"], pool["samples"]["B"]
     failed = set()
     for cell in a:
-        v = compare([a[cell][i] for i in rounds], [b[cell][i] for i in rounds],
-                    threshold=threshold, alpha=alpha, resamples=1)
+        v = compare(
+            [a[cell][i] for i in rounds],
+            [b[cell][i] for i in rounds],
+            threshold=threshold,
+            alpha=alpha,
+            resamples=1,
+        )
         if v.verdict == "regressed":
             failed.add(cell)
     return failed
@@ -106,10 +122,12 @@ def cmd_replay(args: argparse.Namespace) -> None:
             unplanted = [c for c in pool["samples"]["A"] if not c.startswith("vanilla")]
             cell_fails += len(failed & set(unplanted))
             cells += len(unplanted)
-        print(f"{path}: planted {slow:.0%} in vanilla; {args.draws} draws of {args.rounds} "
-              f"of {total} rounds, threshold {args.threshold:.0%}, alpha {args.alpha}: "
-              f"gate failed {gate_fails}/{args.draws} ({gate_fails / args.draws:.1%}); "
-              f"unplanted cells called regressed {cell_fails}/{cells}")
+        print(
+            f"{path}: planted {slow:.0%} in vanilla; {args.draws} draws of {args.rounds} "
+            f"of {total} rounds, threshold {args.threshold:.0%}, alpha {args.alpha}: "
+            f"gate failed {gate_fails}/{args.draws} ({gate_fails / args.draws:.1%}); "
+            f"unplanted cells called regressed {cell_fails}/{cells}"
+        )
 
 
 def cmd_whole(args: argparse.Namespace) -> None:
@@ -121,8 +139,7 @@ def cmd_whole(args: argparse.Namespace) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             rc = check(tree, out, "--seed", str(i))
             fails += rc == 1
-            print(f"run {i + 1}: exit {rc} ({json.loads(out.read_text())['wall_s']} s)",
-                  flush=True)
+            print(f"run {i + 1}: exit {rc} ({json.loads(out.read_text())['wall_s']} s)", flush=True)
     finally:
         remove(tree)
     print(f"planted {args.slowdown:.0%}: the gate failed {fails} of {args.runs} whole runs")
@@ -148,8 +165,12 @@ def main() -> None:
     s = sub.add_parser("whole")
     s.add_argument("--slowdown", type=float, required=True)
     s.add_argument("--runs", type=int, default=5)
-    s.add_argument("--keep", type=Path, default=Path("results/gate"),
-                   help="where each run's JSON goes (whole-<slowdown>-<i>.json)")
+    s.add_argument(
+        "--keep",
+        type=Path,
+        default=Path("results/gate"),
+        help="where each run's JSON goes (whole-<slowdown>-<i>.json)",
+    )
     s.set_defaults(fn=cmd_whole)
     args = p.parse_args()
     args.fn(args)

@@ -24,26 +24,37 @@ from attnbench.runner import Cell, run_cell
 NS = (512, 1024, 2048, 4096, 8192, 16384)
 LAYERWISE = (("sharing", "layerwise"),)
 EAGER = (("kernel", "eager"), ("sharing", "layerwise"))  # the paper's materialised n × k P̄
-MECHANISMS = (("vanilla", None, ()), ("sdpa", None, ()),
-              ("linformer", 128, EAGER), ("linformer", 256, EAGER),
-              ("linformer", 256, LAYERWISE))
+MECHANISMS = (
+    ("vanilla", None, ()),
+    ("sdpa", None, ()),
+    ("linformer", 128, EAGER),
+    ("linformer", 256, EAGER),
+    ("linformer", 256, LAYERWISE),
+)
 TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
 
 
 def cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str) -> list[Cell]:
-    return [Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape)
-            for n in ns for name, k, params in MECHANISMS if k is None or k < n]
+    return [
+        Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape)
+        for n in ns
+        for name, k, params in MECHANISMS
+        if k is None or k < n
+    ]
 
 
 def table(rows: list[dict]) -> str:
     base = {r["n"]: r for r in rows if r["attention"] == "vanilla"}
-    lines = ["| mechanism | n | max b | memory | modeled max b | probes | model error | "
-             "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla | status |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| mechanism | n | max b | memory | modeled max b | probes | model error | "
+        "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla | status |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         kernel = dict(r["params"]).get("kernel")
-        name = r["attention"] + (f" k={r['k']}" if r["k"] else "") + (f" {kernel}" if kernel
-                                                                      else "")
+        name = (
+            r["attention"] + (f" k={r['k']}" if r["k"] else "") + (f" {kernel}" if kernel else "")
+        )
         v = base.get(r["n"], {})
         t, tv = r.get("time_per_seq_s"), v.get("time_per_seq_s")
         mb, mbv = r.get("max_batch"), v.get("max_batch")
@@ -53,28 +64,59 @@ def table(rows: list[dict]) -> str:
             f"{r.get('model_error')} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
             f"{'-' if not (t and tv) else f'{tv / t:.2f}'} | "
             f"{'-' if not (mb and mbv) else f'{mb / mbv:.2f}'} | "
-            f"{r['status'] if r['status'] == 'ok' else r['status'] + ': ' + str(r['reason'])} |")
+            f"{r['status'] if r['status'] == 'ok' else r['status'] + ': ' + str(r['reason'])} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/gpu_check/rows.jsonl"))
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on the CPU preset: tests this script without a GPU")
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="tiny shapes on the CPU preset: tests this script without a GPU",
+    )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
-        todo = cells((64, 128), {"layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128,
-                                 "min_repeats": 2, "min_seconds": 0.0,
-                                 "ceiling_bytes": 64 << 20}, "cpu", "fp32")
+        todo = cells(
+            (64, 128),
+            {
+                "layers": 2,
+                "d_model": 64,
+                "n_heads": 4,
+                "d_ff": 128,
+                "min_repeats": 2,
+                "min_seconds": 0.0,
+                "ceiling_bytes": 64 << 20,
+            },
+            "cpu",
+            "fp32",
+        )
         todo = [c for c in todo if c.k is None] + [
-            Cell("linformer", n=128, k=32, params=(("sharing", "layerwise"),), device="cpu",
-                 dtype="fp32", layers=2, d_model=64, n_heads=4, d_ff=128, min_repeats=2,
-                 min_seconds=0.0, ceiling_bytes=64 << 20)]
+            Cell(
+                "linformer",
+                n=128,
+                k=32,
+                params=(("sharing", "layerwise"),),
+                device="cpu",
+                dtype="fp32",
+                layers=2,
+                d_model=64,
+                n_heads=4,
+                d_ff=128,
+                min_repeats=2,
+                min_seconds=0.0,
+                ceiling_bytes=64 << 20,
+            )
+        ]
     else:
         if not torch.cuda.is_available():
-            print("gpu_check: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
-                  "use --cpu-smoke to exercise the script", file=sys.stderr)
+            print(
+                "gpu_check: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
+                "use --cpu-smoke to exercise the script",
+                file=sys.stderr,
+            )
             return 2
         todo = cells(NS, TIMING, "v100_16gb", "fp16")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,11 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()
-            print(f"[{i}/{len(todo)}] {cell.attention} n={cell.n} k={cell.k}: {row['status']} "
-                  f"b={row['max_batch']} ({row['wall_s']:.1f} s)", flush=True)
+            print(
+                f"[{i}/{len(todo)}] {cell.attention} n={cell.n} k={cell.k}: {row['status']} "
+                f"b={row['max_batch']} ({row['wall_s']:.1f} s)",
+                flush=True,
+            )
     device = rows[0]["env"]["device_name"] if rows else "?"
-    print(f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
-          f"rows in {args.out}\n")
+    print(
+        f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
+        f"rows in {args.out}\n"
+    )
     print(table(rows))
     return 0
 

@@ -42,9 +42,11 @@ def main() -> int:
         for k in KS:
             head += f" Linformer k={k} ({kernel}) max b | ratio | paper |"
             rule += "---:|---:|---:|"
-    print("Modeled max batch on v100_16gb (16,160 MiB less 512 MiB overhead), fp16, 12-layer "
-          "RoBERTa-base encoder, Linformer layerwise; ratio = Linformer / Transformer max batch."
-          "\n")
+    print(
+        "Modeled max batch on v100_16gb (16,160 MiB less 512 MiB overhead), fp16, 12-layer "
+        "RoBERTa-base encoder, Linformer layerwise; ratio = Linformer / Transformer max batch."
+        "\n"
+    )
     print(head)
     print(rule)
     for n in NS:

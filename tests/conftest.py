@@ -10,8 +10,11 @@ import attnbench
 
 def runnable_here() -> list[str]:
     """Mechanisms that can run on this machine (CPU), per the registry's own info()."""
-    return [n for n in attnbench.names()
-            if attnbench.info(n).unavailable is None and "cpu" in attnbench.info(n).devices]
+    return [
+        n
+        for n in attnbench.names()
+        if attnbench.info(n).unavailable is None and "cpu" in attnbench.info(n).devices
+    ]
 
 
 @pytest.fixture(autouse=True)

@@ -12,12 +12,15 @@ import torch
 from torch import Tensor, nn
 
 
-def reference_mha(module: nn.Module, x: Tensor, key_padding_mask: Tensor | None = None,
-                  causal: bool = False) -> Tensor:
+def reference_mha(
+    module: nn.Module, x: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False
+) -> Tensor:
     """softmax(Q_i K_iᵀ/√d_k) V_i per head, concatenated, then W^O — in float64."""
     x = x.double()
-    w = {name: (getattr(module, name).weight.double(), getattr(module, name).bias.double())
-         for name in ("q_proj", "k_proj", "v_proj", "out_proj")}
+    w = {
+        name: (getattr(module, name).weight.double(), getattr(module, name).bias.double())
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj")
+    }
     b, n, d = x.shape
     h = module.n_heads
     dh = d // h

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = '''
+PLUGIN = """
 import time
 from dataclasses import dataclass
 
@@ -46,7 +46,7 @@ class Mine(VanillaAttention):
         while time.perf_counter() < end:
             pass
         return out
-'''
+"""
 
 SUITE = """# @package _global_
 defaults:
@@ -75,17 +75,21 @@ check:
 
 
 def git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
-def user_repo(tmp: Path, attention: str = "mine", rounds: int = 8,
-              thresholds: str = "[]") -> Path:
+def user_repo(tmp: Path, attention: str = "mine", rounds: int = 8, thresholds: str = "[]") -> Path:
     repo = tmp / "repo"
     (repo / "conf/sweep").mkdir(parents=True)
     (repo / "myattn.py").write_text(PLUGIN.format(slowdown=0))
     (repo / "conf/sweep/quick.yaml").write_text(
-        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds))
+        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds)
+    )
     git("init", "-q", cwd=repo)
     git("add", ".", cwd=repo)
     git("commit", "-qm", "one", cwd=repo)
@@ -97,10 +101,28 @@ def check(repo: Path, *args: str) -> subprocess.CompletedProcess:
     # a 50 % threshold: these tests are about the mechanics, on a shared machine that may be
     # busy; the planted 3x slowdowns are far beyond it (the gate's power: gate_power.py)
     wide = [] if any(a.startswith("--threshold") for a in args) else ["--threshold", "50%"]
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", "check", "--quiet",
-                           "--config-dir", "conf", "--suite", "quick", "--json", "out.json",
-                           *wide, *args], cwd=repo, capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnbench.cli",
+            "check",
+            "--quiet",
+            "--config-dir",
+            "conf",
+            "--suite",
+            "quick",
+            "--json",
+            "out.json",
+            *wide,
+            *args,
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_a_planted_slowdown_fails_the_gate_and_the_same_code_passes(tmp_path: Path) -> None:
@@ -118,8 +140,9 @@ def test_a_planted_slowdown_fails_the_gate_and_the_same_code_passes(tmp_path: Pa
     assert 2.0 < cell["ratio"] < 4.5 and cell["p"] < 0.002  # 3x, measured
     assert len(result["samples"]["A"][cell["cell"]]) == 8  # every sample is kept
     assert result["against"] == "HEAD" and len(result["against_commit"]) == 40
-    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True,
-                               text=True).stdout.splitlines()
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], cwd=repo, capture_output=True, text=True
+    ).stdout.splitlines()
     assert len(worktrees) == 1, worktrees  # the temporary one for HEAD is gone
 
 
@@ -158,33 +181,49 @@ def test_stored_baseline_mode(tmp_path: Path) -> None:
     assert "some other CPU" in warned.stderr
 
 
-@pytest.mark.parametrize(("setup", "args", "needle"), [
-    ("repo", ("--against", "nope"), "--against: unknown git ref 'nope'"),
-    ("repo", (), "--against: HEAD has no parent commit"),
-    ("plain", (), "is not usable as a git repository"),
-    ("repo", ("--baseline", "missing.json"), "--baseline: no such file missing.json"),
-    ("schema", ("--baseline", "old.json"), "has schema 0; this attnbench reads schema 1"),
-    ("empty", ("--against", "HEAD"), "empty suite, no cell can run here"),
-    ("repo", ("--against", "HEAD", "--rounds", "3"), "check.rounds: must be at least 6"),
-    ("repo", ("--against", "HEAD", "--threshold", "-5"), "--threshold: must be a fraction"),
-    ("repo", ("--suite", "nosuch"), "--suite: sweep: unknown option 'nosuch'"),
-    ("thresholds", ("--against", "HEAD"), "check.thresholds: each entry needs a threshold"),
-    ("settings", ("--baseline", "base.json"), "--baseline: check.threads is 1 here but 2"),
-])
-def test_misuse_is_one_line_and_exit_2(tmp_path: Path, setup: str, args: tuple,
-                                       needle: str) -> None:
-    repo = user_repo(tmp_path, attention="xformers" if setup == "empty" else "mine",
-                     thresholds="[{attention: mine}]" if setup == "thresholds" else "[]")
+@pytest.mark.parametrize(
+    ("setup", "args", "needle"),
+    [
+        ("repo", ("--against", "nope"), "--against: unknown git ref 'nope'"),
+        ("repo", (), "--against: HEAD has no parent commit"),
+        ("plain", (), "is not usable as a git repository"),
+        ("repo", ("--baseline", "missing.json"), "--baseline: no such file missing.json"),
+        ("schema", ("--baseline", "old.json"), "has schema 0; this attnbench reads schema 1"),
+        ("empty", ("--against", "HEAD"), "empty suite, no cell can run here"),
+        ("repo", ("--against", "HEAD", "--rounds", "3"), "check.rounds: must be at least 6"),
+        ("repo", ("--against", "HEAD", "--threshold", "-5"), "--threshold: must be a fraction"),
+        ("repo", ("--suite", "nosuch"), "--suite: sweep: unknown option 'nosuch'"),
+        ("thresholds", ("--against", "HEAD"), "check.thresholds: each entry needs a threshold"),
+        ("settings", ("--baseline", "base.json"), "--baseline: check.threads is 1 here but 2"),
+    ],
+)
+def test_misuse_is_one_line_and_exit_2(
+    tmp_path: Path, setup: str, args: tuple, needle: str
+) -> None:
+    repo = user_repo(
+        tmp_path,
+        attention="xformers" if setup == "empty" else "mine",
+        thresholds="[{attention: mine}]" if setup == "thresholds" else "[]",
+    )
     if setup == "settings":
-        (repo / "base.json").write_text(json.dumps({
-            "kind": "attnbench-check-baseline", "schema": 1, "fingerprint": {},
-            "settings": {"device": "cpu", "sample_s": 0.01, "warmup": 1, "threads": 2},
-            "reps": {}, "samples": {}}))
+        (repo / "base.json").write_text(
+            json.dumps(
+                {
+                    "kind": "attnbench-check-baseline",
+                    "schema": 1,
+                    "fingerprint": {},
+                    "settings": {"device": "cpu", "sample_s": 0.01, "warmup": 1, "threads": 2},
+                    "reps": {},
+                    "samples": {},
+                }
+            )
+        )
     if setup == "plain":
         subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
     if setup == "schema":
-        (repo / "old.json").write_text(json.dumps({"kind": "attnbench-check-baseline",
-                                                   "schema": 0}))
+        (repo / "old.json").write_text(
+            json.dumps({"kind": "attnbench-check-baseline", "schema": 0})
+        )
     done = check(repo, *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert needle in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -194,15 +233,31 @@ def test_misuse_is_one_line_and_exit_2(tmp_path: Path, setup: str, args: tuple,
 def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
     """Users of pytest-benchmark: save a run, then compare against it with a fail rule."""
     suite = Path(__file__).parent / "benchmarks" / "test_regression_suite.py"
-    args = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
-            "-k", "vanilla and 256", "--benchmark-enable", "--benchmark-only",
-            f"--benchmark-storage=file://{tmp_path}"]
-    saved = subprocess.run([*args, "--benchmark-autosave"], capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(suite),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "vanilla and 256",
+        "--benchmark-enable",
+        "--benchmark-only",
+        f"--benchmark-storage=file://{tmp_path}",
+    ]
+    saved = subprocess.run(
+        [*args, "--benchmark-autosave"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert saved.returncode == 0, saved.stdout[-2000:]
     assert list(tmp_path.rglob("0001_*.json"))
-    compared = subprocess.run([*args, "--benchmark-compare",
-                               "--benchmark-compare-fail=median:1000%"],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    compared = subprocess.run(
+        [*args, "--benchmark-compare", "--benchmark-compare-fail=median:1000%"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert compared.returncode == 0, compared.stdout[-2000:]
     assert "0001" in compared.stdout  # the saved run is in the comparison table

@@ -138,8 +138,12 @@ def test_ties_use_the_tie_corrected_approximation() -> None:
 
 @pytest.mark.parametrize(
     ("a", "b", "name"),
-    [([1.0], [1.0, 2.0], "a"), ([1.0, 2.0], [], "b"), ([1.0, math.nan], [1.0, 2.0], "a"),
-     ([1.0, 2.0], [1.0, math.inf], "b")],
+    [
+        ([1.0], [1.0, 2.0], "a"),
+        ([1.0, 2.0], [], "b"),
+        ([1.0, math.nan], [1.0, 2.0], "a"),
+        ([1.0, 2.0], [1.0, math.inf], "b"),
+    ],
 )
 def test_mann_whitney_rejects_bad_samples(a: list[float], b: list[float], name: str) -> None:
     with pytest.raises(ValueError, match=f"sample {name}"):
@@ -170,8 +174,7 @@ def test_bootstrap_ci_holds_the_stated_share_of_the_bootstrap_distribution(
     a = [rng.lognormvariate(0, 0.3) for _ in range(41)]
     b = [rng.lognormvariate(0.1, 0.3) for _ in range(41)]
     low, high = bootstrap_ratio_ci(a, b, confidence=confidence, resamples=1000, seed=1)
-    ratios = [hodges_lehmann_ratio(rng.choices(a, k=41), rng.choices(b, k=41))
-              for _ in range(1000)]
+    ratios = [hodges_lehmann_ratio(rng.choices(a, k=41), rng.choices(b, k=41)) for _ in range(1000)]
     below = sum(r < low for r in ratios) / len(ratios)
     above = sum(r > high for r in ratios) / len(ratios)
     assert below == pytest.approx((1 - confidence) / 2, abs=0.04)
@@ -248,10 +251,17 @@ def test_verdict_is_frozen() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"threshold": 0.0}, "threshold"), ({"threshold": -0.1}, "threshold"),
-     ({"threshold": math.nan}, "threshold"), ({"alpha": 0.0}, "alpha"), ({"alpha": 1.0}, "alpha"),
-     ({"alpha": 1.5}, "alpha"), ({"confidence": 0.0}, "confidence"),
-     ({"confidence": 1.0}, "confidence"), ({"resamples": 0}, "resamples")],
+    [
+        ({"threshold": 0.0}, "threshold"),
+        ({"threshold": -0.1}, "threshold"),
+        ({"threshold": math.nan}, "threshold"),
+        ({"alpha": 0.0}, "alpha"),
+        ({"alpha": 1.0}, "alpha"),
+        ({"alpha": 1.5}, "alpha"),
+        ({"confidence": 0.0}, "confidence"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"resamples": 0}, "resamples"),
+    ],
 )
 def test_compare_rejects_bad_parameters(kwargs: dict[str, float], name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -260,9 +270,13 @@ def test_compare_rejects_bad_parameters(kwargs: dict[str, float], name: str) -> 
 
 @pytest.mark.parametrize(
     ("a", "b", "name"),
-    [([1.0, 0.0], [1.0, 1.1], "a"), ([1.0, 1.1], [1.0, -1.0], "b"),
-     ([1.0, math.nan], [1.0, 1.1], "a"), ([1.0, 1.1], [math.inf, 1.0], "b"),
-     ([1.0], [1.0, 1.1], "a")],
+    [
+        ([1.0, 0.0], [1.0, 1.1], "a"),
+        ([1.0, 1.1], [1.0, -1.0], "b"),
+        ([1.0, math.nan], [1.0, 1.1], "a"),
+        ([1.0, 1.1], [math.inf, 1.0], "b"),
+        ([1.0], [1.0, 1.1], "a"),
+    ],
 )
 def test_compare_rejects_bad_times(a: list[float], b: list[float], name: str) -> None:
     with pytest.raises(ValueError, match=f"sample {name}"):

@@ -12,8 +12,10 @@ from attnbench.measure.flops import count_flops
 def test_sdpa_counts_like_vanilla_on_cpu() -> None:
     """Same math, so the same FLOPs: the CPU flash kernel must not count as zero."""
     x = torch.randn(2, 64, 32)
-    counts = {name: count_flops(attnbench.create(name, d_model=32, n_heads=4, max_seq_len=64), x)
-              for name in ("vanilla", "sdpa")}
+    counts = {
+        name: count_flops(attnbench.create(name, d_model=32, n_heads=4, max_seq_len=64), x)
+        for name in ("vanilla", "sdpa")
+    }
     b, n, d = x.shape
     projections = 4 * 2 * b * n * d * d
     attention = 2 * 2 * b * n * n * d  # QKᵀ and PV
@@ -32,11 +34,17 @@ def test_linformer_shared_projection_flops() -> None:
 def _variants() -> list[tuple[str, dict]]:
     from attnbench.attention.linformer import PROJECTIONS, SHARING
 
-    out = [("vanilla", {}), ("sdpa", {}), ("sdpa", {"causal": True}),
-           ("performer", {"nb_features": 16}), ("performer", {"nb_features": 16, "causal": True}),
-           ("performer", {"nb_features": 24, "kernel": "relu"})]
-    out += [("linformer", {"k": 8, "sharing": s, "projection": p})
-            for s in SHARING for p in PROJECTIONS]
+    out = [
+        ("vanilla", {}),
+        ("sdpa", {}),
+        ("sdpa", {"causal": True}),
+        ("performer", {"nb_features": 16}),
+        ("performer", {"nb_features": 16, "causal": True}),
+        ("performer", {"nb_features": 24, "kernel": "relu"}),
+    ]
+    out += [
+        ("linformer", {"k": 8, "sharing": s, "projection": p}) for s in SHARING for p in PROJECTIONS
+    ]
     return out
 
 
@@ -44,8 +52,9 @@ def _variants() -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("n", [64, 40])
 def test_analytic_flops_agree_with_flop_counter(name: str, params: dict, n: int) -> None:
     b, d = 3, 32
-    model = attnbench.build_model(name, layers=2, d_model=d, n_heads=4, d_ff=48, max_seq_len=64,
-                                  **params)
+    model = attnbench.build_model(
+        name, layers=2, d_model=d, n_heads=4, d_ff=48, max_seq_len=64, **params
+    )
     counted = count_flops(model, torch.randn(b, n, d))
     uncounted = 0
     if name == "performer" and params.get("causal"):

@@ -60,8 +60,15 @@ def test_pooling_with_window_one_is_vanilla_with_padding(projection: str, padded
     """k = n makes each pooling window one position; a padded position's slot is left out."""
     n = 24
     van = attnbench.create("vanilla", d_model=D, n_heads=H, max_seq_len=n).eval()
-    m = attnbench.create("linformer", d_model=D, n_heads=H, max_seq_len=n, k=n,
-                         sharing="headwise", projection=projection).eval()
+    m = attnbench.create(
+        "linformer",
+        d_model=D,
+        n_heads=H,
+        max_seq_len=n,
+        k=n,
+        sharing="headwise",
+        projection=projection,
+    ).eval()
     copy_qkvo(van, m)
     x = torch.randn(2, n, D)
     mask = None
@@ -121,12 +128,22 @@ def _distinct_matrices(model: torch.nn.Module, k: int, n: int) -> int:
     return sum(t.numel() for t in tensors.values()) // (k * n)
 
 
-@pytest.mark.parametrize(("sharing", "count"),
-                         [("none", 288), ("headwise", 24), ("kv", 12), ("layerwise", 1)])
+@pytest.mark.parametrize(
+    ("sharing", "count"), [("none", 288), ("headwise", 24), ("kv", 12), ("layerwise", 1)]
+)
 @pytest.mark.parametrize("projection", ["linear", "random"])
 def test_distinct_projection_counts_of_the_paper(sharing: str, count: int, projection: str) -> None:
-    model = attnbench.build_model("linformer", layers=12, d_model=48, n_heads=12, d_ff=64,
-                                  max_seq_len=32, k=8, sharing=sharing, projection=projection)
+    model = attnbench.build_model(
+        "linformer",
+        layers=12,
+        d_model=48,
+        n_heads=12,
+        d_ff=64,
+        max_seq_len=32,
+        k=8,
+        sharing=sharing,
+        projection=projection,
+    )
     assert _distinct_matrices(model, k=8, n=32) == count
 
 
@@ -176,11 +193,21 @@ def test_longer_input_is_refused() -> None:
 
 
 def test_per_layer_k_list_and_rule() -> None:
-    model = attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, d_ff=64,
-                                  max_seq_len=N, k=[32, 16, 8])
+    model = attnbench.build_model(
+        "linformer", layers=3, d_model=D, n_heads=H, d_ff=64, max_seq_len=N, k=[32, 16, 8]
+    )
     assert [layer.attn.k for layer in model.layers] == [32, 16, 8]
-    model = attnbench.build_model("linformer", layers=4, d_model=D, n_heads=H, d_ff=64,
-                                  max_seq_len=N, k=32, k_decay=0.5, k_min=8)
+    model = attnbench.build_model(
+        "linformer",
+        layers=4,
+        d_model=D,
+        n_heads=H,
+        d_ff=64,
+        max_seq_len=N,
+        k=32,
+        k_decay=0.5,
+        k_min=8,
+    )
     assert [layer.attn.k for layer in model.layers] == [32, 16, 8, 8]
     assert model(torch.randn(2, N, D)).shape == (2, N, D)
 
@@ -189,13 +216,28 @@ def test_per_layer_k_errors() -> None:
     with pytest.raises(ValueError, match=r"k: 2 values for 3 layer\(s\)"):
         attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, max_seq_len=N, k=[8, 8])
     with pytest.raises(ValueError, match="k: layerwise sharing uses one E for every layer"):
-        attnbench.build_model("linformer", layers=2, d_model=D, n_heads=H, max_seq_len=N,
-                              k=[16, 8], sharing="layerwise")
+        attnbench.build_model(
+            "linformer",
+            layers=2,
+            d_model=D,
+            n_heads=H,
+            max_seq_len=N,
+            k=[16, 8],
+            sharing="layerwise",
+        )
 
 
 def test_layerwise_shares_one_object_across_layers() -> None:
-    model = attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, d_ff=64,
-                                  max_seq_len=N, k=8, sharing="layerwise")
+    model = attnbench.build_model(
+        "linformer",
+        layers=3,
+        d_model=D,
+        n_heads=H,
+        d_ff=64,
+        max_seq_len=N,
+        k=8,
+        sharing="layerwise",
+    )
     projs = {id(p) for layer in model.layers for p in (layer.attn.proj_k, layer.attn.proj_v)}
     assert len(projs) == 1
 
@@ -210,17 +252,21 @@ def test_shared_projection_goes_before_key_projection() -> None:
     assert not lin(sharing="none").early and not lin(sharing="kv", projection="max").early
 
 
-@pytest.mark.parametrize(("params", "needle"), [
-    ({"k": 16, "k_min": 32}, "k_min: must be at most k=16, got 32"),
-    ({"k": [16, 8], "k_decay": 0.5}, "k_decay: a list k already fixes every layer's k"),
-    ({"k": [16, 8]}, r"k: 2 values for 1 layer\(s\); give one per layer"),
-])
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"k": 16, "k_min": 32}, "k_min: must be at most k=16, got 32"),
+        ({"k": [16, 8], "k_decay": 0.5}, "k_decay: a list k already fixes every layer's k"),
+        ({"k": [16, 8]}, r"k: 2 values for 1 layer\(s\); give one per layer"),
+    ],
+)
 def test_settings_are_refused_not_silently_ignored(params: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         lin(**params)
 
 
 def test_k_decay_rounds_half_up() -> None:
-    model = attnbench.build_model("linformer", layers=3, d_model=D, n_heads=H, d_ff=64,
-                                  max_seq_len=N, k=5, k_decay=0.5)
+    model = attnbench.build_model(
+        "linformer", layers=3, d_model=D, n_heads=H, d_ff=64, max_seq_len=N, k=5, k_decay=0.5
+    )
     assert [layer.attn.k for layer in model.layers] == [5, 3, 1]

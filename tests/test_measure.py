@@ -28,8 +28,9 @@ def _params(name: str, k: int = 16) -> dict:
 def _model(name: str, n: int, device: str = "cpu") -> torch.nn.Module:
     torch.manual_seed(0)
     with torch.device(device):
-        model = attnbench.build_model(name, layers=2, d_model=D, n_heads=H, d_ff=128,
-                                      max_seq_len=n, **_params(name))
+        model = attnbench.build_model(
+            name, layers=2, d_model=D, n_heads=H, d_ff=128, max_seq_len=n, **_params(name)
+        )
     return model.to(device).eval()
 
 
@@ -41,8 +42,17 @@ def _real_peak(model: torch.nn.Module, b: int, n: int, ceiling: int | None = Non
 @pytest.mark.parametrize("name", runnable_here())
 @pytest.mark.parametrize(("n", "b"), [(64, 1), (256, 3), (200, 2)])
 def test_modeled_peak_matches_tracked_cpu_peak(name: str, n: int, b: int) -> None:
-    cell = Cell(name, n=n, dtype="fp32", device="cpu", layers=2, d_model=D, n_heads=H, d_ff=128,
-                params=tuple(sorted(_params(name).items())))
+    cell = Cell(
+        name,
+        n=n,
+        dtype="fp32",
+        device="cpu",
+        layers=2,
+        d_model=D,
+        n_heads=H,
+        d_ff=128,
+        params=tuple(sorted(_params(name).items())),
+    )
     modeled = modeled_peak(_model(name, n, "meta"), cell, b, overhead=0)
     real = _real_peak(_model(name, n), b, n)
     assert abs(modeled - real) <= 0.01 * real, (modeled, real)
@@ -95,9 +105,21 @@ def test_an_oom_in_the_middle_leaves_no_memory_behind() -> None:
 def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
     """run_cell on the cpu preset with a 64 MiB ceiling gives the boundary the tracker gives."""
     n, ceiling = 128, 64 * MiB
-    row = run_cell(Cell("vanilla", n=n, dtype="fp32", device="cpu", ceiling_bytes=ceiling,
-                        layers=2, d_model=D, n_heads=H, d_ff=128, min_repeats=1,
-                        min_seconds=0.0))
+    row = run_cell(
+        Cell(
+            "vanilla",
+            n=n,
+            dtype="fp32",
+            device="cpu",
+            ceiling_bytes=ceiling,
+            layers=2,
+            d_model=D,
+            n_heads=H,
+            d_ff=128,
+            min_repeats=1,
+            min_seconds=0.0,
+        )
+    )
     model = _model("vanilla", n)
     b = row["max_batch"]
     assert row["status"] == "ok" and row["memory_source"] == "modeled"
@@ -105,23 +127,59 @@ def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
 
 
 def test_timing_repeats_and_statistics() -> None:
-    t = time_forward(lambda: torch.randn(64, 64) @ torch.randn(64, 64), torch.device("cpu"),
-                     min_repeats=7, min_seconds=0.0, warmup=1)
+    t = time_forward(
+        lambda: torch.randn(64, 64) @ torch.randn(64, 64),
+        torch.device("cpu"),
+        min_repeats=7,
+        min_seconds=0.0,
+        warmup=1,
+    )
     assert t.repeats == 7 and t.method == "perf_counter" and t.threads == torch.get_num_threads()
     assert min(t.samples) <= t.median <= max(t.samples) and t.iqr >= 0
-    long = time_forward(lambda: sum(range(20000)), torch.device("cpu"), min_repeats=2,
-                        min_seconds=0.05)
+    long = time_forward(
+        lambda: sum(range(20000)), torch.device("cpu"), min_repeats=2, min_seconds=0.05
+    )
     assert long.repeats >= 2 and sum(long.samples) >= 0.05 - max(long.samples)
 
 
 def test_row_without_a_gpu_is_modeled_and_timed_on_cpu() -> None:
-    row = run_cell(Cell("linformer", n=256, k=32, params=(("sharing", "layerwise"),),
-                        layers=2, d_model=D, n_heads=H, d_ff=128, min_repeats=2,
-                        min_seconds=0.0))
-    for key in ("attention", "params", "n", "k", "dtype", "device", "ceiling_bytes", "status",
-                "reason", "max_batch", "batch", "time_median_s", "time_iqr_s", "repeats",
-                "time_per_seq_s", "peak_bytes", "memory_source", "flops", "flops_per_s",
-                "pct_of_peak", "env"):
+    row = run_cell(
+        Cell(
+            "linformer",
+            n=256,
+            k=32,
+            params=(("sharing", "layerwise"),),
+            layers=2,
+            d_model=D,
+            n_heads=H,
+            d_ff=128,
+            min_repeats=2,
+            min_seconds=0.0,
+        )
+    )
+    for key in (
+        "attention",
+        "params",
+        "n",
+        "k",
+        "dtype",
+        "device",
+        "ceiling_bytes",
+        "status",
+        "reason",
+        "max_batch",
+        "batch",
+        "time_median_s",
+        "time_iqr_s",
+        "repeats",
+        "time_per_seq_s",
+        "peak_bytes",
+        "memory_source",
+        "flops",
+        "flops_per_s",
+        "pct_of_peak",
+        "env",
+    ):
         assert key in row
     if torch.cuda.is_available():
         pytest.skip("with CUDA the row is measured")
@@ -137,8 +195,16 @@ def test_row_without_a_gpu_is_modeled_and_timed_on_cpu() -> None:
 
 def _model_flops(row: dict) -> int:
     with torch.device("meta"):
-        model = attnbench.build_model("linformer", layers=2, d_model=D, n_heads=H, d_ff=128,
-                                      max_seq_len=row["n"], k=row["k"], sharing="layerwise")
+        model = attnbench.build_model(
+            "linformer",
+            layers=2,
+            d_model=D,
+            n_heads=H,
+            d_ff=128,
+            max_seq_len=row["n"],
+            k=row["k"],
+            sharing="layerwise",
+        )
     return model.flops(1, row["n"])
 
 
@@ -158,18 +224,23 @@ def test_unavailable_mechanism_is_skipped_with_its_reason() -> None:
     assert row["status"] == "skipped" and row["reason"] == why
 
 
-@pytest.mark.parametrize(("cell", "needle"), [
-    (Cell("vanilla", n=512, batch=0), "batch: must be an integer >= 1, got 0"),
-    (Cell("vanilla", n=512, batch="most"), "batch: must be 'max' or an integer >= 1"),
-    (Cell("vanilla", n=0), "n: must be an integer >= 1, got 0"),
-    (Cell("vanilla", n=512, ceiling_bytes=10**12), "ceiling: 1000000000000 bytes is above"),
-    (Cell("vanilla", n=512, device="tpu_v9"), "device: unknown preset 'tpu_v9'; allowed:"),
-    (Cell("vanilla", n=512, dtype="bf16"), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot "
-                                           "run bf16; allowed: fp32, fp16"),
-    (Cell("vanilla", n=512, dtype="fp8"), "dtype: must be one of fp32, fp16, bf16"),
-    (Cell("linformer", n=512, k=1024), "k: must be at most n=512, got 1024"),
-    (Cell("nope", n=512), "attention: unknown mechanism 'nope'"),
-])
+@pytest.mark.parametrize(
+    ("cell", "needle"),
+    [
+        (Cell("vanilla", n=512, batch=0), "batch: must be an integer >= 1, got 0"),
+        (Cell("vanilla", n=512, batch="most"), "batch: must be 'max' or an integer >= 1"),
+        (Cell("vanilla", n=0), "n: must be an integer >= 1, got 0"),
+        (Cell("vanilla", n=512, ceiling_bytes=10**12), "ceiling: 1000000000000 bytes is above"),
+        (Cell("vanilla", n=512, device="tpu_v9"), "device: unknown preset 'tpu_v9'; allowed:"),
+        (
+            Cell("vanilla", n=512, dtype="bf16"),
+            "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot run bf16; allowed: fp32, fp16",
+        ),
+        (Cell("vanilla", n=512, dtype="fp8"), "dtype: must be one of fp32, fp16, bf16"),
+        (Cell("linformer", n=512, k=1024), "k: must be at most n=512, got 1024"),
+        (Cell("nope", n=512), "attention: unknown mechanism 'nope'"),
+    ],
+)
 def test_bad_cells_raise_one_line_before_running(cell: Cell, needle: str) -> None:
     with pytest.raises(ValueError) as e:
         run_cell(cell)
@@ -189,8 +260,12 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     import sys
 
     out = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--cpu-smoke", "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--cpu-smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "| linformer k=32 | 128 |" in done.stdout
     assert len(out.read_text().splitlines()) == 5
@@ -217,16 +292,30 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch) -> None:
     from attnbench.measure.memory import Peak
 
     def fake_measured_peak(forward, device, ceiling):
-        model, x = sorted((c.cell_contents for c in forward.__closure__),
-                          key=lambda v: isinstance(v, torch.Tensor))
+        model, x = sorted(
+            (c.cell_contents for c in forward.__closure__),
+            key=lambda v: isinstance(v, torch.Tensor),
+        )
         base = module_bytes(model) + rounded(x.nbytes)
         return Peak(tracked_peak(forward, base, ceiling), "measured", None)
 
     monkeypatch.setattr(runner, "GPU", "cpu")
     monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
-    cell = Cell("linformer", n=128, k=32, params=(("sharing", "layerwise"),), dtype="fp32",
-                device="a100_40gb", ceiling_bytes=(64 << 20) + (512 << 20), layers=2,
-                d_model=D, n_heads=H, d_ff=128, min_repeats=2, min_seconds=0.0)
+    cell = Cell(
+        "linformer",
+        n=128,
+        k=32,
+        params=(("sharing", "layerwise"),),
+        dtype="fp32",
+        device="a100_40gb",
+        ceiling_bytes=(64 << 20) + (512 << 20),
+        layers=2,
+        d_model=D,
+        n_heads=H,
+        d_ff=128,
+        min_repeats=2,
+        min_seconds=0.0,
+    )
     plan = validate(cell)
     plan.on_gpu = True
     row = run_cell(cell, plan)

@@ -21,8 +21,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 def performer(**params) -> attnbench.attention.performer.PerformerAttention:
-    return attnbench.create("performer", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N,
-                            **params)
+    return attnbench.create("performer", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N, **params)
 
 
 def copy_projections(src: torch.nn.Module, dst: torch.nn.Module) -> None:
@@ -36,6 +35,7 @@ def right_padding(lengths: list[int], n: int) -> torch.Tensor:
 
 
 # --- performer: approximation -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_performer_error_falls_as_nb_features_grows(causal: bool) -> None:
@@ -51,8 +51,9 @@ def test_performer_error_falls_as_nb_features_grows(causal: bool) -> None:
         total = 0.0
         for seed in seeds:
             torch.manual_seed(seed)
-            exact = attnbench.create("vanilla", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N,
-                                     causal=causal)
+            exact = attnbench.create(
+                "vanilla", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N, causal=causal
+            )
             approx = performer(nb_features=m, causal=causal).eval()
             copy_projections(exact, approx)
             x = torch.randn(2, N, D_MODEL)
@@ -60,12 +61,15 @@ def test_performer_error_falls_as_nb_features_grows(causal: bool) -> None:
                 want, got = exact(x), approx(x)
             total += ((got - want).norm() / want.norm()).item()
         errors.append(total / len(seeds))
-    print(f"performer causal={causal} rel. error by nb_features:",
-          dict(zip(sizes, (round(e, 4) for e in errors), strict=True)))
+    print(
+        f"performer causal={causal} rel. error by nb_features:",
+        dict(zip(sizes, (round(e, 4) for e in errors), strict=True)),
+    )
     assert errors[-1] < 0.5 * errors[0], errors
 
 
 # --- performer: padding --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -103,6 +107,7 @@ def test_performer_padding_anywhere_non_causal() -> None:
 
 # --- performer: causal ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 def test_performer_causal_ignores_the_future(kernel: str) -> None:
     """Output i must not move when inputs after i do, even by a lot: the library's key
@@ -127,8 +132,9 @@ def test_performer_half_precision_close_to_fp32(causal: bool, dtype: torch.dtype
     std 1.5 (measured), and bf16 drifts."""
     torch.manual_seed(0)
     n = 512
-    layer = attnbench.create("performer", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=n,
-                             nb_features=64, causal=causal).eval()
+    layer = attnbench.create(
+        "performer", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=n, nb_features=64, causal=causal
+    ).eval()
     x = torch.randn(2, n, D_MODEL) * 1.5
     mask = right_padding([n, 300], n)
     with torch.no_grad():
@@ -140,6 +146,7 @@ def test_performer_half_precision_close_to_fp32(causal: bool, dtype: torch.dtype
 
 
 # --- performer: random features ------------------------------------------------------------
+
 
 def test_performer_redraws_in_training_only() -> None:
     torch.manual_seed(0)
@@ -196,8 +203,10 @@ def test_performer_feature_kind_survives_redraw(ortho: bool) -> None:
 
 # --- performer: gradients ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("causal", "kernel"), [(False, "softmax"), (True, "softmax"),
-                                                (False, "relu"), (True, "relu")])
+
+@pytest.mark.parametrize(
+    ("causal", "kernel"), [(False, "softmax"), (True, "softmax"), (False, "relu"), (True, "relu")]
+)
 def test_performer_gradients_reach_every_parameter(causal: bool, kernel: str) -> None:
     torch.manual_seed(0)
     layer = performer(nb_features=32, causal=causal, kernel=kernel)
@@ -219,17 +228,21 @@ def test_performer_registry_metadata() -> None:
 
 # --- config errors -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "params", "named"), [
-    ("performer", {"nb_features": 0}, "nb_features"),
-    ("performer", {"nb_features": 1.5}, "nb_features"),
-    ("performer", {"kernel": "foo"}, "kernel"),
-    ("performer", {"ortho_features": "yes"}, "ortho_features"),
-    ("performer", {"feature_redraw_interval": 0}, "feature_redraw_interval"),
-    ("performer", {"causal": 1}, "causal"),
-    ("performer", {"nb_feature": 64}, "nb_feature"),
-    ("xformers", {"causal": "no"}, "causal"),
-    ("xformers", {"backend": "flash"}, "backend"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "params", "named"),
+    [
+        ("performer", {"nb_features": 0}, "nb_features"),
+        ("performer", {"nb_features": 1.5}, "nb_features"),
+        ("performer", {"kernel": "foo"}, "kernel"),
+        ("performer", {"ortho_features": "yes"}, "ortho_features"),
+        ("performer", {"feature_redraw_interval": 0}, "feature_redraw_interval"),
+        ("performer", {"causal": 1}, "causal"),
+        ("performer", {"nb_feature": 64}, "nb_feature"),
+        ("xformers", {"causal": "no"}, "causal"),
+        ("xformers", {"backend": "flash"}, "backend"),
+    ],
+)
 def test_config_errors_name_the_parameter(name: str, params: dict, named: str) -> None:
     with pytest.raises(ValueError, match=rf"\b{named}\b"):
         attnbench.create(name, d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N, **params)
@@ -237,9 +250,9 @@ def test_config_errors_name_the_parameter(name: str, params: dict, named: str) -
 
 # --- xformers ------------------------------------------------------------------------------
 
+
 def xformers_layer(**params) -> torch.nn.Module:
-    return attnbench.create("xformers", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N,
-                            **params)
+    return attnbench.create("xformers", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N, **params)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without CUDA")
@@ -257,15 +270,19 @@ def test_xformers_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
         xformers_layer()(torch.randn(1, 8, D_MODEL))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, info() imports xformers to "
-                    "check that it loads")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with CUDA, info() imports xformers to check that it loads"
+)
 def test_xformers_import_and_info_are_silent() -> None:
     """Without CUDA, neither importing the module nor asking why it is unavailable imports
     xformers, whose import can log a page of build warnings."""
-    code = ("import sys, attnbench, attnbench.attention.xformers; "
-            "attnbench.info('xformers'); assert 'xformers' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    code = (
+        "import sys, attnbench, attnbench.attention.xformers; "
+        "attnbench.info('xformers'); assert 'xformers' not in sys.modules"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
 
@@ -295,8 +312,9 @@ def test_xformers_matches_vanilla_on_gpu(causal: bool, padded: bool) -> None:
     torch.manual_seed(0)
     n = 37
     fast = xformers_layer(causal=causal).cuda().half()
-    exact = attnbench.create("vanilla", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N,
-                             causal=causal).cuda()
+    exact = attnbench.create(
+        "vanilla", d_model=D_MODEL, n_heads=N_HEADS, max_seq_len=N, causal=causal
+    ).cuda()
     copy_projections(fast, exact)
     x = torch.randn(3, n, D_MODEL, device="cuda").half()
     mask = right_padding([n, 30, 5], n).cuda() if padded else None

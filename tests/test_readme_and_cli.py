@@ -21,15 +21,17 @@ def _section(title: str) -> str:
     text = README.read_text()
     start = text.index(f"## {title}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def test_readme_mechanism_table_is_generated_from_info() -> None:
-    block = re.search(r"<!-- mechanisms:begin -->\n(.*?)\n<!-- mechanisms:end -->",
-                      README.read_text(), re.S)
+    block = re.search(
+        r"<!-- mechanisms:begin -->\n(.*?)\n<!-- mechanisms:end -->", README.read_text(), re.S
+    )
     assert block, "README lost its mechanisms markers"
-    assert block.group(1).strip() == markdown_table(), \
+    assert block.group(1).strip() == markdown_table(), (
         "README's mechanism table is stale: regenerate it with `attnbench list --markdown`"
+    )
 
 
 def test_readme_add_a_mechanism_example_runs() -> None:
@@ -45,8 +47,9 @@ def test_readme_add_a_mechanism_example_runs() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_list_shows_every_mechanism_and_why_not() -> None:
@@ -64,11 +67,14 @@ def test_cli_demo_runs_one_cell() -> None:
     assert re.search(r"time ratio \(vanilla / linformer\): \d+\.\d\dx", out.stdout)
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (("demo", "--n", "0"), "--n: must be an integer >= 1, got '0'"),
-    (("demo", "--n", "64", "--k", "64"), "--k: must be below --n=64, got 64"),
-    (("launch",), "invalid choice: 'launch'"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("demo", "--n", "0"), "--n: must be an integer >= 1, got '0'"),
+        (("demo", "--n", "64", "--k", "64"), "--k: must be below --n=64, got 64"),
+        (("launch",), "invalid choice: 'launch'"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
     out = _cli(*args)
     assert out.returncode == 2

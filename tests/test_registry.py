@@ -39,8 +39,10 @@ def test_capabilities_as_documented() -> None:
 def test_xformers_says_why_on_cpu() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA present: xformers may be usable")
-    assert "CUDA" in attnbench.info("xformers").unavailable or \
-        "not installed" in attnbench.info("xformers").unavailable
+    assert (
+        "CUDA" in attnbench.info("xformers").unavailable
+        or "not installed" in attnbench.info("xformers").unavailable
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,8 +95,9 @@ def test_user_mechanism_shows_up_and_duplicates_are_refused() -> None:
         assert "echo_test" in attnbench.names()
         m = attnbench.create("echo_test", d_model=8, n_heads=2, max_seq_len=4, scale=2.0)
         assert m(torch.randn(1, 4, 8)).shape == (1, 4, 8)
-        model = attnbench.build_model("echo_test", layers=2, d_model=8, n_heads=2, d_ff=16,
-                                      max_seq_len=4)
+        model = attnbench.build_model(
+            "echo_test", layers=2, d_model=8, n_heads=2, d_ff=16, max_seq_len=4
+        )
         assert model(torch.randn(1, 4, 8)).shape == (1, 4, 8)
         with pytest.raises(ValueError, match="already registered"):
             attnbench.register("echo_test", config=EchoConfig, causal=False, summary="x")(Echo)
@@ -155,8 +158,9 @@ def test_info_params_cannot_be_changed_by_a_caller() -> None:
 def test_integral_types_are_integers_and_floats_are_not() -> None:
     import numpy as np
 
-    layer = attnbench.create("linformer", d_model=np.int64(32), n_heads=4, max_seq_len=64,
-                             k=np.int32(8))
+    layer = attnbench.create(
+        "linformer", d_model=np.int64(32), n_heads=4, max_seq_len=64, k=np.int32(8)
+    )
     assert layer.k == 8 and isinstance(layer.k, int)
     with pytest.raises(ValueError, match=r"k: must be an integer >= 1, got 8\.0"):
         attnbench.create("linformer", d_model=32, n_heads=4, max_seq_len=64, k=8.0)

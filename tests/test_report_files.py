@@ -42,8 +42,13 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def attnbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_report_command_writes_every_format(run_dir: Path, tmp_path: Path) -> None:
@@ -53,18 +58,30 @@ def test_report_command_writes_every_format(run_dir: Path, tmp_path: Path) -> No
     assert "time ratio: linformer (sharing=layerwise)" in done.stdout  # the rich tables
     assert "1.25x" in done.stdout and "OOM³" in done.stdout
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"index.html", "table3.md", "table3.tex", "report.json",
-            "linformer-sharing-layerwise-time.csv",
-            "linformer-sharing-layerwise-memory.csv"} <= names
+    assert {
+        "index.html",
+        "table3.md",
+        "table3.tex",
+        "report.json",
+        "linformer-sharing-layerwise-time.csv",
+        "linformer-sharing-layerwise-memory.csv",
+    } <= names
     md = (out / "table3.md").read_text()
     assert "| 512 | 1.25x | –¹ |" in md  # measured
     assert "| 512 | 1.5x | 1.3x |" in md  # the paper's Table 3 beside it
     assert "| 512 | 0.83 | - |" in md  # and the quotient
-    assert (out / "linformer-sharing-layerwise-memory.csv").read_text().startswith(
-        "n,k=128,k=256\n512,1.7,1.5\n")
+    assert (
+        (out / "linformer-sharing-layerwise-memory.csv")
+        .read_text()
+        .startswith("n,k=128,k=256\n512,1.7,1.5\n")
+    )
     assert r"\toprule" in (out / "table3.tex").read_text()
-    for stem in ("time-vs-n", "batch-vs-n", "memory-modeled-vs-measured",
-                 "speedup-linformer-sharing-layerwise"):
+    for stem in (
+        "time-vs-n",
+        "batch-vs-n",
+        "memory-modeled-vs-measured",
+        "speedup-linformer-sharing-layerwise",
+    ):
         assert f"plots/{stem}.png" in names and f"plots/{stem}.svg" in names
 
 
@@ -89,9 +106,9 @@ def test_no_plot_is_drawn_for_rows_that_hold_nothing_to_draw(run_dir: Path) -> N
     assert "no plots: plots not asked for" in page
 
 
-def test_a_report_replaces_the_old_one_whole_or_not_at_all(run_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_a_report_replaces_the_old_one_whole_or_not_at_all(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "rep"
     rendered = files.render(files.build(run_dir), with_plots=False)
     files.write(rendered, out)
@@ -120,20 +137,28 @@ def test_out_never_deletes_what_is_not_a_report(run_dir: Path, tmp_path: Path) -
         done = attnbench("report", str(run_dir), "--out", str(out), cwd=tmp_path)
         assert done.returncode == 2 and "is not an attnbench report" in done.stderr
         assert (run_dir / "cells.jsonl").is_file()
-    assert attnbench("report", str(run_dir), "--out", "rep", "--no-plots",
-                     cwd=tmp_path).returncode == 0
-    assert attnbench("report", str(run_dir), "--out", "rep", "--no-plots",
-                     cwd=tmp_path).returncode == 0  # an earlier report is replaced
+    assert (
+        attnbench("report", str(run_dir), "--out", "rep", "--no-plots", cwd=tmp_path).returncode
+        == 0
+    )
+    assert (
+        attnbench("report", str(run_dir), "--out", "rep", "--no-plots", cwd=tmp_path).returncode
+        == 0
+    )  # an earlier report is replaced
 
 
-@pytest.mark.parametrize(("setup", "args", "message"), [
-    ("none", ("report", "missing"), "run dir: no cells.jsonl in missing"),
-    ("corrupt", ("report", "run"), "cells.jsonl:4: not a JSON row"),
-    ("ok", ("report", "run", "--baseline", "sdpa"), "baseline: no rows of 'sdpa'"),
-    ("empty", ("report", "run"), "holds no rows yet"),
-])
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, setup: str,
-                                                          args: tuple, message: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("none", ("report", "missing"), "run dir: no cells.jsonl in missing"),
+        ("corrupt", ("report", "run"), "cells.jsonl:4: not a JSON row"),
+        ("ok", ("report", "run", "--baseline", "sdpa"), "baseline: no rows of 'sdpa'"),
+        ("empty", ("report", "run"), "holds no rows yet"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(
+    tmp_path: Path, setup: str, args: tuple, message: str
+) -> None:
     run = tmp_path / "run"
     if setup != "none":
         run.mkdir()
@@ -147,10 +172,13 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, setup:
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(CHROMIUM is None and not NEED_CHROMIUM,
-                    reason="needs Debian's chromium (apt-get install chromium); CI installs it")
-def test_the_html_page_shows_tables_and_plots_in_headless_chromium(run_dir: Path,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    CHROMIUM is None and not NEED_CHROMIUM,
+    reason="needs Debian's chromium (apt-get install chromium); CI installs it",
+)
+def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
+    run_dir: Path, tmp_path: Path
+) -> None:
     """Chromium opens the page from disk with the network off: the tables are in its DOM,
     every embedded image decoded (counted by the page itself after load), and the
     screenshot holds the plots' colour, which tables alone do not have."""
@@ -159,19 +187,34 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(run_dir: Path
     assert CHROMIUM, "ATTNBENCH_REQUIRE_CHROMIUM=1 but chromium is not on PATH"
     out = files.write(files.render(files.build(run_dir)), tmp_path / "rep")
     page = (out / "index.html").as_uri()
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True,
-                         timeout=120).stdout
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
+    ).stdout
     n_images = (out / "index.html").read_text().count("<img ")
     assert n_images == 4
     assert f'data-images-decoded="{n_images}"' in dom
     assert dom.count("<table>") == 8  # time and memory, each measured, paper and quotient
     assert "measured ÷ paper" in dom and "OOM³" in dom
     shot = tmp_path / "page.png"
-    subprocess.run([*flags, "--window-size=1400,3800", f"--screenshot={shot}", page],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [*flags, "--window-size=1400,3800", f"--screenshot={shot}", page],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert png_size(shot.read_bytes()) == (1400, 3800)
     rgb = imread(shot)[..., :3]
     colourful = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.3  # saturated: plot lines, heat map
@@ -181,7 +224,8 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(run_dir: Path
 
 
 def test_committed_reports_are_those_of_the_committed_reference_runs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """reports/ is regenerated by scripts/make_reports.sh; a stale one fails here."""
     root = Path(__file__).parent.parent
     monkeypatch.chdir(root)

@@ -18,9 +18,11 @@ from attnbench.report.tables import (
 from attnbench.store import CorruptLine, read_rows
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
-CONTEXT = ("preset v100_16gb, run on Tesla V100-SXM2-16GB, fp16, model layers 12, "
-           "d_model 768, n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, "
-           "2026-11-21")
+CONTEXT = (
+    "preset v100_16gb, run on Tesla V100-SXM2-16GB, fp16, model layers 12, "
+    "d_model 768, n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, "
+    "2026-11-21"
+)
 
 
 @pytest.fixture
@@ -55,7 +57,8 @@ def test_golden_markdown(tables) -> None:
         "¹ time not measured: a CPU forward was estimated over timing.time_budget_s  \n"
         "² this mechanism does not fit at b = 1 under the ceiling  \n"
         "³ the baseline does not fit at b = 1 under the ceiling (modeled)  \n"
-        f"{CONTEXT}\n")
+        f"{CONTEXT}\n"
+    )
 
 
 def test_golden_csv(tables) -> None:
@@ -71,7 +74,8 @@ def test_golden_latex(tables) -> None:
         "2048 & OOM$^{2}$ & - \\\\\n\\bottomrule\n\\end{tabular}\n"
         "% ¹ this mechanism does not fit at b = 1 under the ceiling\n"
         "% ² the baseline does not fit at b = 1 under the ceiling (modeled)\n"
-        f"% linformer (sharing=layerwise), memory ratio; {CONTEXT}\n")
+        f"% linformer (sharing=layerwise), memory ratio; {CONTEXT}\n"
+    )
 
 
 def test_modeled_memory_and_cpu_time_are_marked(tmp_path: Path) -> None:
@@ -140,8 +144,9 @@ def test_columns_are_named_after_the_mechanisms_budget() -> None:
 
 def test_two_settings_of_one_mechanism_are_two_tables_never_one() -> None:
     rows = read_rows(FIXTURE)
-    fp32 = [dict(r, dtype="fp32", time_per_seq_s=(r["time_per_seq_s"] or 0) * 2 or None)
-            for r in rows]
+    fp32 = [
+        dict(r, dtype="fp32", time_per_seq_s=(r["time_per_seq_s"] or 0) * 2 or None) for r in rows
+    ]
     tables = ratio_tables(rows + fp32)
     assert len(tables) == 4
     assert sorted(t.context.split(", ")[2] for t in tables) == ["fp16"] * 2 + ["fp32"] * 2
@@ -150,8 +155,11 @@ def test_two_settings_of_one_mechanism_are_two_tables_never_one() -> None:
 
 
 def test_a_mechanism_without_a_budget_gets_one_ratio_column() -> None:
-    rows = [dict(r, attention="sdpa", k=None) for r in read_rows(FIXTURE)
-            if r["attention"] == "linformer" and r["k"] == 128]
+    rows = [
+        dict(r, attention="sdpa", k=None)
+        for r in read_rows(FIXTURE)
+        if r["attention"] == "linformer" and r["k"] == 128
+    ]
     (time, memory) = ratio_tables(read_rows(FIXTURE)[:3] + rows)
     assert time.ks == (None,) and time.text[(512, None)] == "1.25x"
     assert to_csv(memory).splitlines()[:2] == ["n,ratio", "512,1.7"]
@@ -163,9 +171,18 @@ def test_fixed_batch_rows_pair_with_the_same_batch_and_have_no_memory_ratio() ->
     for b, scale in ((1, 1.0), (8, 0.5)):  # per-sequence times halve at b = 8
         for r in read_rows(FIXTURE):
             t = r["time_per_seq_s"]
-            rows.append(dict(r, cell={"batch": b}, max_batch=None,
-                             time_per_seq_s=t * scale * (2 if r["attention"] == "linformer"
-                                                         and b == 8 else 1) if t else None))
+            rows.append(
+                dict(
+                    r,
+                    cell={"batch": b},
+                    max_batch=None,
+                    time_per_seq_s=t
+                    * scale
+                    * (2 if r["attention"] == "linformer" and b == 8 else 1)
+                    if t
+                    else None,
+                )
+            )
     tables = ratio_tables(rows)
     assert len(tables) == 4  # linformer at b = 1 and at b = 8: never against each other
     by = {(t.kind, t.context.split("fixed batch ")[1].split(",")[0]): t for t in tables}

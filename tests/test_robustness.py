@@ -24,8 +24,9 @@ def _params(name: str) -> dict:
 def test_builds_and_runs_on_meta(name: str) -> None:
     """The memory model runs the forward on meta tensors: building under the meta device too."""
     with torch.device("meta"):
-        model = attnbench.build_model(name, layers=2, d_model=D, n_heads=H, d_ff=48,
-                                      max_seq_len=N, **_params(name))
+        model = attnbench.build_model(
+            name, layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N, **_params(name)
+        )
     model = model.to("meta")  # a buffer a library insists on drawing on the CPU follows
     x = torch.empty(3, N, D, device="meta", dtype=torch.float16)
     with torch.inference_mode():
@@ -38,8 +39,9 @@ def test_builds_and_runs_on_meta(name: str) -> None:
 def test_half_precision_on_cpu_is_finite_and_close(name: str, dtype: torch.dtype) -> None:
     if "fp16" not in attnbench.info(name).dtypes:
         pytest.skip(f"{name} does not claim half precision")
-    model = attnbench.build_model(name, layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N,
-                                  **_params(name))
+    model = attnbench.build_model(
+        name, layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N, **_params(name)
+    )
     x = torch.randn(2, N, D)
     with torch.inference_mode():
         want = model(x)
@@ -51,8 +53,9 @@ def test_half_precision_on_cpu_is_finite_and_close(name: str, dtype: torch.dtype
 @pytest.mark.parametrize("name", [n for n in runnable_here() if attnbench.info(n).causal])
 def test_causal_with_leading_padding_keeps_real_rows_finite(name: str) -> None:
     """A padded query that sees no key must not turn NaN and spread to real tokens."""
-    model = attnbench.build_model(name, layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N,
-                                  causal=True, **_params(name))
+    model = attnbench.build_model(
+        name, layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N, causal=True, **_params(name)
+    )
     mask = torch.zeros(2, N, dtype=torch.bool)
     mask[0, :3] = True  # left padding: queries 0..2 see no real key
     with torch.inference_mode():
@@ -62,8 +65,15 @@ def test_causal_with_leading_padding_keeps_real_rows_finite(name: str) -> None:
 
 @pytest.mark.parametrize(("sharing", "projection"), itertools.product(SHARING, PROJECTIONS))
 def test_linformer_non_finite_padding_does_not_leak(sharing: str, projection: str) -> None:
-    layer = attnbench.create("linformer", d_model=D, n_heads=H, max_seq_len=N, k=8,
-                             sharing=sharing, projection=projection).eval()
+    layer = attnbench.create(
+        "linformer",
+        d_model=D,
+        n_heads=H,
+        max_seq_len=N,
+        k=8,
+        sharing=sharing,
+        projection=projection,
+    ).eval()
     x = torch.randn(2, N, D)
     mask = torch.zeros(2, N, dtype=torch.bool)
     mask[:, 20:] = True

@@ -18,11 +18,17 @@ from attnbench.sweep import parse_size
 SMOKE = ("+sweep=smoke", "progress=false")
 
 
-def run(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600
-        ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", "run", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def run(
+    *args: str, cwd: Path, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def rows_of(tmp: Path, sweep: str = "smoke") -> list[dict]:
@@ -62,9 +68,13 @@ def test_smoke_sweep_writes_a_row_per_cell_and_resumes(tmp_path: Path) -> None:
 
 def test_killed_halfway_then_resumed_has_every_cell_exactly_once(tmp_path: Path) -> None:
     args = (*SMOKE, "n=64,96,128", "timing.min_seconds=0.4")  # 9 cells, ~1.5 s each
-    proc = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", *args], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnbench.cli", "run", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     cells = tmp_path / "results/smoke"
     while time.time() < deadline:
@@ -94,22 +104,26 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
     assert cells_of(rows_of(other)) == cells_of(rows_of(basic))
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (("attention=foo",), "attention: unknown option 'foo'; allowed: linformer"),
-    (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: batches"),
-    (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
-    (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
-    (("n=-1",), "n: must be an integer >= 1, got -1"),
-    (("attention=linformer", "n=512", "k=1024"), "k: must be at most n=512, got 1024"),
-    (("ceiling=lots",), "ceiling: must be a number of bytes or a size like 16GB"),
-    (("ceiling=20GB",), "ceiling: 20000000000 bytes is above v100_16gb's"),
-    (("dtype=bf16",), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot run bf16"),
-    (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
-    (("+sweep=smoke", "report_baseline=vanila"), "report_baseline: must be a mechanism"),
-    (("+sweep=smoke", "report=maybe"), "report: must be true or false, got 'maybe'"),
-])
-def test_bad_overrides_are_one_line_exit_2_and_write_nothing(tmp_path: Path, args: tuple,
-                                                             needle: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("attention=foo",), "attention: unknown option 'foo'; allowed: linformer"),
+        (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: batches"),
+        (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
+        (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
+        (("n=-1",), "n: must be an integer >= 1, got -1"),
+        (("attention=linformer", "n=512", "k=1024"), "k: must be at most n=512, got 1024"),
+        (("ceiling=lots",), "ceiling: must be a number of bytes or a size like 16GB"),
+        (("ceiling=20GB",), "ceiling: 20000000000 bytes is above v100_16gb's"),
+        (("dtype=bf16",), "dtype: v100_16gb (Tesla V100-SXM2-16GB) cannot run bf16"),
+        (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
+        (("+sweep=smoke", "report_baseline=vanila"), "report_baseline: must be a mechanism"),
+        (("+sweep=smoke", "report=maybe"), "report: must be true or false, got 'maybe'"),
+    ],
+)
+def test_bad_overrides_are_one_line_exit_2_and_write_nothing(
+    tmp_path: Path, args: tuple, needle: str
+) -> None:
     out = run(*args, cwd=tmp_path, timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("attnbench run: error: ")
@@ -120,11 +134,19 @@ def test_bad_overrides_are_one_line_exit_2_and_write_nothing(tmp_path: Path, arg
 def test_help_helps(tmp_path: Path) -> None:
     out = run("--help", cwd=tmp_path, timeout=120)
     assert out.returncode == 0
-    for word in ("+sweep=table3", "attention:", "sweep: batches, ceilings, compare",
-                 "device: a100_40gb"):
+    for word in (
+        "+sweep=table3",
+        "attention:",
+        "sweep: batches, ceilings, compare",
+        "device: a100_40gb",
+    ):
         assert word in out.stdout
-    top = subprocess.run([sys.executable, "-m", "attnbench.cli", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    top = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert top.returncode == 0 and "run" in top.stdout and "list" in top.stdout
 
 
@@ -135,10 +157,19 @@ def test_a_python_registered_mechanism_is_an_attention_option(tmp_path: Path) ->
         "@dataclass\nclass Cfg:\n    pass\n"
         "@attnbench.register('mine', config=Cfg, causal=False, summary='V only')\n"
         "class Mine(MultiHeadAttention):\n"
-        "    def attend(self, x, key_padding_mask):\n        return self.v_proj(x)\n")
+        "    def attend(self, x, key_padding_mask):\n        return self.v_proj(x)\n"
+    )
     env = {"ATTNBENCH_PLUGINS": "my_mech", "PYTHONPATH": str(tmp_path)}
-    out = run("attention=mine", "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB",
-              "progress=false", cwd=tmp_path, env=env)
+    out = run(
+        "attention=mine",
+        "model=tiny",
+        "n=32",
+        "dtype=fp32",
+        "ceiling=1GB",
+        "progress=false",
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     (row,) = rows_of(tmp_path, "single")
     assert row["attention"] == "mine" and row["status"] == "ok"
@@ -185,8 +216,9 @@ def test_parallel_writers_keep_every_row_exactly_once(tmp_path: Path) -> None:
     assert len(keys) == len(set(keys)) == 20 + 4 * 20
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in
-                                        (Path(__file__).parents[1] / "conf/sweep").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (Path(__file__).parents[1] / "conf/sweep").glob("*.yaml"))
+)
 def test_every_shipped_sweep_validates(name: str) -> None:
     from attnbench.sweep import prevalidate
 
@@ -200,8 +232,15 @@ def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # long enough for the first cell's lazy imports (an alarm inside an import can break
     # the module for the next cell: in-process timeouts are a last resort), shorter than
     # the 8 s of timing asked for
-    out = run(*SMOKE, "attention=vanilla", "model=base", "n=64,128", "cell_timeout_s=5",
-              "timing.min_seconds=8", cwd=tmp_path)
+    out = run(
+        *SMOKE,
+        "attention=vanilla",
+        "model=base",
+        "n=64,128",
+        "cell_timeout_s=5",
+        "timing.min_seconds=8",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     rows = rows_of(tmp_path)
     assert len(rows) == 2 and all(r["status"] == "error" for r in rows)
@@ -211,8 +250,17 @@ def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
 
 def test_command_line_sweep_duplicates_run_once_and_config_is_kept(tmp_path: Path) -> None:
     """Vanilla ignores k: three jobs, one cell, measured once even with rerun=true."""
-    args = ("-m", "attention=vanilla", "model=tiny", "n=32", "k=8,16,32", "dtype=fp32",
-            "ceiling=1GB", "timing.min_seconds=0", "progress=false")
+    args = (
+        "-m",
+        "attention=vanilla",
+        "model=tiny",
+        "n=32",
+        "k=8,16,32",
+        "dtype=fp32",
+        "ceiling=1GB",
+        "timing.min_seconds=0",
+        "progress=false",
+    )
     assert run(*args, cwd=tmp_path).returncode == 0
     out = run(*args, "rerun=true", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.count("  ok ") == 1

@@ -42,8 +42,9 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def blocked_keys(key_padding_mask: Tensor | None, causal: bool, n: int, device: torch.device
-                 ) -> Tensor | None:
+def blocked_keys(
+    key_padding_mask: Tensor | None, causal: bool, n: int, device: torch.device
+) -> Tensor | None:
     """Bool mask, True where query i may NOT attend key j, broadcastable to (b, h, n, n).
 
     The one definition of "padding" and "causal" for the exact mechanisms (vanilla, sdpa,
@@ -67,9 +68,7 @@ class MultiHeadAttention(nn.Module):
         check_int("n_heads", n_heads)
         check_int("max_seq_len", max_seq_len)
         if d_model % n_heads:
-            raise ValueError(
-                f"d_model: must be divisible by n_heads={n_heads}, got {d_model}"
-            )
+            raise ValueError(f"d_model: must be divisible by n_heads={n_heads}, got {d_model}")
         self.d_model, self.n_heads, self.max_seq_len, self.cfg = d_model, n_heads, max_seq_len, cfg
         self.head_dim = d_model // n_heads
         self.scale = 1.0 / math.sqrt(self.head_dim)
@@ -114,18 +113,24 @@ class MultiHeadAttention(nn.Module):
 
     def qkv_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V as (b, h, n, dh) each."""
-        return self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x)), \
-            self.split_heads(self.v_proj(x))
+        return (
+            self.split_heads(self.q_proj(x)),
+            self.split_heads(self.k_proj(x)),
+            self.split_heads(self.v_proj(x)),
+        )
 
     def _check(self, x: Tensor, mask: Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] < 1:
             raise ValueError(f"x: must be (batch, n >= 1, {self.d_model}), got {tuple(x.shape)}")
         weight = self.q_proj.weight
         if x.dtype != weight.dtype or x.device != weight.device:
-            raise ValueError(f"x: is {x.dtype} on {x.device} but the module is {weight.dtype} on "
-                             f"{weight.device}; move one with .to()")
-        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]
-                                 or mask.device != x.device):
+            raise ValueError(
+                f"x: is {x.dtype} on {x.device} but the module is {weight.dtype} on "
+                f"{weight.device}; move one with .to()"
+            )
+        if mask is not None and (
+            mask.dtype != torch.bool or mask.shape != x.shape[:2] or mask.device != x.device
+        ):
             raise ValueError(
                 f"key_padding_mask: must be bool of shape {tuple(x.shape[:2])} on {x.device} "
                 f"(True = padding), got {mask.dtype} {tuple(mask.shape)} on {mask.device}"

@@ -86,8 +86,10 @@ class LinformerConfig:
             raise ValueError(f"k_decay: must be a number in (0, 1], got {self.k_decay!r}")
         check_int("k_min", self.k_min)
         if isinstance(self.k, list) and (self.k_decay != 1.0 or self.k_min != 1):
-            raise ValueError("k_decay: a list k already fixes every layer's k; give k_decay and "
-                             "k_min only with an integer k")
+            raise ValueError(
+                "k_decay: a list k already fixes every layer's k; give k_decay and "
+                "k_min only with an integer k"
+            )
         if isinstance(self.k, int) and self.k_min > self.k:
             raise ValueError(f"k_min: must be at most k={self.k}, got {self.k_min}")
         check_choice("kernel", self.kernel, KERNELS)
@@ -181,17 +183,31 @@ class SequenceProjection(nn.Module):
 
 
 @register(
-    "linformer", config=LinformerConfig, causal=False, fixed_max_len=True, budget="k",
+    "linformer",
+    config=LinformerConfig,
+    causal=False,
+    fixed_max_len=True,
+    budget="k",
     summary="Linformer eq. (7): K, V projected to k rows; every sharing and projection kind",
 )
 class LinformerAttention(MultiHeadAttention):
-    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: LinformerConfig,
-                 layer: int = 0, layers: int = 1, shared: SequenceProjection | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_seq_len: int,
+        cfg: LinformerConfig,
+        layer: int = 0,
+        layers: int = 1,
+        shared: SequenceProjection | None = None,
+    ) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
         if isinstance(cfg.k, list) and len(cfg.k) != layers:
-            raise ValueError(f"k: {len(cfg.k)} values for {layers} layer(s); give one per layer "
-                             "(build_model(..., layers=len(k)) for a stack)")
+            raise ValueError(
+                f"k: {len(cfg.k)} values for {layers} layer(s); give one per layer "
+                "(build_model(..., layers=len(k)) for a stack)"
+            )
         k = check_int("k", cfg.k_for(layer), high=max_seq_len)
         if cfg.projection in POOLED and max_seq_len % k:
             raise ValueError(
@@ -203,8 +219,9 @@ class LinformerAttention(MultiHeadAttention):
         self.early = not per_head and cfg.projection in SEQUENCE_LINEAR
 
         def make() -> SequenceProjection:
-            return SequenceProjection(cfg.projection, n_heads if per_head else 1, k, max_seq_len,
-                                      self.head_dim)
+            return SequenceProjection(
+                cfg.projection, n_heads if per_head else 1, k, max_seq_len, self.head_dim
+            )
 
         self.proj_k = shared if shared is not None else make()
         self.proj_v = self.proj_k if cfg.sharing in ("kv", "layerwise") else make()
@@ -221,8 +238,9 @@ class LinformerAttention(MultiHeadAttention):
                 f"layer; got {ks}"
             )
         shared = first.proj_k if cfg.sharing == "layerwise" else None
-        return [first] + [cls(layer=i, layers=layers, shared=shared, **kwargs)
-                          for i in range(1, layers)]
+        return [first] + [
+            cls(layer=i, layers=layers, shared=shared, **kwargs) for i in range(1, layers)
+        ]
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         n = x.shape[1]
@@ -252,8 +270,11 @@ class LinformerAttention(MultiHeadAttention):
         """E X first, then W^K on k rows: (E X) Wᵀ + (E 1) bᵀ equals E (X Wᵀ + 1 bᵀ)."""
         ones = x.new_ones(1, 1, x.shape[1], 1)  # (1, 1, n, 1)
         ex, e1 = self.proj_k(x[:, None], valid)[:, 0], self.proj_k(ones, valid)[:, 0]  # (b, s, .)
-        fx, f1 = (ex, e1) if self.proj_v is self.proj_k else \
-            (self.proj_v(x[:, None], valid)[:, 0], self.proj_v(ones, valid)[:, 0])
+        fx, f1 = (
+            (ex, e1)
+            if self.proj_v is self.proj_k
+            else (self.proj_v(x[:, None], valid)[:, 0], self.proj_v(ones, valid)[:, 0])
+        )
         k = F.linear(ex, self.k_proj.weight) + e1 * self.k_proj.bias  # (b, s, d)
         v = F.linear(fx, self.v_proj.weight) + f1 * self.v_proj.bias  # (b, s, d)
         return self.split_heads(k), self.split_heads(v)  # (b, h, s, dh)

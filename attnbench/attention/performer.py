@@ -58,19 +58,28 @@ class PerformerConfig:
             check_int("feature_redraw_interval", self.feature_redraw_interval)
 
 
-@register("performer", config=PerformerConfig, causal=True, padding_mask=True,
-          budget="nb_features",
-          summary="FAVOR+ random features, linear in n (performer-pytorch); kernel softmax|relu")
+@register(
+    "performer",
+    config=PerformerConfig,
+    causal=True,
+    padding_mask=True,
+    budget="nb_features",
+    summary="FAVOR+ random features, linear in n (performer-pytorch); kernel softmax|relu",
+)
 class PerformerAttention(MultiHeadAttention):
-    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int,
-                 cfg: PerformerConfig) -> None:
+    def __init__(
+        self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: PerformerConfig
+    ) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
         # causal=False here: we run the causal path ourselves (see the module docstring).
         # Drawn on the CPU whatever the default device: the library's QR runs via .cpu(), which
         # a module built under torch.device("meta") (the memory model) could not do.
         with torch.device("cpu"):
             self.fast_attention = FastAttention(
-                self.head_dim, nb_features=cfg.nb_features, ortho_scaling=0, causal=False,
+                self.head_dim,
+                nb_features=cfg.nb_features,
+                ortho_scaling=0,
+                causal=False,
                 generalized_attention=cfg.kernel == "relu",
             )
         self._calls_since_redraw = 0
@@ -92,8 +101,11 @@ class PerformerAttention(MultiHeadAttention):
         """
         p = self.projection_matrix  # (m, dh)
         with torch.device("cpu"):  # as in __init__: the library's QR needs real tensors
-            new = self.fast_attention.create_projection() if self.cfg.ortho_features \
+            new = (
+                self.fast_attention.create_projection()
+                if self.cfg.ortho_features
                 else torch.randn(p.shape)
+            )
         p.copy_(new)
 
     def _count_call(self) -> None:
@@ -111,8 +123,10 @@ class PerformerAttention(MultiHeadAttention):
         w = self.projection_matrix  # (m, dh)
         if self.cfg.kernel == "relu":
             kernel_fn = self.fast_attention.kernel_fn
-            return (generalized_kernel(q, projection_matrix=w, kernel_fn=kernel_fn),
-                    generalized_kernel(k, projection_matrix=w, kernel_fn=kernel_fn))
+            return (
+                generalized_kernel(q, projection_matrix=w, kernel_fn=kernel_fn),
+                generalized_kernel(k, projection_matrix=w, kernel_fn=kernel_fn),
+            )
         q_f = softmax_kernel(q, projection_matrix=w, is_query=True)  # per-query max: no leak
         if not self.cfg.causal:
             return q_f, softmax_kernel(k, projection_matrix=w, is_query=False)
@@ -166,7 +180,10 @@ class PerformerAttention(MultiHeadAttention):
         else:
             out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
         if key_padding_mask is not None:  # a query that sees no real key gets 0, as in sdpa
-            real = (~key_padding_mask).cumsum(-1) if self.cfg.causal else \
-                (~key_padding_mask).sum(-1, keepdim=True).expand_as(key_padding_mask)
+            real = (
+                (~key_padding_mask).cumsum(-1)
+                if self.cfg.causal
+                else (~key_padding_mask).sum(-1, keepdim=True).expand_as(key_padding_mask)
+            )
             out = out.masked_fill((real == 0)[:, None, :, None], 0.0)
         return self.merge_heads(out)  # (b, n, d)

@@ -36,8 +36,12 @@ class SDPAConfig:
         check_choice("backend", self.backend, list(BACKENDS))
 
 
-@register("sdpa", config=SDPAConfig, causal=True,
-          summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn")
+@register(
+    "sdpa",
+    config=SDPAConfig,
+    causal=True,
+    summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn",
+)
 class SDPAAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)

@@ -22,8 +22,12 @@ class VanillaConfig:
         check_bool("causal", self.causal)
 
 
-@register("vanilla", config=VanillaConfig, causal=True,
-          summary="eager softmax(QKᵀ/√d)V materialising n×n (the paper's Transformer)")
+@register(
+    "vanilla",
+    config=VanillaConfig,
+    causal=True,
+    summary="eager softmax(QKᵀ/√d)V materialising n×n (the paper's Transformer)",
+)
 class VanillaAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)

@@ -48,9 +48,15 @@ class XFormersConfig:
         check_bool("causal", self.causal)
 
 
-@register("xformers", config=XFormersConfig, causal=True, devices=("cuda",),
-          dtypes=("fp16", "bf16"), why_unavailable=why_unavailable,
-          summary="xformers memory_efficient_attention: exact, O(n) memory (CUDA only)")
+@register(
+    "xformers",
+    config=XFormersConfig,
+    causal=True,
+    devices=("cuda",),
+    dtypes=("fp16", "bf16"),
+    why_unavailable=why_unavailable,
+    summary="xformers memory_efficient_attention: exact, O(n) memory (CUDA only)",
+)
 class XFormersAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         # one line rather than xformers' page-long NotImplementedError

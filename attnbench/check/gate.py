@@ -64,8 +64,9 @@ class Suite:
     settings: dict[str, Any]
 
 
-def load_suite(name: str = "regression", config_dir: str | None = None,
-               overrides: dict[str, Any] | None = None) -> Suite:
+def load_suite(
+    name: str = "regression", config_dir: str | None = None, overrides: dict[str, Any] | None = None
+) -> Suite:
     """The suite's cells, expanded and validated by the same code as ``attnbench run``'s
     sweeps; mechanisms that cannot run here (xformers without CUDA) are listed as skipped."""
     from attnbench import sweep
@@ -76,8 +77,9 @@ def load_suite(name: str = "regression", config_dir: str | None = None,
     except ValueError as e:
         raise Misuse(f"--suite: {e}") from None
     if not jobs or "check" not in jobs[0]:
-        raise Misuse(f"--suite: sweep {name!r} has no 'check:' settings; see "
-                     "conf/sweep/regression.yaml")
+        raise Misuse(
+            f"--suite: sweep {name!r} has no 'check:' settings; see conf/sweep/regression.yaml"
+        )
     from omegaconf import OmegaConf
 
     settings = OmegaConf.to_container(jobs[0].check, resolve=True)
@@ -92,11 +94,19 @@ def load_suite(name: str = "regression", config_dir: str | None = None,
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}") from None
         if not isinstance(cell.batch, int):
-            raise Misuse(f"--suite {name}: batch must be a number in a check suite, got "
-                         f"{cell.batch!r}")
+            raise Misuse(
+                f"--suite {name}: batch must be a number in a check suite, got {cell.batch!r}"
+            )
         params = cell.mechanism_params()
-        sc = SuiteCell(cell.attention, params, cell.n, cell.batch, cell.d_model,
-                       cell.n_heads, _threshold(settings, cell.attention, cell.n, params))
+        sc = SuiteCell(
+            cell.attention,
+            params,
+            cell.n,
+            cell.batch,
+            cell.d_model,
+            cell.n_heads,
+            _threshold(settings, cell.attention, cell.n, params),
+        )
         if any(c.name == sc.name for c in cells):
             continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
         why = info(cell.attention).unavailable
@@ -124,18 +134,26 @@ def _check_settings(s: dict[str, Any]) -> None:
     need("threshold", lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
     need("alpha", lambda v: isinstance(v, float) and 0 < v < 1, "a number in (0, 1)")
     if s["rounds"] < min_samples(s["alpha"]):  # the rank test could never fire: a blind gate
-        raise Misuse(f"check.rounds: must be at least {min_samples(s['alpha'])} for "
-                     f"alpha={s['alpha']:g}, got {s['rounds']}")
+        raise Misuse(
+            f"check.rounds: must be at least {min_samples(s['alpha'])} for "
+            f"alpha={s['alpha']:g}, got {s['rounds']}"
+        )
     paths = s.get("pythonpath")
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
         raise Misuse(f"check.pythonpath: must be a list of paths, got {paths!r}")
     for entry in s.get("thresholds") or []:
         keys = set(entry) if isinstance(entry, dict) else set()
         t = entry.get("threshold") if isinstance(entry, dict) else None
-        if "threshold" not in keys or isinstance(t, bool) or not isinstance(t, (int, float)) \
-                or t <= 0:
-            raise Misuse(f"check.thresholds: each entry needs a threshold > 0 (a fraction, "
-                         f"0.2 = 20 %), got {entry!r}")
+        if (
+            "threshold" not in keys
+            or isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or t <= 0
+        ):
+            raise Misuse(
+                f"check.thresholds: each entry needs a threshold > 0 (a fraction, "
+                f"0.2 = 20 %), got {entry!r}"
+            )
     if s.get("device") not in ("cpu", "cuda"):
         raise Misuse(f"check.device: must be cpu or cuda, got {s.get('device')!r}")
     if s["device"] == "cuda":
@@ -150,19 +168,22 @@ def _threshold(settings: dict[str, Any], attention: str, n: int, params: dict) -
     chosen = float(settings["threshold"])
     for entry in settings.get("thresholds") or []:
         sel = {k: v for k, v in entry.items() if k != "threshold"}
-        if all({"attention": attention, "n": n}.get(k, params.get(k)) == v
-               for k, v in sel.items()):
+        if all({"attention": attention, "n": n}.get(k, params.get(k)) == v for k, v in sel.items()):
             chosen = float(entry["threshold"])
     return chosen
 
 
 # --- the two versions --------------------------------------------------------------------
 
+
 def git(*args: str, cwd: Path) -> str:
     done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise Misuse(done.stderr.strip().splitlines()[-1] if done.stderr.strip()
-                     else f"git {' '.join(args)} failed")
+        raise Misuse(
+            done.stderr.strip().splitlines()[-1]
+            if done.stderr.strip()
+            else f"git {' '.join(args)} failed"
+        )
     return done.stdout.strip()
 
 
@@ -172,8 +193,10 @@ def repo_root(cwd: Path) -> Path:
     except FileNotFoundError:
         raise Misuse("--against: git is not installed here") from None
     except Misuse as e:
-        raise Misuse(f"--against: {cwd} is not usable as a git repository ({e}); use "
-                     "--baseline FILE to compare with stored samples instead") from None
+        raise Misuse(
+            f"--against: {cwd} is not usable as a git repository ({e}); use "
+            "--baseline FILE to compare with stored samples instead"
+        ) from None
 
 
 def resolve_ref(root: Path, ref: str | None) -> tuple[str, str]:
@@ -184,10 +207,15 @@ def resolve_ref(root: Path, ref: str | None) -> tuple[str, str]:
     except Misuse:
         if ref is None:
             shallow = git("rev-parse", "--is-shallow-repository", cwd=root) == "true"
-            raise Misuse("--against: HEAD has no parent commit" + (
-                " in this shallow clone (fetch more history: git fetch --deepen=1, or "
-                "fetch-depth: 0 in actions/checkout)" if shallow else
-                "; name a ref to compare with")) from None
+            raise Misuse(
+                "--against: HEAD has no parent commit"
+                + (
+                    " in this shallow clone (fetch more history: git fetch --deepen=1, or "
+                    "fetch-depth: 0 in actions/checkout)"
+                    if shallow
+                    else "; name a ref to compare with"
+                )
+            ) from None
         raise Misuse(f"--against: unknown git ref {name!r}") from None
     return name, commit
 
@@ -201,8 +229,9 @@ def worktree(root: Path, commit: str) -> Iterator[Path]:
         git("worktree", "add", "--detach", "--quiet", str(path), commit, cwd=root)
         yield path
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=root,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(path)], cwd=root, capture_output=True
+        )
         shutil.rmtree(tmp, ignore_errors=True)
         subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
 
@@ -213,8 +242,10 @@ def expected_modules(root: Path) -> dict[str, str]:
     Modules from outside the repository (an installed attnbench) are not version-specific."""
     import importlib
 
-    names = ["attnbench", *filter(None, (m.strip() for m in
-                                         os.environ.get("ATTNBENCH_PLUGINS", "").split(",")))]
+    names = [
+        "attnbench",
+        *filter(None, (m.strip() for m in os.environ.get("ATTNBENCH_PLUGINS", "").split(","))),
+    ]
     out = {}
     for name in names:
         try:
@@ -239,18 +270,30 @@ class Worker:
 
     def __init__(self, tree: Path, settings: dict[str, Any], expect: dict[str, str]) -> None:
         paths = [str((tree / p).resolve()) for p in settings["pythonpath"]]
-        env = {**MALLOC, **os.environ, "ATTNBENCH_CHECK_EXPECT": json.dumps(expect),
-               "PYTHONPATH": os.pathsep.join(
-                   [*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {
+            **MALLOC,
+            **os.environ,
+            "ATTNBENCH_CHECK_EXPECT": json.dumps(expect),
+            "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
         # run by path from the version's tree as cwd: the driver's package is not imported
-        code = ("import runpy, sys; sys.argv = ['worker', sys.argv[1]]; "
-                f"runpy.run_path({str(WORKER)!r}, run_name='__main__')")
+        code = (
+            "import runpy, sys; sys.argv = ['worker', sys.argv[1]]; "
+            f"runpy.run_path({str(WORKER)!r}, run_name='__main__')"
+        )
         self.tree = tree
         # stderr to a file, not a pipe: a chatty version cannot fill a pipe and hang us both
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-c", code, str(tree)], cwd=tree,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(tree)],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            bufsize=1,
+        )
         hello = self._read()
         if "error" in hello:
             self.close()
@@ -263,8 +306,9 @@ class Worker:
             self.proc.wait(timeout=30)
             self.log.seek(0)
             err = self.log.read().strip()
-            raise RuntimeError(f"the worker for {self.tree} died: "
-                               f"{err.splitlines()[-1] if err else 'no output'}")
+            raise RuntimeError(
+                f"the worker for {self.tree} died: {err.splitlines()[-1] if err else 'no output'}"
+            )
         try:
             return json.loads(line)
         except json.JSONDecodeError:
@@ -292,6 +336,7 @@ class Worker:
 
 # --- sampling -----------------------------------------------------------------------------
 
+
 @dataclass
 class Samples:
     """Per version, per cell: seconds per forward, one value per round."""
@@ -301,9 +346,15 @@ class Samples:
     unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
-           expect: dict[str, str] | None = None, reps: dict[str, int] | None = None,
-           progress: Callable[[int, int], None] | None = None) -> Samples:
+def sample(
+    trees: dict[str, Path],
+    suite: Suite,
+    *,
+    seed: int = 0,
+    expect: dict[str, str] | None = None,
+    reps: dict[str, int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Samples:
     """Time every cell of ``suite`` for each version in ``trees``, interleaved.
 
     The number of forwards per sample is set once from the first version's setup timing
@@ -316,8 +367,16 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
     try:
         for v, tree in trees.items():
             workers[v] = Worker(tree, s, expect or {})
-        built = {v: w.ask(op="setup", cells=cells, device=s["device"], threads=s["threads"],
-                          warmup=s["warmup"])["cells"] for v, w in workers.items()}
+        built = {
+            v: w.ask(
+                op="setup",
+                cells=cells,
+                device=s["device"],
+                threads=s["threads"],
+                warmup=s["warmup"],
+            )["cells"]
+            for v, w in workers.items()
+        }
         first = next(iter(trees))
         timed = []
         for i, c in enumerate(suite.cells):
@@ -328,11 +387,11 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
             if ok:
                 once = built[first][i]["once_s"] if built[first][i]["ok"] else ok[0]
                 out.reps[c.name] = (reps or {}).get(c.name) or max(
-                    1, round(s["sample_s"] / max(once, 1e-6)))  # a baseline's count, if any
+                    1, round(s["sample_s"] / max(once, 1e-6))
+                )  # a baseline's count, if any
                 timed.append(i)
         for v in trees:
-            out.versions[v] = {suite.cells[i].name: [] for i in timed
-                               if built[v][i]["ok"]}
+            out.versions[v] = {suite.cells[i].name: [] for i in timed if built[v][i]["ok"]}
         rng = random.Random(seed)
         total = s["rounds"] * len(timed)
         done = 0
@@ -345,7 +404,8 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
                 rng.shuffle(versions)  # A B or B A: neither always goes first
                 for v in versions:
                     out.versions[v][name].append(
-                        workers[v].ask(op="time", cell=i, reps=out.reps[name])["s"])
+                        workers[v].ask(op="time", cell=i, reps=out.reps[name])["s"]
+                    )
                 done += 1
                 if progress:
                     progress(done, total)
@@ -357,6 +417,7 @@ def sample(trees: dict[str, Path], suite: Suite, *, seed: int = 0,
 
 # --- verdicts, baseline files, output ------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CellResult:
     cell: str
@@ -366,8 +427,12 @@ class CellResult:
     note: str = ""
 
 
-def judge(suite: Suite, a: dict[str, list[float]], b: dict[str, list[float]],
-          why_not: dict[str, str] | None = None) -> list[CellResult]:
+def judge(
+    suite: Suite,
+    a: dict[str, list[float]],
+    b: dict[str, list[float]],
+    why_not: dict[str, str] | None = None,
+) -> list[CellResult]:
     """A verdict for every cell of the suite; a cell only one version has is not a failure."""
     s = suite.settings
     results = []
@@ -376,16 +441,32 @@ def judge(suite: Suite, a: dict[str, list[float]], b: dict[str, list[float]],
             v = compare(a[c.name], b[c.name], threshold=c.threshold, alpha=s["alpha"])
             results.append(CellResult(c.name, c.threshold, v.verdict, v))
         elif c.name in b:
-            results.append(CellResult(c.name, c.threshold, "new",
-                                      note=(why_not or {}).get(c.name, "not in version A")))
+            results.append(
+                CellResult(
+                    c.name, c.threshold, "new", note=(why_not or {}).get(c.name, "not in version A")
+                )
+            )
         elif c.name in a:  # A ran it and B cannot: the change broke it, a failure
-            results.append(CellResult(c.name, c.threshold, "broken",
-                                      note=(why_not or {}).get(c.name, "B cannot run it")))
+            results.append(
+                CellResult(
+                    c.name,
+                    c.threshold,
+                    "broken",
+                    note=(why_not or {}).get(c.name, "B cannot run it"),
+                )
+            )
         else:
-            results.append(CellResult(c.name, c.threshold, "gone",
-                                      note=(why_not or {}).get(c.name, "neither version ran it")))
-    results += [CellResult(name, s["threshold"], "skipped", note=why)
-                for name, why in suite.skipped]
+            results.append(
+                CellResult(
+                    c.name,
+                    c.threshold,
+                    "gone",
+                    note=(why_not or {}).get(c.name, "neither version ran it"),
+                )
+            )
+    results += [
+        CellResult(name, s["threshold"], "skipped", note=why) for name, why in suite.skipped
+    ]
     return results
 
 
@@ -402,17 +483,30 @@ def fingerprint(settings: dict[str, Any]) -> dict[str, Any]:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name() if settings["device"] == "cuda" else None
-    return {"machine": platform.machine(), "cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu,
-            "system": platform.system(), "python": platform.python_version(),
-            "torch": torch.__version__, "threads": settings["threads"]}
+    return {
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "gpu": gpu,
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": settings["threads"],
+    }
 
 
-def write_baseline(path: Path, suite: Suite, samples: dict[str, list[float]],
-                   reps: dict[str, int]) -> None:
-    data = {"schema": SCHEMA, "kind": "attnbench-check-baseline",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "fingerprint": fingerprint(suite.settings), "settings": suite.settings,
-            "reps": reps, "samples": samples}
+def write_baseline(
+    path: Path, suite: Suite, samples: dict[str, list[float]], reps: dict[str, int]
+) -> None:
+    data = {
+        "schema": SCHEMA,
+        "kind": "attnbench-check-baseline",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": fingerprint(suite.settings),
+        "settings": suite.settings,
+        "reps": reps,
+        "samples": samples,
+    }
     write_json(path, data)
 
 
@@ -420,16 +514,20 @@ def read_baseline(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise Misuse(f"--baseline: no such file {path} (write one with --write-baseline "
-                     f"{path})") from None
+        raise Misuse(
+            f"--baseline: no such file {path} (write one with --write-baseline {path})"
+        ) from None
     except (OSError, json.JSONDecodeError) as e:
         raise Misuse(f"--baseline: {path} is not a JSON file: {e}") from None
     if not isinstance(data, dict) or data.get("kind") != "attnbench-check-baseline":
-        raise Misuse(f"--baseline: {path} is not a baseline written by attnbench check "
-                     "--write-baseline")
+        raise Misuse(
+            f"--baseline: {path} is not a baseline written by attnbench check --write-baseline"
+        )
     if data.get("schema") != SCHEMA:
-        raise Misuse(f"--baseline: {path} has schema {data.get('schema')!r}; this attnbench "
-                     f"reads schema {SCHEMA}: write it again with --write-baseline")
+        raise Misuse(
+            f"--baseline: {path} has schema {data.get('schema')!r}; this attnbench "
+            f"reads schema {SCHEMA}: write it again with --write-baseline"
+        )
     return data
 
 
@@ -442,8 +540,11 @@ def settings_mismatch(stored: dict[str, Any], here: dict[str, Any]) -> str | Non
 
 
 def fingerprint_mismatch(stored: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    return [f"{k}: {stored.get(k)!r} there, {here.get(k)!r} here" for k in here
-            if stored.get(k) != here.get(k)]
+    return [
+        f"{k}: {stored.get(k)!r} there, {here.get(k)!r} here"
+        for k in here
+        if stored.get(k) != here.get(k)
+    ]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -455,35 +556,67 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     replace_file(path, json.dumps(data, indent=1) + "\n")
 
 
-def result_json(results: list[CellResult], meta: dict[str, Any],
-                samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
-    return {"schema": SCHEMA, "kind": "attnbench-check-result", **meta,
-            "failed": any(r.verdict in FAILING for r in results),
-            "cells": [{"cell": r.cell, "threshold": r.threshold, "verdict": r.verdict,
-                       "note": r.note, **(asdict(r.stats) if r.stats else {})}
-                      for r in results],
-            "samples": samples}
+def result_json(
+    results: list[CellResult], meta: dict[str, Any], samples: dict[str, dict[str, list[float]]]
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "kind": "attnbench-check-result",
+        **meta,
+        "failed": any(r.verdict in FAILING for r in results),
+        "cells": [
+            {
+                "cell": r.cell,
+                "threshold": r.threshold,
+                "verdict": r.verdict,
+                "note": r.note,
+                **(asdict(r.stats) if r.stats else {}),
+            }
+            for r in results
+        ],
+        "samples": samples,
+    }
 
 
 def table(results: list[CellResult], a_name: str, b_name: str, confidence: float) -> Any:
     from rich.table import Table
 
-    t = Table("cell", f"A: {a_name} (ms)", f"B: {b_name} (ms)", "B/A",
-              f"{confidence:.0%} interval", "p", "limit", "verdict",
-              title="attnbench check: time per forward, median of the samples")
+    t = Table(
+        "cell",
+        f"A: {a_name} (ms)",
+        f"B: {b_name} (ms)",
+        "B/A",
+        f"{confidence:.0%} interval",
+        "p",
+        "limit",
+        "verdict",
+        title="attnbench check: time per forward, median of the samples",
+    )
     from rich.markup import escape
 
     colour = {"regressed": "bold red", "broken": "bold red", "improved": "green"}
     for r in results:
         v = r.stats
         if v is None:
-            t.add_row(escape(r.cell), "-", "-", "-", "-", "-", f"+{r.threshold:.0%}",
-                      f"[{colour.get(r.verdict, 'default')}]{escape(r.verdict)}[/]: "
-                      f"{escape(r.note)}")
+            t.add_row(
+                escape(r.cell),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"+{r.threshold:.0%}",
+                f"[{colour.get(r.verdict, 'default')}]{escape(r.verdict)}[/]: {escape(r.note)}",
+            )
             continue
-        t.add_row(escape(r.cell), f"{v.median_a * 1e3:.2f}", f"{v.median_b * 1e3:.2f}",
-                  f"{v.ratio:.3f}", f"{v.ci_low:.3f}-{v.ci_high:.3f}", f"{v.p:.2g}",
-                  f"+{r.threshold:.0%}", f"[{colour.get(r.verdict, '')}]{r.verdict}[/]"
-                  if r.verdict in colour else r.verdict)
+        t.add_row(
+            escape(r.cell),
+            f"{v.median_a * 1e3:.2f}",
+            f"{v.median_b * 1e3:.2f}",
+            f"{v.ratio:.3f}",
+            f"{v.ci_low:.3f}-{v.ci_high:.3f}",
+            f"{v.p:.2g}",
+            f"+{r.threshold:.0%}",
+            f"[{colour.get(r.verdict, '')}]{r.verdict}[/]" if r.verdict in colour else r.verdict,
+        )
     return t
-

@@ -75,9 +75,7 @@ def _u_counts(m: int, n: int) -> list[int]:
     return c[: k * j + 1]
 
 
-def mann_whitney_p(
-    a: Sequence[float], b: Sequence[float], *, exact: bool | None = None
-) -> float:
+def mann_whitney_p(a: Sequence[float], b: Sequence[float], *, exact: bool | None = None) -> float:
     """One-sided p of the Mann–Whitney U test for "values in ``b`` tend to be larger than in ``a``".
 
     ``a`` is the old version's times and ``b`` the new one's, so a small p is evidence that the
@@ -110,7 +108,7 @@ def mann_whitney_p(
         if ties:
             raise ValueError("exact=True needs tie-free samples; the exact null assumes no ties")
         counts = _u_counts(m, n)
-        return sum(counts[two_u // 2:]) / math.comb(m + n, m)
+        return sum(counts[two_u // 2 :]) / math.comb(m + n, m)
     big_n = m + n
     tie_term = sum(t**3 - t for t in ties) / (big_n * (big_n - 1))
     variance = m * n / 12 * ((big_n + 1) - tie_term)

@@ -50,8 +50,7 @@ def main(root: str) -> int:
         where = os.path.realpath(module.__file__ or "")
         want = os.path.realpath(os.path.join(root, rel))
         if where != want:
-            _reply({"error": f"imported {name} from {where}, not from this version's "
-                             f"{want}"})
+            _reply({"error": f"imported {name} from {where}, not from this version's {want}"})
             return 1
     _reply({"ready": True, "attnbench": attnbench.__file__, "torch": torch.__version__})
     runs: list[Any] = []
@@ -67,9 +66,17 @@ def main(root: str) -> int:
             for i, c in enumerate(msg["cells"]):
                 try:
                     torch.manual_seed(i)  # the same weights in both versions
-                    layer = attnbench.create(c["attention"], d_model=c["d_model"],
-                                             n_heads=c["n_heads"], max_seq_len=c["n"],
-                                             **c["params"]).to(device).eval()
+                    layer = (
+                        attnbench.create(
+                            c["attention"],
+                            d_model=c["d_model"],
+                            n_heads=c["n_heads"],
+                            max_seq_len=c["n"],
+                            **c["params"],
+                        )
+                        .to(device)
+                        .eval()
+                    )
                     g = torch.Generator().manual_seed(i)
                     x = torch.randn(c["batch"], c["n"], c["d_model"], generator=g).to(device)
                     with torch.inference_mode():

@@ -20,8 +20,9 @@ _TWINS = {  # op the counter misses -> op with the same signature head and the r
 }
 for _op, _twin in _TWINS.items():
     if hasattr(_aten, _op) and getattr(_aten, _op) not in flop_counter.flop_registry:
-        flop_counter.flop_registry[getattr(_aten, _op)] = \
-            flop_counter.flop_registry[getattr(_aten, _twin)]
+        flop_counter.flop_registry[getattr(_aten, _op)] = flop_counter.flop_registry[
+            getattr(_aten, _twin)
+        ]
 
 
 def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:

@@ -61,11 +61,13 @@ class MemoryTracker(TorchDispatchMode):
     def _free(self, nbytes: int) -> None:
         self.live -= nbytes
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-                           ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
+        inputs = {
+            id(t.untyped_storage())
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
@@ -89,8 +91,10 @@ class MemoryTracker(TorchDispatchMode):
 
 def module_bytes(module: nn.Module) -> int:
     """Weights and buffers as the allocator holds them (shared tensors once)."""
-    storages = {id(t.untyped_storage()): t.untyped_storage()
-                for t in (*module.parameters(), *module.buffers())}
+    storages = {
+        id(t.untyped_storage()): t.untyped_storage()
+        for t in (*module.parameters(), *module.buffers())
+    }
     return sum(rounded(s.nbytes()) for s in storages.values())
 
 
@@ -134,8 +138,9 @@ def _cuda_ceiling(ceiling: int | None, device: torch.device) -> Iterator[None]:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def measured_peak_cuda(forward: Callable[[], Any], device: torch.device,
-                       ceiling: int | None = None) -> Peak:
+def measured_peak_cuda(
+    forward: Callable[[], Any], device: torch.device, ceiling: int | None = None
+) -> Peak:
     """Peak allocated and reserved bytes of one real CUDA forward, stats reset before it.
 
     Includes what already lives on the device (weights, input), as a user's OOM does.
@@ -147,8 +152,11 @@ def measured_peak_cuda(forward: Callable[[], Any], device: torch.device,
             out = forward()
             torch.cuda.synchronize(device)
         del out
-        return Peak(torch.cuda.max_memory_allocated(device), "measured",
-                    torch.cuda.max_memory_reserved(device))
+        return Peak(
+            torch.cuda.max_memory_allocated(device),
+            "measured",
+            torch.cuda.max_memory_reserved(device),
+        )
     finally:
         gc.collect()
         torch.cuda.empty_cache()

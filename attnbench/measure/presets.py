@@ -58,8 +58,9 @@ def _preset_dir():  # type: ignore[no-untyped-def]
 
 
 def names() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in _preset_dir().iterdir()
-                  if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in _preset_dir().iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def host_memory_bytes() -> int:
@@ -79,5 +80,10 @@ def load(name: str) -> Preset:
 def from_dict(raw: dict) -> Preset:
     """A preset from its YAML fields (as loaded, or as Hydra composed them)."""
     total = raw["total_bytes"] if raw["total_bytes"] is not None else host_memory_bytes()
-    return Preset(raw["name"], raw["gpu"], int(total), int(raw["overhead_bytes"]),
-                  {k: float(v) for k, v in (raw["peak_flops"] or {}).items()})
+    return Preset(
+        raw["name"],
+        raw["gpu"],
+        int(total),
+        int(raw["overhead_bytes"]),
+        {k: float(v) for k, v in (raw["peak_flops"] or {}).items()},
+    )

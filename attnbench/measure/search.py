@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def largest_fitting(fits: Callable[[int], bool], guess: int = 1, limit: int = 1 << 24
-                    ) -> tuple[int, int]:
+def largest_fitting(
+    fits: Callable[[int], bool], guess: int = 1, limit: int = 1 << 24
+) -> tuple[int, int]:
     """``(b, probes)``: the largest b in [0, limit] with ``fits(b)``, starting at ``guess``.
 
     From a good guess (the model's prediction) an exact answer costs two probes: the guess

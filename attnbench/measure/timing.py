@@ -43,17 +43,27 @@ class Timing:
         return q3 - q1
 
     def __repr__(self) -> str:
-        return (f"Timing(median={self.median * 1e3:.3f} ms, iqr={self.iqr * 1e3:.3f} ms, "
-                f"repeats={self.repeats}, {self.method}, threads={self.threads})")
+        return (
+            f"Timing(median={self.median * 1e3:.3f} ms, iqr={self.iqr * 1e3:.3f} ms, "
+            f"repeats={self.repeats}, {self.method}, threads={self.threads})"
+        )
 
 
-def time_forward(fn: Callable[[], Any], device: torch.device, *, min_repeats: int = 5,
-                 min_seconds: float = 1.0, warmup: int = 2, max_repeats: int = 1000,
-                 flush_l2: bool = False) -> Timing:
+def time_forward(
+    fn: Callable[[], Any],
+    device: torch.device,
+    *,
+    min_repeats: int = 5,
+    min_seconds: float = 1.0,
+    warmup: int = 2,
+    max_repeats: int = 1000,
+    flush_l2: bool = False,
+) -> Timing:
     """Time ``fn()`` (one forward) on ``device``; see the module docstring for the rules."""
     cuda = device.type == "cuda"
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 \
-        else None
+    flush = (
+        torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 else None
+    )
     samples: list[float] = []
     with torch.inference_mode():
         for _ in range(warmup):
@@ -67,8 +77,10 @@ def time_forward(fn: Callable[[], Any], device: torch.device, *, min_repeats: in
             if cuda:
                 if flush is not None:
                     flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 end.record()
@@ -78,5 +90,6 @@ def time_forward(fn: Callable[[], Any], device: torch.device, *, min_repeats: in
                 t0 = time.perf_counter()
                 fn()
                 samples.append(time.perf_counter() - t0)
-    return Timing(tuple(samples), "cuda-events" if cuda else "perf_counter",
-                  torch.get_num_threads())
+    return Timing(
+        tuple(samples), "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
+    )

@@ -53,8 +53,9 @@ def build(run_dir: Path, baseline: str = "vanilla") -> Report:
     run_dir = Path(run_dir)
     path = RunStore(run_dir).cells
     if not path.is_file():
-        raise ValueError(f"run dir: no cells.jsonl in {run_dir} (is it a directory that "
-                         "'attnbench run' wrote?)")
+        raise ValueError(
+            f"run dir: no cells.jsonl in {run_dir} (is it a directory that 'attnbench run' wrote?)"
+        )
     rows = [r for r in read_rows(path) if r.get("status") is not None]
     if not rows:
         raise ValueError(f"run dir: {path} holds no rows yet")
@@ -75,16 +76,32 @@ def slug(text: str) -> str:
 
 def _figures(report: Report) -> list[tuple[str, Any, str]]:
     """(file stem, figure, caption) for each plot the rows hold data for."""
-    out = [("time-vs-n", plots.time_vs_n(report.rows),
-            "Time per sequence against n (log-log), one line per mechanism and k."),
-           ("batch-vs-n", plots.batch_vs_n(report.rows),
-            "Maximum batch size under the ceiling against n."),
-           ("memory-modeled-vs-measured", plots.modeled_vs_measured(report.rows),
-            "Max batch predicted by the memory model against the one measured on the device.")]
+    out = [
+        (
+            "time-vs-n",
+            plots.time_vs_n(report.rows),
+            "Time per sequence against n (log-log), one line per mechanism and k.",
+        ),
+        (
+            "batch-vs-n",
+            plots.batch_vs_n(report.rows),
+            "Maximum batch size under the ceiling against n.",
+        ),
+        (
+            "memory-modeled-vs-measured",
+            plots.modeled_vs_measured(report.rows),
+            "Max batch predicted by the memory model against the one measured on the device.",
+        ),
+    ]
     for i, t in enumerate(report.tables):
         if t.kind == "time":
-            out.append((f"speedup-{_stem(report, t, i)}", plots.speedup_heatmap(t),
-                        f"Speed-up over n x k: {t.mechanism}."))
+            out.append(
+                (
+                    f"speedup-{_stem(report, t, i)}",
+                    plots.speedup_heatmap(t),
+                    f"Speed-up over n x k: {t.mechanism}.",
+                )
+            )
     return [(stem, fig, cap) for stem, fig, cap in out if fig is not None]
 
 
@@ -92,10 +109,12 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     """Every file of the report, by relative path: Markdown, CSV, LaTeX, plots, HTML."""
     files: dict[str, bytes] = {}
     title = f"attnbench report: {report.run_dir.name}"
-    intro = [f"Rows: {report.run_dir / 'cells.jsonl'} ({len(report.rows)} cells). Time ratio "
-             f"= {report.baseline} time per sequence / mechanism's; memory ratio = mechanism "
-             f"max batch / {report.baseline}'s; each model at its own max batch (Linformer "
-             "paper, section 5.3)."]
+    intro = [
+        f"Rows: {report.run_dir / 'cells.jsonl'} ({len(report.rows)} cells). Time ratio "
+        f"= {report.baseline} time per sequence / mechanism's; memory ratio = mechanism "
+        f"max batch / {report.baseline}'s; each model at its own max batch (Linformer "
+        "paper, section 5.3)."
+    ]
     md = [f"# {title}", "", *intro, ""]
     tex = [f"% {title}", r"% needs \usepackage{booktabs}", ""]
     sections: list[tuple[str, list[str]]] = []
@@ -107,30 +126,56 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     for measured, paper, q in report.beside_paper:
         md += [to_markdown(paper), "", to_markdown(q), ""]
         tex += [to_latex(paper), "", to_latex(q), ""]
-        sections.append((f"{measured.kind} ratio beside the paper: {measured.mechanism}", [
-            '<div class="side">' + html.table_html(measured, "measured")
-            + html.table_html(paper, "paper (Wang et al. 2020, Table 3)")
-            + html.table_html(q, "measured ÷ paper") + "</div>"]))
+        sections.append(
+            (
+                f"{measured.kind} ratio beside the paper: {measured.mechanism}",
+                [
+                    '<div class="side">'
+                    + html.table_html(measured, "measured")
+                    + html.table_html(paper, "paper (Wang et al. 2020, Table 3)")
+                    + html.table_html(q, "measured ÷ paper")
+                    + "</div>"
+                ],
+            )
+        )
     figures = []
     why_no_plots = plots.available() if with_plots else "plots not asked for"
     if why_no_plots is None:
         for stem, fig, caption in _figures(report):
             made = plots.save(fig, f"plots/{stem}")
             files.update(made)
-            figures.append(html.figure_html(stem, made[f"plots/{stem}.svg"],
-                                            made[f"plots/{stem}.png"], caption))
-    sections.append(("plots", figures or [f"<p>no plots: {why_no_plots or 'nothing to draw'}"
-                                          "</p>"]))
+            figures.append(
+                html.figure_html(
+                    stem, made[f"plots/{stem}.svg"], made[f"plots/{stem}.png"], caption
+                )
+            )
+    sections.append(("plots", figures or [f"<p>no plots: {why_no_plots or 'nothing to draw'}</p>"]))
     files["table3.md"] = "\n".join(md).encode()
     files["table3.tex"] = "\n".join(tex).encode()
     files["index.html"] = html.page(title, intro, sections).encode()
-    files["report.json"] = json.dumps({
-        "run_dir": str(report.run_dir), "baseline": report.baseline, "rows": len(report.rows),
-        "tables": [{"mechanism": t.mechanism, "kind": t.kind, "column": t.column,
-                    "cells": [{"n": n, "k": k, "text": t.text[(n, k)], "value": t.value[(n, k)]}
-                              for n in t.ns for k in t.ks],
-                    "footnotes": list(t.footnotes), "context": t.context}
-                   for t in report.tables]}, indent=1).encode()
+    files["report.json"] = json.dumps(
+        {
+            "run_dir": str(report.run_dir),
+            "baseline": report.baseline,
+            "rows": len(report.rows),
+            "tables": [
+                {
+                    "mechanism": t.mechanism,
+                    "kind": t.kind,
+                    "column": t.column,
+                    "cells": [
+                        {"n": n, "k": k, "text": t.text[(n, k)], "value": t.value[(n, k)]}
+                        for n in t.ns
+                        for k in t.ks
+                    ],
+                    "footnotes": list(t.footnotes),
+                    "context": t.context,
+                }
+                for t in report.tables
+            ],
+        },
+        indent=1,
+    ).encode()
     return files
 
 
@@ -144,10 +189,13 @@ def check_out(out: Path) -> Path:
     """``out`` resolved, if it may be replaced: absent, empty, or an earlier report. Anything
     else (a run directory, ``results/``, a file) is refused, never deleted."""
     out = Path(out).resolve()
-    if out.exists() and (not out.is_dir() or (any(out.iterdir())
-                                               and not (out / "report.json").is_file())):
-        raise ValueError(f"--out: {out} exists and is not an attnbench report (no "
-                         "report.json); refusing to replace it: name a new directory")
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / "report.json").is_file())
+    ):
+        raise ValueError(
+            f"--out: {out} exists and is not an attnbench report (no "
+            "report.json); refusing to replace it: name a new directory"
+        )
     return out
 
 
@@ -186,8 +234,14 @@ def print_tables(report: Report, console: Any) -> None:
         table = Table("n", *(heading(t, k) for k in t.ks))
         for n in t.ns:
             table.add_row(str(n), *(t.text[(n, k)] for k in t.ks))
-        console.print(f"[bold]{escape(title)}[/bold]", table, *map(escape, t.footnotes),
-                      f"[dim]{escape(t.context)}[/dim]", "", sep="\n")
+        console.print(
+            f"[bold]{escape(title)}[/bold]",
+            table,
+            *map(escape, t.footnotes),
+            f"[dim]{escape(t.context)}[/dim]",
+            "",
+            sep="\n",
+        )
 
     for t in report.tables:
         show(t, f"{t.kind} ratio: {t.mechanism}")

@@ -41,21 +41,26 @@ def table_html(t: RatioTable, caption: str | None = None) -> str:
     head = "".join(f"<th>{e(heading(t, k))}</th>" for k in t.ks)
     body = "".join(
         f"<tr><th>{n}</th>" + "".join(f"<td>{e(t.text[(n, k)])}</td>" for k in t.ks) + "</tr>"
-        for n in t.ns)
+        for n in t.ns
+    )
     notes = "<br>".join(e(f) for f in (*t.footnotes, t.context) if f)
-    return (f'<div><table><caption>{e(caption or f"{t.kind} ratio: {t.mechanism}")}</caption>'
-            f"<thead><tr><th>n</th>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f'<p class="notes">{notes}</p></div>')
+    return (
+        f"<div><table><caption>{e(caption or f'{t.kind} ratio: {t.mechanism}')}</caption>"
+        f"<thead><tr><th>n</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f'<p class="notes">{notes}</p></div>'
+    )
 
 
 def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:
     """The SVG shown (sharp at any zoom), the PNG one click away; both inline."""
     svg64, png64 = base64.b64encode(svg).decode(), base64.b64encode(png).decode()
-    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/svg+xml;base64,{svg64}">'
-            f"<figcaption>{html.escape(caption)} "
-            f'(<a download="{name}.png" href="data:image/png;base64,{png64}">PNG</a>, '
-            f'<a download="{name}.svg" href="data:image/svg+xml;base64,{svg64}">SVG</a>)'
-            "</figcaption></figure>")
+    return (
+        f'<figure><img alt="{html.escape(caption)}" src="data:image/svg+xml;base64,{svg64}">'
+        f"<figcaption>{html.escape(caption)} "
+        f'(<a download="{name}.png" href="data:image/png;base64,{png64}">PNG</a>, '
+        f'<a download="{name}.svg" href="data:image/svg+xml;base64,{svg64}">SVG</a>)'
+        "</figcaption></figure>"
+    )
 
 
 def page(title: str, intro: list[str], sections: list[tuple[str, list[str]]]) -> str:
@@ -65,6 +70,8 @@ def page(title: str, intro: list[str], sections: list[tuple[str, list[str]]]) ->
     for section, blocks in sections:
         parts.append(f"<h2>{e(section)}</h2>")
         parts.extend(blocks)
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{e(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"
-            "</head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"
+        "</head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
+    )

@@ -51,8 +51,10 @@ def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, flo
             batch = (r.get("cell") or {}).get("batch", "max")
             where = f" [{r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
         out.setdefault((label(r), r.get("k") or 0, where), []).append((r["n"], float(v)))
-    return {name + (f" k={k}" if k else "") + where: sorted(points)  # k in numeric order
-            for (name, k, where), points in sorted(out.items())}
+    return {
+        name + (f" k={k}" if k else "") + where: sorted(points)  # k in numeric order
+        for (name, k, where), points in sorted(out.items())
+    }
 
 
 def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:
@@ -66,8 +68,9 @@ def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> 
     ax.legend(fontsize=6, loc="best")
 
 
-def _against_n(rows: list[dict[str, Any]], y: str, ylabel: str,
-               where: Callable[[dict[str, Any]], str]) -> Figure | None:
+def _against_n(
+    rows: list[dict[str, Any]], y: str, ylabel: str, where: Callable[[dict[str, Any]], str]
+) -> Figure | None:
     """One log–log figure of ``y`` against n; the title says how the figures were taken."""
     series = _series(rows, y)
     if not series:
@@ -81,14 +84,19 @@ def _against_n(rows: list[dict[str, Any]], y: str, ylabel: str,
 
 def time_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
     """Inference time per sequence against n, log–log: the paper's Figure 2 (top right)."""
-    return _against_n(rows, "time_per_seq_s", "time per sequence (s)", lambda r: (
-        f"timed on {r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}"))
+    return _against_n(
+        rows,
+        "time_per_seq_s",
+        "time per sequence (s)",
+        lambda r: f"timed on {r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}",
+    )
 
 
 def batch_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
     """Maximum batch under the ceiling against n; a model that cannot fit b = 1 has no point."""
-    return _against_n(rows, "max_batch", "maximum batch size",
-                      lambda r: str(r.get("memory_source")))
+    return _against_n(
+        rows, "max_batch", "maximum batch size", lambda r: str(r.get("memory_source"))
+    )
 
 
 def speedup_heatmap(table: RatioTable) -> Figure | None:
@@ -97,8 +105,12 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
         return None
     import numpy as np
 
-    grid = np.array([[math.nan if table.value[(n, k)] is None else table.value[(n, k)]
-                      for k in table.ks] for n in table.ns])
+    grid = np.array(
+        [
+            [math.nan if table.value[(n, k)] is None else table.value[(n, k)] for k in table.ks]
+            for n in table.ns
+        ]
+    )
     fig, ax = _figure()
     image = ax.imshow(grid, cmap="viridis", aspect="auto")
     fig.colorbar(image, ax=ax, label="speed-up (baseline time ÷ mechanism time)")
@@ -110,17 +122,28 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
         for j, k in enumerate(table.ks):
             v = table.value[(n, k)]
             light = v is None or image.norm(v) > 0.6  # viridis turns yellow at the top
-            ax.text(j, i, table.text[(n, k)], ha="center", va="center", fontsize=7,
-                    color="black" if light else "white")
+            ax.text(
+                j,
+                i,
+                table.text[(n, k)],
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if light else "white",
+            )
     ax.set_title(f"speed-up: {table.mechanism}", fontsize=8)
     return fig
 
 
 def modeled_vs_measured(rows: list[dict[str, Any]]) -> Figure | None:
     """Max batch the memory model predicted against the one found on the GPU, per cell."""
-    pairs = [(r["predicted_max_batch"], r["max_batch"], r["attention"]) for r in rows
-             if r.get("memory_source") == "measured" and r.get("predicted_max_batch")
-             and r.get("max_batch")]
+    pairs = [
+        (r["predicted_max_batch"], r["max_batch"], r["attention"])
+        for r in rows
+        if r.get("memory_source") == "measured"
+        and r.get("predicted_max_batch")
+        and r.get("max_batch")
+    ]
     if not pairs:
         return None
     fig, ax = _figure()
@@ -150,7 +173,6 @@ def save(fig: Figure, stem: str) -> dict[str, bytes]:
         buf = io.BytesIO()
         # a fixed salt and no date: the same rows give the same bytes (reports/ in git)
         with matplotlib.rc_context({"svg.hashsalt": "attnbench"}):
-            fig.savefig(buf, format=fmt, dpi=DPI,
-                        metadata={"Date": None} if fmt == "svg" else {})
+            fig.savefig(buf, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else {})
         out[f"{stem}.{fmt}"] = buf.getvalue()
     return out

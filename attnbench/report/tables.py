@@ -47,10 +47,15 @@ def label(row: dict[str, Any]) -> str:
 def _group(row: dict[str, Any]) -> tuple:
     """What must match between a mechanism's row and its baseline's: the same n, dtype,
     preset, ceiling, model, batch setting (``max`` or a fixed b) and the same machine."""
-    return (row["n"], row["dtype"], row["device"], row.get("ceiling_bytes"),
-            tuple(sorted((row.get("model") or {}).items())),
-            str((row.get("cell") or {}).get("batch", "max")),
-            (row.get("env") or {}).get("device_name"))
+    return (
+        row["n"],
+        row["dtype"],
+        row["device"],
+        row.get("ceiling_bytes"),
+        tuple(sorted((row.get("model") or {}).items())),
+        str((row.get("cell") or {}).get("batch", "max")),
+        (row.get("env") or {}).get("device_name"),
+    )
 
 
 def setting(row: dict[str, Any]) -> tuple:
@@ -76,18 +81,23 @@ def _context(rows: list[dict[str, Any]]) -> str:
 
         date = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d")
     batch = str((first.get("cell") or {}).get("batch", "max"))
-    return (f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
-            f"model {shape}, ceiling {ceiling} bytes, "
-            + ("" if batch == "max" else f"fixed batch {batch}, ")
-            + f"attnbench {env.get('attnbench', '?')}" + (f", {date}" if date else ""))
+    return (
+        f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
+        f"model {shape}, ceiling {ceiling} bytes, "
+        + ("" if batch == "max" else f"fixed batch {batch}, ")
+        + f"attnbench {env.get('attnbench', '?')}"
+        + (f", {date}" if date else "")
+    )
 
 
 def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[RatioTable]:
     """Time and memory ratio tables for every mechanism other than ``baseline``."""
     base = {_group(r): r for r in rows if r["attention"] == baseline}
     if not base:
-        raise ValueError(f"baseline: no rows of {baseline!r}; the rows have "
-                         f"{', '.join(sorted({r['attention'] for r in rows}))}")
+        raise ValueError(
+            f"baseline: no rows of {baseline!r}; the rows have "
+            f"{', '.join(sorted({r['attention'] for r in rows}))}"
+        )
     # one table per mechanism and setting: a run dir that holds fp16 and fp32 rows (or two
     # ceilings) gives two tables, never one that silently mixes them
     by_mech: dict[tuple, list[dict[str, Any]]] = {}
@@ -104,8 +114,14 @@ def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[
     return tables
 
 
-def _table(mech: str, kind: str, ns: tuple[int, ...], ks: tuple[int, ...],
-           mrows: list[dict[str, Any]], base: dict[tuple, dict[str, Any]]) -> RatioTable:
+def _table(
+    mech: str,
+    kind: str,
+    ns: tuple[int, ...],
+    ks: tuple[int, ...],
+    mrows: list[dict[str, Any]],
+    base: dict[tuple, dict[str, Any]],
+) -> RatioTable:
     text: dict[tuple[int, int], str] = {}
     value: dict[tuple[int, int], float | None] = {}
     notes: dict[str, str] = {}  # footnote text -> its mark
@@ -126,9 +142,18 @@ def _table(mech: str, kind: str, ns: tuple[int, ...], ks: tuple[int, ...],
                 text[(n, k)] = SKIPPED + mark(f"no {r['attention']} baseline row at n={n}")
                 continue
             text[(n, k)], value[(n, k)] = _cell(kind, r, b, mark)
-    return RatioTable(mech, kind, ns, ks, text, value,
-                      tuple(f"{m} {t}" for t, m in notes.items()), _context(mrows),
-                      attention=mrows[0]["attention"], column=_budget(mrows[0]["attention"]))
+    return RatioTable(
+        mech,
+        kind,
+        ns,
+        ks,
+        text,
+        value,
+        tuple(f"{m} {t}" for t, m in notes.items()),
+        _context(mrows),
+        attention=mrows[0]["attention"],
+        column=_budget(mrows[0]["attention"]),
+    )
 
 
 def _budget(attention: str) -> str:
@@ -156,11 +181,12 @@ def _why(reason: str | None) -> str:
     return (reason or "not timed").split(";")[0]
 
 
-def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
-          ) -> tuple[str, float | None]:
+def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any) -> tuple[str, float | None]:
     if b["status"] == "oom":
-        return "OOM" + mark(f"the baseline does not fit at b = 1 under the ceiling "
-                            f"({b.get('memory_source') or 'measured'})"), None
+        return "OOM" + mark(
+            f"the baseline does not fit at b = 1 under the ceiling "
+            f"({b.get('memory_source') or 'measured'})"
+        ), None
     if r["status"] == "oom":
         return "OOM" + mark("this mechanism does not fit at b = 1 under the ceiling"), None
     if r["status"] != "ok" or b["status"] != "ok":
@@ -178,16 +204,21 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any
     v = tb / t
     where = {(x.get("time_device"), x.get("time_dtype"), x.get("time_batch")) for x in (r, b)}
     elsewhere = sorted((w for w in where if w[0] != "cuda"), key=str)
-    note = "".join(mark(f"time measured on {d} in {t} at b = {tb}, not at max batch on the "
-                        "device") for d, t, tb in elsewhere)
+    note = "".join(
+        mark(f"time measured on {d} in {t} at b = {tb}, not at max batch on the device")
+        for d, t, tb in elsewhere
+    )
     return f"{v:.2f}x" + note, v
 
 
 def to_markdown(t: RatioTable) -> str:
     title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns {t.column})"
-    lines = [title, "", "| n | " + " | ".join("ratio" if k is None else str(k) for k in t.ks)
-             + " |",
-             "|---:|" + "---:|" * len(t.ks)]
+    lines = [
+        title,
+        "",
+        "| n | " + " | ".join("ratio" if k is None else str(k) for k in t.ks) + " |",
+        "|---:|" + "---:|" * len(t.ks),
+    ]
     lines += [f"| {n} | " + " | ".join(t.text[(n, k)] for k in t.ks) + " |" for n in t.ns]
     lines += ["", *(f"{f}  " for f in t.footnotes), t.context]
     return "\n".join(lines).rstrip() + "\n"
@@ -196,8 +227,11 @@ def to_markdown(t: RatioTable) -> str:
 def to_csv(t: RatioTable) -> str:
     """Numbers only (empty where there is none), one row per n: for spreadsheets."""
     lines = ["n," + ",".join(heading(t, k) for k in t.ks)]
-    lines += [f"{n}," + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}"
-                                 for k in t.ks) for n in t.ns]
+    lines += [
+        f"{n},"
+        + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}" for k in t.ks)
+        for n in t.ns
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -216,15 +250,19 @@ def to_latex(t: RatioTable) -> str:
         return out + (f"$^{{{marks}}}$" if marks else "")
 
     cols = "r" + "r" * len(t.ks)
-    lines = [r"\begin{tabular}{" + cols + "}", r"\toprule",
-             r"$n$ & " + " & ".join("ratio" if k is None else f"${_tex_name(t.column)}={k}$"
-                                    for k in t.ks) + r" \\",
-             r"\midrule"]
-    lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\"
-              for n in t.ns]
+    lines = [
+        r"\begin{tabular}{" + cols + "}",
+        r"\toprule",
+        r"$n$ & "
+        + " & ".join("ratio" if k is None else f"${_tex_name(t.column)}={k}$" for k in t.ks)
+        + r" \\",
+        r"\midrule",
+    ]
+    lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\" for n in t.ns]
     lines += [r"\bottomrule", r"\end{tabular}"]
-    lines += [f"% {f}" for f in t.footnotes] + [f"% {tex(t.mechanism)}, {t.kind} ratio; "
-                                                  f"{t.context}"]
+    lines += [f"% {f}" for f in t.footnotes] + [
+        f"% {tex(t.mechanism)}, {t.kind} ratio; {t.context}"
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -241,9 +279,19 @@ def paper_rows(text: str) -> list[dict[str, Any]]:
     """Parse the shipped ``linformer_table3.csv`` (``#`` lines are its provenance)."""
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     head = lines[0].split(",")
-    return [dict(zip(head, (float(v) if "." in v or "ratio" in h else int(v)
-                            for h, v in zip(head, ln.split(","), strict=True)), strict=True))
-            for ln in lines[1:]]
+    return [
+        dict(
+            zip(
+                head,
+                (
+                    float(v) if "." in v or "ratio" in h else int(v)
+                    for h, v in zip(head, ln.split(","), strict=True)
+                ),
+                strict=True,
+            )
+        )
+        for ln in lines[1:]
+    ]
 
 
 def load_paper() -> list[dict[str, Any]]:
@@ -258,10 +306,18 @@ def paper_table(measured: RatioTable, paper: list[dict[str, Any]]) -> RatioTable
     got = {(r["n"], r["k"]): r[f"{measured.kind}_ratio"] for r in paper}
     value = {(n, k): got.get((n, k)) for n in measured.ns for k in measured.ks}
     text = {c: MISSING if v is None else f"{v:g}x" for c, v in value.items()}
-    return RatioTable(PAPER + " (Linformer, layerwise sharing)", measured.kind, measured.ns,
-                      measured.ks, text, value, (),
-                      "16 GB Tesla V100, each model at its maximum batch size; '-': not in "
-                      "the paper", attention="linformer", column="k")
+    return RatioTable(
+        PAPER + " (Linformer, layerwise sharing)",
+        measured.kind,
+        measured.ns,
+        measured.ks,
+        text,
+        value,
+        (),
+        "16 GB Tesla V100, each model at its maximum batch size; '-': not in the paper",
+        attention="linformer",
+        column="k",
+    )
 
 
 def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
@@ -273,10 +329,18 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
     # the measured cell's footnote marks stay on its quotient (CPU time, modeled memory)
     marks = {c: "".join(ch for ch in t if ch in MARKS) for c, t in measured.text.items()}
     text = {c: MISSING if v is None else f"{v:.2f}{marks[c]}" for c, v in value.items()}
-    return RatioTable(f"{measured.mechanism} ÷ paper", measured.kind, measured.ns, measured.ks,
-                      text, value, measured.footnotes,
-                      "'-' where either table has no number; " + measured.context,
-                      attention=measured.attention, column=measured.column)
+    return RatioTable(
+        f"{measured.mechanism} ÷ paper",
+        measured.kind,
+        measured.ns,
+        measured.ks,
+        text,
+        value,
+        measured.footnotes,
+        "'-' where either table has no number; " + measured.context,
+        attention=measured.attention,
+        column=measured.column,
+    )
 
 
 def compares_with_paper(t: RatioTable) -> bool:

@@ -31,12 +31,15 @@ def _x() -> torch.Tensor:
     return torch.randn(B, N, D, generator=torch.Generator().manual_seed(0))
 
 
-def _run(benchmark, fn: Callable[[torch.Tensor], torch.Tensor], role: str,
-         rounds: int = ROUNDS) -> None:
+def _run(
+    benchmark, fn: Callable[[torch.Tensor], torch.Tensor], role: str, rounds: int = ROUNDS
+) -> None:
     x = _x()
     with torch.inference_mode():
         benchmark.extra_info.update(
-            role=role, flops=count_flops(fn, x), threads=torch.get_num_threads(),
+            role=role,
+            flops=count_flops(fn, x),
+            threads=torch.get_num_threads(),
             shape=f"n={N} d_model={D} heads={H} k={K} batch={B} fp32 cpu",
         )
         benchmark.pedantic(fn, args=(x,), rounds=rounds, warmup_rounds=WARMUP, iterations=1)
@@ -57,8 +60,11 @@ def _ours() -> list[tuple[str, dict]]:
     return cases
 
 
-@pytest.mark.parametrize(("name", "params"), _ours(),
-                         ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
+@pytest.mark.parametrize(
+    ("name", "params"),
+    _ours(),
+    ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())),
+)
 def test_attnbench(benchmark, name: str, params: dict) -> None:
     torch.manual_seed(0)
     m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=N, **params).eval()

@@ -27,13 +27,24 @@ def test_forward(benchmark, cell) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(SUITE.settings["threads"])
     try:
-        layer = attnbench.create(cell.attention, d_model=cell.d_model, n_heads=cell.n_heads,
-                                 max_seq_len=cell.n, **cell.params).eval()
-        x = torch.randn(cell.batch, cell.n, cell.d_model,
-                        generator=torch.Generator().manual_seed(0))
+        layer = attnbench.create(
+            cell.attention,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            max_seq_len=cell.n,
+            **cell.params,
+        ).eval()
+        x = torch.randn(
+            cell.batch, cell.n, cell.d_model, generator=torch.Generator().manual_seed(0)
+        )
         benchmark.extra_info.update(cell=cell.name, threads=torch.get_num_threads())
         with torch.inference_mode():
-            benchmark.pedantic(layer, args=(x,), rounds=SUITE.settings["rounds"],
-                               warmup_rounds=SUITE.settings["warmup"], iterations=1)
+            benchmark.pedantic(
+                layer,
+                args=(x,),
+                rounds=SUITE.settings["rounds"],
+                warmup_rounds=SUITE.settings["warmup"],
+                iterations=1,
+            )
     finally:
         torch.set_num_threads(threads)
