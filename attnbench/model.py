@@ -13,7 +13,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.attention.base import check_int
+from attnbench.checks import check_int
 from attnbench.registry import make_config, mechanism_class
 
 

@@ -47,12 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.attention.base import (
-    MultiHeadAttention,
-    check_bool,
-    check_choice,
-    check_int,
-)
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.registry import register
 
 SHARING = ("none", "headwise", "kv", "layerwise")

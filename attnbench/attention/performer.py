@@ -35,7 +35,8 @@ from performer_pytorch.performer_pytorch import (
 )
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, check_bool, check_choice, check_int
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.registry import register
 
 KERNELS = ("softmax", "relu")

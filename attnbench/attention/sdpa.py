@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, check_bool, check_choice
+from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.checks import check_bool, check_choice
 from attnbench.registry import register
 
 BACKENDS = {

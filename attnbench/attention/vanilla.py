@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, check_bool
+from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.checks import check_bool
 from attnbench.registry import register
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, check_bool
+from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.checks import check_bool
 from attnbench.registry import register
 
 NOT_INSTALLED = "xformers is not installed (pip install 'attnbench[xformers]')"

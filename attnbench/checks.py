@@ -1,0 +1,112 @@
+"""The one validator style of attnbench: ``check_*(name, value, ...)`` returns the value or
+raises one ``ValueError`` line, ``NAME: must be WHAT IS ALLOWED, got VALUE``.
+
+Mechanism configs, cells, the keys of ``attnbench run``, the gate's ``check:`` settings and
+the command-line flags all validate through these, so a user's typo reads the same wherever
+it is caught and every caller turns it into exit code 2 the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an int if it is one in ``[low, high]`` (numpy's integers too; never a
+    bool or a float)."""
+    original = value
+    try:
+        value = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"{name}: must be {allowed}, got {original!r}")
+    return value
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> float:
+    """``value`` as a float if it is a finite real number in the range (ints too; never a
+    bool, a string or NaN)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if open_low else value >= low
+    if ok and high is not None:
+        ok = value < high if open_high else value <= high
+    if not ok:
+        if low is not None and high is not None:
+            left, right = "(" if open_low else "[", ")" if open_high else "]"
+            allowed = f"a number in {left}{low:g}, {high:g}{right}"
+        elif low is not None:
+            allowed = f"a number {'>' if open_low else '>='} {low:g}"
+        elif high is not None:
+            allowed = f"a number {'<' if open_high else '<='} {high:g}"
+        else:
+            allowed = "a number"
+        raise ValueError(f"{name}: must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[Any], what: str | None = None) -> Any:
+    """``value`` if it is one of ``allowed``; ``what`` names the kind (``a mechanism``)."""
+    if value not in allowed:
+        listed = ", ".join(map(str, allowed))
+        if what:
+            raise ValueError(f"{name}: must be {what} ({listed}), got {value!r}")
+        raise ValueError(f"{name}: must be one of {listed}; got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be true or false, got {value!r}")
+    return value
+
+
+def parse_fraction(name: str, text: str) -> float:
+    """``0.1`` or ``10%`` as a fraction in (0, 10)."""
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise ValueError(f"{name}: must be a fraction like 0.1 or 10%, got {text!r}") from None
+    if not 0 < value < 10:
+        raise ValueError(f"{name}: must be a fraction like 0.1 or 10%, got {text!r}")
+    return value
+
+
+def parse_int(name: str, text: str, *, low: int = 1) -> int:
+    """An integer flag from the command line; the message quotes what was typed."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"{name}: must be an integer >= {low}, got {text!r}")
+    return value
+
+
+def argtype(check: Callable[[str, str], T], name: str) -> Callable[[str], T]:
+    """An argparse ``type=`` from a checker: argparse prints the checker's own line."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(name, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+
+    parse.__name__ = name
+    return parse
