@@ -4,11 +4,16 @@ The public surface: :func:`names`, :func:`info`, :func:`create`, :func:`register
 :func:`build_model`. Importing the package registers the built-in mechanisms.
 """
 
-from attnbench.registry import Info, create, info, names, register  # noqa: I001 (order matters)
-from attnbench.attention import vanilla, sdpa, xformers, linformer, performer  # noqa: F401
-# (importing a mechanism's module registers it; this order is the order of names())
+import importlib
 
-from attnbench.model import build_model
+from attnbench.attention import BUILTINS
+from attnbench.registry import Info, create, info, names, register
+
+for _name in BUILTINS:  # importing a mechanism's module registers it, in this order
+    importlib.import_module(f"attnbench.attention.{_name}")
+
+from attnbench.model import build_model  # noqa: E402 (after the mechanisms it builds)
+from attnbench.results import load  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Info", "__version__", "build_model", "create", "info", "names", "register"]
+__all__ = ["Info", "__version__", "build_model", "create", "info", "load", "names", "register"]

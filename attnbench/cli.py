@@ -7,12 +7,8 @@ argparse, as is ``report`` (see :mod:`attnbench.report.files`).
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import signal
 import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -20,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import attnbench
+from attnbench.checks import argtype, parse_fraction, parse_int
 from attnbench.measure.timing import time_forward
 
 
@@ -124,16 +121,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """The regression gate: exit 1 on a regression, 0 otherwise, 2 on misuse or error."""
+    """The regression gate (:func:`attnbench.check.run.run`): exit 1 on a regression, 0
+    otherwise; misuse and crashes are one line and exit 2 (a crash is not a regression),
+    an interrupt one line and exit 130."""
     import signal
 
-    from attnbench.check import gate
+    from attnbench.check import Misuse
 
     # CI cancels with SIGTERM: unwind, so that the temporary worktree and workers go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        return _check(args)
-    except gate.Misuse as e:
+        from attnbench.check.run import run
+
+        return run(
+            against=args.against,
+            baseline=args.baseline,
+            write_baseline=args.write_baseline,
+            suite_name=args.suite,
+            config_dir=args.config_dir,
+            threshold=args.threshold,
+            rounds=args.rounds,
+            json_path=args.json,
+            seed=args.seed,
+            quiet=args.quiet,
+            out=_console(),
+        )
+    except Misuse as e:
         print(f"attnbench check: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("attnbench check: interrupted", file=sys.stderr)
@@ -141,141 +154,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     except Exception as e:  # a crash is not a regression: never exit 1 for it
         print(f"attnbench check: error: {type(e).__name__}: {e}", file=sys.stderr)
     return 2
-
-
-def _check(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from attnbench.check import gate
-
-    err = Console(stderr=True)
-    started = time.time()
-    cwd = Path.cwd()
-    root = _git_root_or(cwd) if (args.baseline or args.write_baseline) else gate.repo_root(cwd)
-    # a user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo: importable here too
-    sys.path.insert(0, str(root))
-    suite = gate.load_suite(
-        args.suite, args.config_dir, {"threshold": args.threshold, "rounds": args.rounds}
-    )
-    stored = gate.read_baseline(args.baseline) if args.baseline else None
-    a_name = a_commit = None
-    if stored is None and not args.write_baseline:
-        a_name, a_commit = gate.resolve_ref(root, args.against)
-    here = gate.fingerprint(suite.settings)  # for the warning and the result file
-    if stored is not None:
-        why = gate.settings_mismatch(stored["settings"], suite.settings)
-        if why:
-            raise gate.Misuse(f"--baseline: {why}; write it again with --write-baseline")
-        for line in gate.fingerprint_mismatch(stored["fingerprint"], here):
-            err.print(
-                f"[yellow]attnbench check: warning: the baseline was recorded on "
-                f"another machine or setup ({line}); its times may not compare[/]",
-                markup=True,
-                highlight=False,
-            )
-    expect = gate.expected_modules(root)
-    for cell, why in suite.skipped:
-        err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=args.quiet,
-    ) as bar:
-        task = bar.add_task("samples", total=None)
-
-        def tick(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        if stored is not None or args.write_baseline:
-            got = gate.sample(
-                {"B": root},
-                suite,
-                seed=args.seed,
-                expect=expect,
-                reps=stored["reps"] if stored else None,
-                progress=tick,
-            )
-        else:
-            bar.update(task, description=f"A = {a_name}, B = working tree")
-            with gate.worktree(root, a_commit) as tree:
-                got = gate.sample(
-                    {"A": tree, "B": root}, suite, seed=args.seed, expect=expect, progress=tick
-                )
-    if args.write_baseline:
-        if got.unavailable.get("B"):
-            raise gate.Misuse(
-                "--write-baseline: these cells cannot run here: "
-                + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
-            )
-        gate.write_baseline(args.write_baseline, suite, got.versions["B"], got.reps)
-        print(
-            f"attnbench check: baseline of {len(got.versions['B'])} cells x "
-            f"{suite.settings['rounds']} samples written to {args.write_baseline}"
-        )
-        return 0
-    if stored is not None:
-        a, a_name = stored["samples"], f"baseline {args.baseline}"
-    else:
-        a = got.versions["A"]
-    why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
-    results = gate.judge(suite, a, got.versions["B"], why_not)
-    failed = [r for r in results if r.verdict in gate.FAILING]
-    if not failed and not any(r.stats for r in results):
-        raise gate.Misuse(
-            "nothing to compare: no cell ran in both versions ("
-            + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results)
-            + ")"
-        )
-    _console().print(gate.table(results, a_name, "working tree", 0.99))
-    meta = {
-        "against": a_name,
-        "against_commit": a_commit,
-        "suite": args.suite,
-        "settings": suite.settings,
-        "fingerprint": here,
-        "wall_s": round(time.time() - started, 1),
-    }
-    gate.write_json(args.json, gate.result_json(results, meta, {"A": a, "B": got.versions["B"]}))
-    counts = {
-        v: sum(r.verdict == v for r in results)
-        for v in ("regressed", "broken", "improved", "same", "new", "gone", "skipped")
-    }
-    tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    verdict = (
-        ("FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)) if failed else "passed"
-    )
-    print(f"attnbench check: {verdict} ({tally}; {meta['wall_s']:.0f} s; details in {args.json})")
-    return 1 if failed else 0
-
-
-def _git_root_or(cwd: Path) -> Path:
-    from attnbench.check import gate
-
-    try:
-        return gate.repo_root(cwd)
-    except gate.Misuse:
-        return cwd
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 10:
-        raise argparse.ArgumentTypeError(f"must be a fraction like 0.1 or 10%, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text) if text.lstrip("-").isdigit() else None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -357,12 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-dir", metavar="DIR", help="extra config dir holding sweep/SUITE.yaml")
     p.add_argument(
         "--threshold",
-        type=_fraction,
-        help="default slowdown a cell may show "
-        "before failing, e.g. 0.1 or 10%% (default: the suite's, 10%%)",
+        type=argtype(parse_fraction, "--threshold"),
+        help="default slowdown a cell may show before failing, e.g. 0.1 or 10%% "
+        "(default: the suite's check.threshold)",
     )
     p.add_argument(
-        "--rounds", type=_positive, help="samples per cell and version (default: the suite's, 15)"
+        "--rounds",
+        type=argtype(parse_int, "--rounds"),
+        help="samples per cell and version (default: the suite's check.rounds)",
     )
     p.add_argument(
         "--json",
@@ -374,41 +254,79 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="time vanilla against Linformer (layerwise) on one cell")
-    p.add_argument("--n", type=_positive, default=1024, help="sequence length (default 1024)")
-    p.add_argument("--k", type=_positive, default=128, help="Linformer's k (default 128)")
-    p.add_argument("--repeats", type=_positive, default=3, help="timed forwards (default 3)")
+    p.add_argument(
+        "--n", type=argtype(parse_int, "--n"), default=1024, help="sequence length (default 1024)"
+    )
+    p.add_argument(
+        "--k", type=argtype(parse_int, "--k"), default=128, help="Linformer's k (default 128)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=argtype(parse_int, "--repeats"),
+        default=3,
+        help="timed forwards (default 3)",
+    )
     p.set_defaults(fn=cmd_demo)
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it unwinds like Ctrl-C: the stored
+    rows stand, this command's temp files go."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def cmd_run(args: list[str]) -> int:
     """``attnbench run ARGS``: validate every cell first (one line, exit 2, nothing written),
-    then hand the same arguments to Hydra."""
-    from attnbench import sweep
+    then hand the same arguments to Hydra. Ctrl-C or SIGTERM: one line saying what is stored
+    and how to resume, exit 130 (143), no temp files left."""
+    from attnbench.env import fix_malloc
+    from attnbench.sweep import claims, config, job
 
-    if not any(
-        a in ("--help", "-h", "--hydra-help", "--info", "-i")
-        or a.startswith("--cfg")
-        or a in ("-c",)
-        for a in args
-    ):
-        try:
-            plan = sweep.prevalidate(args)
-        except ValueError as e:
-            print(f"attnbench run: error: {e}", file=sys.stderr)
-            return 2
-        # shared with the Hydra callback and every job, also in launcher subprocesses
-        fd, path = tempfile.mkstemp(prefix="attnbench-plan-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(plan, f)
-        os.environ[sweep.PLAN_ENV] = path
-        os.environ[sweep.INVOCATION_ENV] = uuid.uuid4().hex
-    sys.argv = ["attnbench run", *args]
+    fix_malloc()  # steadier CPU timings, here and in every worker this command starts
+    signal.signal(signal.SIGTERM, _terminate)
+    plan: list[tuple[str, str]] = []
     try:
-        sweep.hydra_main()
+        if not any(
+            a in ("--help", "-h", "--hydra-help", "--info", "-i")
+            or a.startswith("--cfg")
+            or a in ("-c",)
+            for a in args
+        ):
+            try:
+                plan = config.prevalidate(args)
+            except ValueError as e:
+                print(f"attnbench run: error: {e}", file=sys.stderr)
+                return 2
+            claims.begin(plan)  # shared with the Hydra callback and every job
+        sys.argv = ["attnbench run", *args]
+        job.hydra_main()
+    except (KeyboardInterrupt, Terminated) as e:
+        print(f"\nattnbench run: {_interrupted(plan)}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     finally:  # the plan and the claims of this command are of no use after it
-        sweep.forget_invocation()
+        claims.end()
     return 0
+
+
+def _interrupted(plan: list[tuple[str, str]]) -> str:
+    """What an interrupted command leaves: its stored cells, and how to go on."""
+    from attnbench.sweep import claims
+
+    if not plan:
+        return "interrupted before any cell ran; nothing was written"
+    try:
+        stored = len(claims.rows_of(plan))
+    except (OSError, ValueError):
+        stored = "?"
+    dirs = ", ".join(sorted({d for d, _ in plan}))
+    return (
+        f"interrupted; {stored} of {len(plan)} cells are stored in {dirs}; run the same "
+        "command again to resume (stored cells are not measured again)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,116 +17,25 @@ from __future__ import annotations
 
 import functools
 import gc
-import platform
-import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 
 import attnbench
-from attnbench.attention.base import check_int
-from attnbench.measure import presets
+from attnbench.cell import Cell, Resolved, validate
+from attnbench.env import environment
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting
 from attnbench.measure.timing import Timing, time_forward
+from attnbench.row import Row
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class Cell:
-    attention: str
-    n: int
-    k: int | None = None  # the mechanism's budget (Linformer's k, Performer's nb_features)
-    batch: int | str = "max"
-    dtype: str = "fp16"
-    device: str = "v100_16gb"
-    ceiling_bytes: int | None = None  # default: the preset's whole memory
-    params: tuple[tuple[str, Any], ...] = ()  # the mechanism's own, as sorted (key, value)
-    layers: int = 12
-    d_model: int = 768
-    n_heads: int = 12
-    d_ff: int = 3072
-    min_repeats: int = 5
-    min_seconds: float = 1.0
-    cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
-    time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
-    flush_l2: bool = False
-    model_only: bool = False  # memory from the model alone, no real probes, no timing
-
-    def mechanism_params(self) -> dict[str, Any]:
-        """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
-        params = dict(self.params)
-        budget = attnbench.info(self.attention).budget
-        if budget is not None and self.k is not None:
-            params[budget] = self.k
-        return params
-
-
-@dataclass
-class _Plan:
-    """What validation learned, so running does not recompute it."""
-
-    preset: presets.Preset
-    ceiling: int
-    on_gpu: bool
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-def validate(cell: Cell, preset: presets.Preset | None = None) -> _Plan:
-    """One ``ValueError`` line naming the first bad parameter; nothing is run.
-
-    ``preset`` is the device as composed by Hydra (so a user's own preset from
-    ``--config-dir`` works); by default it is read from conf/device/ by name.
-    """
-    attnbench.info(cell.attention)  # unknown mechanism
-    check_int("n", cell.n)
-    if isinstance(cell.batch, str) and cell.batch != "max":
-        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
-    if cell.batch != "max":
-        check_int("batch", cell.batch)
-    if cell.k is not None:
-        check_int("k", cell.k)
-        if attnbench.info(cell.attention).fixed_max_len and cell.k > cell.n:
-            raise ValueError(f"k: must be at most n={cell.n}, got {cell.k}")
-    preset = preset or presets.load(cell.device)
-    preset.check_dtype(cell.dtype)
-    ceiling = (
-        preset.check_ceiling(cell.ceiling_bytes)
-        if cell.ceiling_bytes is not None
-        else preset.total_bytes
-    )
-    if ceiling <= preset.overhead_bytes:
-        raise ValueError(
-            f"ceiling: {ceiling} bytes leave nothing after {cell.device}'s fixed "
-            f"overhead of {preset.overhead_bytes} bytes"
-        )
-    for name in ("layers", "d_model", "n_heads", "d_ff", "min_repeats", "cpu_batch"):
-        check_int(name, getattr(cell, name))
-    params = cell.mechanism_params()
-    # builds the layer's config and shape checks (k <= n, d_model % n_heads, ...) on meta
-    with torch.device("meta"):
-        attnbench.create(
-            cell.attention, d_model=cell.d_model, n_heads=cell.n_heads, max_seq_len=cell.n, **params
-        )
-    on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
-    if on_gpu:
-        here = torch.cuda.get_device_properties(0).total_memory
-        if ceiling - preset.overhead_bytes > here:
-            raise ValueError(
-                f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
-                f"overhead exceed this GPU's {here} bytes"
-            )
-    return _Plan(preset, ceiling, on_gpu, params)
 
 
 GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
 
 
-def _build(cell: Cell, plan: _Plan, device: str, dtype: torch.dtype) -> torch.nn.Module:
+def _build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """The encoder in ``dtype`` on ``device``, weights from a fixed seed.
 
     On meta it is built in place (no memory at any size). Otherwise it is built on the CPU
@@ -142,7 +51,7 @@ def _build(cell: Cell, plan: _Plan, device: str, dtype: torch.dtype) -> torch.nn
             n_heads=cell.n_heads,
             d_ff=cell.d_ff,
             max_seq_len=cell.n,
-            **plan.params,
+            **res.params,
         )
     return model.to(device=device, dtype=dtype).eval()
 
@@ -173,12 +82,12 @@ def _linear_guess(peak: Callable[[int], int], ceiling: int) -> int:
     return max(1, 1 + (ceiling - p1) // slope)
 
 
-def _cuda_fits(model: torch.nn.Module, cell: Cell, plan: _Plan, b: int) -> bool:
+def _cuda_fits(model: torch.nn.Module, cell: Cell, res: Resolved, b: int) -> bool:
     """A real forward at b under the ceiling (less the fixed overhead); OOM is caught."""
     dev = torch.device(GPU)
     try:
         x = _input(b, cell, GPU, DTYPES[cell.dtype])
-        measured_peak_cuda(lambda: model(x), dev, plan.ceiling - plan.preset.overhead_bytes)
+        measured_peak_cuda(lambda: model(x), dev, res.usable)
         return True
     except torch.OutOfMemoryError:
         return False
@@ -196,59 +105,16 @@ def cpu_matmul_rate() -> float:
     return 2 * 1024**3 / t.median
 
 
-@functools.cache
-def environment() -> dict[str, Any]:
-    """What a figure was measured with: device, versions, git revision, threads."""
-    here = Path(__file__).resolve().parent
-    try:  # only a checkout of attnbench itself: an install inside a user's repo is not one
-        top = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            cwd=here,
-            timeout=10,
-        ).stdout.strip()
-        rev = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here, timeout=10
-            ).stdout.strip()
-            if top and Path(top).resolve() == here.parent
-            else None
-        )
-    except OSError:
-        rev = None
-    cuda = torch.cuda.is_available()
-    return {
-        "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "attnbench": attnbench.__version__,
-        "git_revision": rev,
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
+def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     """Measure one cell; always a row (see the module docstring). Validates first."""
-    plan = plan or validate(cell)
-    row = empty_row(cell, plan.ceiling, plan.preset.overhead_bytes)
+    res = res or validate(cell)
+    row = Row.new(cell, res.ceiling, res.preset.overhead_bytes, environment())
     why = attnbench.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
         return row
     try:
-        _measure(cell, plan, row)
+        _measure(cell, res, row)
     except torch.OutOfMemoryError as e:
         row.update(status="oom", reason=_first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep
@@ -256,87 +122,46 @@ def run_cell(cell: Cell, plan: _Plan | None = None) -> dict[str, Any]:
     return row
 
 
-def empty_row(cell: Cell, ceiling: int, overhead: int) -> dict[str, Any]:
-    """Every key of a row (DESIGN.md), nothing measured yet: what a failure row starts from."""
-    return {
-        "attention": cell.attention,
-        "params": dict(cell.params),
-        "n": cell.n,
-        "k": cell.k,
-        "dtype": cell.dtype,
-        "device": cell.device,
-        "ceiling_bytes": ceiling,
-        "model": {
-            "layers": cell.layers,
-            "d_model": cell.d_model,
-            "n_heads": cell.n_heads,
-            "d_ff": cell.d_ff,
-        },
-        "status": "ok",
-        "reason": None,
-        "max_batch": None,
-        "batch": None,
-        "predicted_max_batch": None,
-        "probes": 0,
-        "model_error": None,
-        "time_median_s": None,
-        "time_iqr_s": None,
-        "repeats": 0,
-        "time_per_seq_s": None,
-        "time_batch": None,
-        "time_device": None,
-        "time_dtype": None,
-        "time_method": None,
-        "peak_bytes": None,
-        "memory_source": None,
-        "overhead_bytes": overhead,
-        "flops": None,
-        "flops_per_s": None,
-        "pct_of_peak": None,
-        "env": environment(),
-    }
-
-
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [repr(e)])[0][:300]
 
 
-def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
+def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     dtype = DTYPES[cell.dtype]
-    overhead = plan.preset.overhead_bytes
-    meta_model = _build(cell, plan, "meta", dtype)
-    row["flops"] = meta_model.flops(1, cell.n)  # per sequence; per forward below
+    overhead = res.preset.overhead_bytes
+    meta_model = _build(cell, res, "meta", dtype)
+    row.flops = meta_model.flops(1, cell.n)  # per sequence; per forward below
 
     def model_fits(b: int) -> bool:
-        return modeled_peak(meta_model, cell, b, overhead) <= plan.ceiling
+        return modeled_peak(meta_model, cell, b, overhead) <= res.ceiling
 
     if cell.batch == "max":
-        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead), plan.ceiling)
+        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead), res.ceiling)
         predicted, _ = largest_fitting(model_fits, guess)
-        row["predicted_max_batch"] = predicted
+        row.predicted_max_batch = predicted
     else:
         predicted = None
 
-    if plan.on_gpu:
-        model = _build(cell, plan, GPU, dtype)
+    if res.on_gpu:
+        model = _build(cell, res, GPU, dtype)
         if cell.batch == "max":
             b, probes = largest_fitting(
-                lambda b: _cuda_fits(model, cell, plan, b), max(predicted, 1)
+                lambda b: _cuda_fits(model, cell, res, b), max(predicted, 1)
             )
             row.update(max_batch=b, probes=probes, model_error=predicted - b)
         else:
             b = cell.batch
-            row["max_batch"] = None
+            row.max_batch = None
         if b == 0:
             row.update(
                 status="oom",
-                reason=f"b=1 does not fit under {plan.ceiling} bytes",
+                reason=f"b=1 does not fit under {res.ceiling} bytes",
                 memory_source="measured",
             )
             return
         x = _input(b, cell, GPU, dtype)
         try:
-            peak = measured_peak_cuda(lambda: model(x), torch.device(GPU), plan.ceiling - overhead)
+            peak = measured_peak_cuda(lambda: model(x), torch.device(GPU), res.usable)
         except torch.OutOfMemoryError:
             why = (
                 "passed its probe but ran out of memory when run again (allocator fragmentation)"
@@ -358,40 +183,40 @@ def _measure(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
             min_seconds=cell.min_seconds,
             flush_l2=cell.flush_l2,
         )
-        _put_timing(row, timing, b, "cuda", cell.dtype, cell, plan)
+        _put_timing(row, timing, b, "cuda", cell.dtype, cell, res)
         return
     # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
     b = predicted if cell.batch == "max" else cell.batch
     row.update(max_batch=predicted, memory_source="modeled", batch=b)
     if b == 0:
-        row.update(status="oom", reason=f"modeled: b=1 does not fit under {plan.ceiling} bytes")
+        row.update(status="oom", reason=f"modeled: b=1 does not fit under {res.ceiling} bytes")
         return
-    row["peak_bytes"] = modeled_peak(meta_model, cell, b, overhead)
-    if row["peak_bytes"] > plan.ceiling:
+    row.peak_bytes = modeled_peak(meta_model, cell, b, overhead)
+    if row.peak_bytes > res.ceiling:
         row.update(
             status="oom",
-            reason=f"modeled: b={b} peaks at {row['peak_bytes']} bytes, "
-            f"over the ceiling of {plan.ceiling}",
+            reason=f"modeled: b={b} peaks at {row.peak_bytes} bytes, "
+            f"over the ceiling of {res.ceiling}",
         )
         return
     if cell.model_only:
-        row["reason"] = "model only: no time measured"
+        row.reason = "model only: no time measured"
         return
-    _time_on_cpu(cell, plan, row)
+    _time_on_cpu(cell, res, row)
 
 
-def _time_on_cpu(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
+def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
     b = cell.cpu_batch
-    estimate = row["flops"] * b / cpu_matmul_rate()  # seconds per forward, at the GEMM rate
+    estimate = row.flops * b / cpu_matmul_rate()  # seconds per forward, at the GEMM rate
     work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
     if work > cell.time_budget_s:
-        row["reason"] = (
+        row.reason = (
             f"time skipped: ~{estimate:.1f} s per forward at b={b} on this CPU; "
             f"{2 + cell.min_repeats} forwards exceed time_budget_s="
             f"{cell.time_budget_s:g}"
         )
         return
-    model = _build(cell, plan, "cpu", torch.float32)
+    model = _build(cell, res, "cpu", torch.float32)
     x = _input(b, cell, "cpu", torch.float32)
     timing = time_forward(
         lambda: model(x),
@@ -399,17 +224,17 @@ def _time_on_cpu(cell: Cell, plan: _Plan, row: dict[str, Any]) -> None:
         min_repeats=cell.min_repeats,
         min_seconds=min(cell.min_seconds, cell.time_budget_s / 2),
     )
-    _put_timing(row, timing, b, "cpu", "fp32", cell, plan)
+    _put_timing(row, timing, b, "cpu", "fp32", cell, res)
 
 
 def _put_timing(
-    row: dict[str, Any], timing: Timing, b: int, device: str, dtype: str, cell: Cell, plan: _Plan
+    row: Row, timing: Timing, b: int, device: str, dtype: str, cell: Cell, res: Resolved
 ) -> None:
-    flops_per_forward = row["flops"] * b  # row["flops"] is per sequence
+    flops_per_forward = row.flops * b  # row.flops is per sequence
     rate = flops_per_forward / timing.median
     # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
-    same_gpu = device == "cuda" and plan.preset.gpu == row["env"]["device_name"]
-    peak = plan.preset.peak_flops.get(dtype) if same_gpu else None
+    same_gpu = device == "cuda" and res.preset.gpu == row.env["device_name"]
+    peak = res.preset.peak_flops.get(dtype) if same_gpu else None
     row.update(
         time_median_s=timing.median,
         time_iqr_s=timing.iqr,
@@ -423,12 +248,7 @@ def _put_timing(
         flops_per_s=rate,
         pct_of_peak=None if peak is None else 100 * rate / peak,
     )
-    row["env"] = {**row["env"], "threads": timing.threads}
+    row.env = {**row.env, "threads": timing.threads}
 
 
-def cell_dict(cell: Cell) -> dict[str, Any]:
-    """The cell as plain data, for stores and reports."""
-    return asdict(cell)
-
-
-__all__ = ["Cell", "cell_dict", "environment", "modeled_peak", "run_cell", "validate"]
+__all__ = ["Cell", "modeled_peak", "run_cell", "validate"]

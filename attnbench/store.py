@@ -10,16 +10,15 @@ cuts away, so a killed run loses at most the cell in flight and never corrupts t
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-SCHEMA = 1
-KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
+if TYPE_CHECKING:
+    from attnbench.row import Row
 
 
 def replace_file(path: Path, text: str) -> None:
@@ -33,43 +32,53 @@ def replace_file(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def cell_key(spec: dict[str, Any]) -> str:
-    """A stable id of what a cell measures (not of how long it is timed)."""
-    canonical = json.dumps({f: spec[f] for f in KEY_FIELDS}, sort_keys=True, default=str)
-    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
-
-
 class CorruptLine(ValueError):
     """A line of ``cells.jsonl`` that is not a JSON row, with its 1-based number."""
 
-    def __init__(self, path: Path, line_no: int, text: str) -> None:
-        super().__init__(f"{path}:{line_no}: not a JSON row: {text[:80]!r}")
+    def __init__(self, path: Path, line_no: int, text: str, why: str = "not a JSON row") -> None:
+        super().__init__(f"{path}:{line_no}: {why}: {text[:80]!r}")
         self.line_no = line_no
 
 
-def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
-    """Every row of a ``cells.jsonl``. A bad line raises :class:`CorruptLine` naming its
-    number; with ``strict=False`` only a final line without its newline (a writer killed
-    mid-line) is tolerated and left out."""
+def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, JSON object) for every line of a ``cells.jsonl``. A bad line
+    (not JSON, not an object, not UTF-8) raises :class:`CorruptLine` naming its number; with
+    ``strict=False`` only a final line without its newline (a writer killed mid-line) is
+    tolerated and left out."""
     if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.split("\n")
-    rows = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+        return
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
-        last_unterminated = i == len(lines) and not text.endswith("\n")
+        last_unterminated = i == len(lines) and not data.endswith(b"\n")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if last_unterminated and not strict:
+                continue
+            raise CorruptLine(
+                path,
+                i,
+                repr(raw[max(0, e.start - 20) : e.end + 20]),
+                f"not UTF-8 (byte {e.start + 1})",
+            ) from None
         try:
             row = json.loads(line)
             if not isinstance(row, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             if last_unterminated and not strict:
                 continue
             raise CorruptLine(path, i, line) from None
-        rows.append(row)
-    return rows
+        yield i, row
+
+
+def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
+    """Every line of a ``cells.jsonl`` as a plain JSON object, as stored (see
+    :func:`numbered_lines`); :func:`attnbench.row.read` checks them against the schema."""
+    return [row for _, row in numbered_lines(path, strict=strict)]
 
 
 class RunStore:
@@ -92,17 +101,20 @@ class RunStore:
     def done(self) -> set[str]:
         return {row.get("key") for row in read_rows(self.cells, strict=False)}
 
-    def append(self, row: dict[str, Any], *, replace: bool = False) -> bool:
-        """Append ``row`` unless its key is already stored (or, with ``replace``, after
-        dropping the stored one). Returns whether it was written."""
-        line = json.dumps({"schema": SCHEMA, **row}, default=str) + "\n"
+    def append(self, row: Row | dict[str, Any], *, replace: bool = False) -> bool:
+        """Append ``row`` (a :class:`~attnbench.row.Row`, or any JSON object with a ``key``)
+        unless its key is already stored (or, with ``replace``, after dropping the stored
+        one). Returns whether it was written."""
+        record = row if isinstance(row, dict) else row.to_dict()
+        key = record["key"]
+        line = json.dumps(record, default=str) + "\n"
         with self._locked():
             self._cut_partial_line()
             rows = read_rows(self.cells, strict=False)
-            if any(r.get("key") == row["key"] for r in rows):
+            if any(r.get("key") == key for r in rows):
                 if not replace:
                     return False
-                kept = [r for r in rows if r.get("key") != row["key"]]
+                kept = [r for r in rows if r.get("key") != key]
                 self._rewrite(kept)
             with open(self.cells, "a") as f:
                 f.write(line)

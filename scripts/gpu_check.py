@@ -12,14 +12,15 @@ or correct it, and the forward is timed at that batch with CUDA events. Full row
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from attnbench.runner import Cell, run_cell
+from attnbench.cell import Cell
+from attnbench.env import fix_malloc
+from attnbench.runner import run_cell
 
 NS = (512, 1024, 2048, 4096, 8192, 16384)
 LAYERWISE = (("sharing", "layerwise"),)
@@ -70,6 +71,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    fix_malloc()  # the CPU smoke times on the CPU: the same steady allocator as attnbench run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/gpu_check/rows.jsonl"))
     parser.add_argument(
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_cell(cell)
             row["wall_s"] = time.perf_counter() - start
             rows.append(row)
-            f.write(json.dumps(row) + "\n")
+            f.write(row.to_json() + "\n")
             f.flush()
             print(
                 f"[{i}/{len(todo)}] {cell.attention} n={cell.n} k={cell.k}: {row['status']} "

@@ -13,7 +13,8 @@ import csv
 import sys
 from importlib.resources import files
 
-from attnbench.runner import Cell, run_cell
+from attnbench.cell import Cell
+from attnbench.runner import run_cell
 
 NS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 KS = (128, 256)

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import attnbench
+from attnbench.cell import Cell, validate
 from attnbench.measure import presets
 from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting
 from attnbench.measure.timing import time_forward
-from attnbench.runner import Cell, modeled_peak, run_cell, validate
+from attnbench.runner import modeled_peak, run_cell
 from tests.conftest import runnable_here
 
 D, H = 64, 4

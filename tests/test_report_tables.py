@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.report.paper import load_paper, paper_table, quotient
 from attnbench.report.tables import (
-    load_paper,
-    paper_table,
-    quotient,
     ratio_tables,
     to_csv,
     to_latex,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.cell import parse_size
 from attnbench.store import CorruptLine, RunStore, read_rows
-from attnbench.sweep import parse_size
 
 SMOKE = ("+sweep=smoke", "progress=false")
 
@@ -220,7 +220,7 @@ def test_parallel_writers_keep_every_row_exactly_once(tmp_path: Path) -> None:
     "name", sorted(p.stem for p in (Path(__file__).parents[1] / "conf/sweep").glob("*.yaml"))
 )
 def test_every_shipped_sweep_validates(name: str) -> None:
-    from attnbench.sweep import prevalidate
+    from attnbench.sweep.config import prevalidate
 
     plan = prevalidate([f"+sweep={name}"])
     assert plan and len(set(plan)) == len(plan)

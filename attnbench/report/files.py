@@ -17,27 +17,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnbench import row
 from attnbench.report import html, plots
+from attnbench.report.paper import compares_with_paper, load_paper, paper_table, quotient
 from attnbench.report.tables import (
     RatioTable,
-    compares_with_paper,
     heading,
-    load_paper,
-    paper_table,
-    quotient,
     ratio_tables,
     to_csv,
     to_latex,
     to_markdown,
 )
-from attnbench.store import RunStore, read_rows
+from attnbench.store import RunStore
 
 
 @dataclass(frozen=True)
 class Report:
     run_dir: Path
     baseline: str
-    rows: list[dict[str, Any]]
+    rows: list[row.Row]
     tables: list[RatioTable]
     # (measured, paper, measured ÷ paper) for every table the paper's Table 3 speaks to
     beside_paper: list[tuple[RatioTable, RatioTable, RatioTable]]
@@ -56,7 +54,7 @@ def build(run_dir: Path, baseline: str = "vanilla") -> Report:
         raise ValueError(
             f"run dir: no cells.jsonl in {run_dir} (is it a directory that 'attnbench run' wrote?)"
         )
-    rows = [r for r in read_rows(path) if r.get("status") is not None]
+    rows = [r for r in row.read(path) if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {path} holds no rows yet")
     tables = ratio_tables(rows, baseline)

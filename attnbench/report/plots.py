@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.report.tables import RatioTable, label, setting
+from attnbench.row import as_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,7 +49,7 @@ def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, flo
             continue
         where = ""
         if many:
-            batch = (r.get("cell") or {}).get("batch", "max")
+            batch = r.batch_asked
             where = f" [{r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
         out.setdefault((label(r), r.get("k") or 0, where), []).append((r["n"], float(v)))
     return {
@@ -72,6 +73,7 @@ def _against_n(
     rows: list[dict[str, Any]], y: str, ylabel: str, where: Callable[[dict[str, Any]], str]
 ) -> Figure | None:
     """One log–log figure of ``y`` against n; the title says how the figures were taken."""
+    rows = as_rows(rows)
     series = _series(rows, y)
     if not series:
         return None

@@ -13,8 +13,12 @@ skipped gives ``–`` with its reason, and modeled memory or CPU-measured time i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from attnbench import cell
+from attnbench.row import NOISY, Row, as_rows
 
 MISSING = "-"  # no such cell (e.g. k >= n), as in the paper
 SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
@@ -37,11 +41,9 @@ class RatioTable:
     column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
 
 
-def label(row: dict[str, Any]) -> str:
-    """A mechanism with its own parameters, e.g. ``linformer (kernel=eager, sharing=layerwise)``."""
-    params = row.get("params") or {}
-    inner = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
-    return f"{row['attention']} ({inner})" if inner else row["attention"]
+def label(row: Row) -> str:
+    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`)."""
+    return cell.label(row.attention, row.params)
 
 
 def _group(row: dict[str, Any]) -> tuple:
@@ -53,7 +55,7 @@ def _group(row: dict[str, Any]) -> tuple:
         row["device"],
         row.get("ceiling_bytes"),
         tuple(sorted((row.get("model") or {}).items())),
-        str((row.get("cell") or {}).get("batch", "max")),
+        str(row.batch_asked),
         (row.get("env") or {}).get("device_name"),
     )
 
@@ -80,7 +82,7 @@ def _context(rows: list[dict[str, Any]]) -> str:
         import datetime
 
         date = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d")
-    batch = str((first.get("cell") or {}).get("batch", "max"))
+    batch = str(first.batch_asked)
     return (
         f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
         f"model {shape}, ceiling {ceiling} bytes, "
@@ -90,8 +92,11 @@ def _context(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def ratio_tables(rows: list[dict[str, Any]], baseline: str = "vanilla") -> list[RatioTable]:
+def ratio_tables(
+    rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
+) -> list[RatioTable]:
     """Time and memory ratio tables for every mechanism other than ``baseline``."""
+    rows = as_rows(rows)
     base = {_group(r): r for r in rows if r["attention"] == baseline}
     if not base:
         raise ValueError(
@@ -152,18 +157,8 @@ def _table(
         tuple(f"{m} {t}" for t, m in notes.items()),
         _context(mrows),
         attention=mrows[0]["attention"],
-        column=_budget(mrows[0]["attention"]),
+        column=mrows[0].budget or "k",
     )
-
-
-def _budget(attention: str) -> str:
-    """The column heading: the registry's name for what ``k`` sets (``k`` if unknown)."""
-    import attnbench
-
-    try:
-        return attnbench.info(attention).budget or "k"
-    except ValueError:  # a plugin that is not loaded here: its rows still make a table
-        return "k"
 
 
 MARKS = "⁰¹²³⁴⁵⁶⁷⁸⁹"  # footnote marks are superscript digits
@@ -207,6 +202,11 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any) -> tuple[s
     note = "".join(
         mark(f"time measured on {d} in {t} at b = {tb}, not at max batch on the device")
         for d, t, tb in elsewhere
+    )
+    note += "".join(
+        mark(f"noisy: {x.attention}'s time has an IQR over {NOISY:.0%} of its median")
+        for x in (r, b)
+        if (x.spread() or 0) > NOISY
     )
     return f"{v:.2f}x" + note, v
 
@@ -268,81 +268,3 @@ def to_latex(t: RatioTable) -> str:
 
 def _tex_name(name: str) -> str:
     return name if len(name) == 1 else r"\text{" + name.replace("_", r"\_") + "}"
-
-
-# --- the paper beside the measurement ------------------------------------------------------
-
-PAPER = "Linformer paper (Wang et al. 2020), Table 3"
-
-
-def paper_rows(text: str) -> list[dict[str, Any]]:
-    """Parse the shipped ``linformer_table3.csv`` (``#`` lines are its provenance)."""
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-    head = lines[0].split(",")
-    return [
-        dict(
-            zip(
-                head,
-                (
-                    float(v) if "." in v or "ratio" in h else int(v)
-                    for h, v in zip(head, ln.split(","), strict=True)
-                ),
-                strict=True,
-            )
-        )
-        for ln in lines[1:]
-    ]
-
-
-def load_paper() -> list[dict[str, Any]]:
-    """The paper's Table 3 as shipped with the package (``attnbench/data``)."""
-    from importlib.resources import files
-
-    return paper_rows(files("attnbench").joinpath("data/linformer_table3.csv").read_text())
-
-
-def paper_table(measured: RatioTable, paper: list[dict[str, Any]]) -> RatioTable:
-    """The paper's figures laid out on the measured table's rows and columns."""
-    got = {(r["n"], r["k"]): r[f"{measured.kind}_ratio"] for r in paper}
-    value = {(n, k): got.get((n, k)) for n in measured.ns for k in measured.ks}
-    text = {c: MISSING if v is None else f"{v:g}x" for c, v in value.items()}
-    return RatioTable(
-        PAPER + " (Linformer, layerwise sharing)",
-        measured.kind,
-        measured.ns,
-        measured.ks,
-        text,
-        value,
-        (),
-        "16 GB Tesla V100, each model at its maximum batch size; '-': not in the paper",
-        attention="linformer",
-        column="k",
-    )
-
-
-def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
-    """Measured ÷ paper, cell by cell: 1.00 means the paper's figure is reproduced."""
-    value: dict[tuple[int, int], float | None] = {}
-    for c in measured.text:
-        m, p = measured.value.get(c), paper.value.get(c)
-        value[c] = None if m is None or p is None else m / p
-    # the measured cell's footnote marks stay on its quotient (CPU time, modeled memory)
-    marks = {c: "".join(ch for ch in t if ch in MARKS) for c, t in measured.text.items()}
-    text = {c: MISSING if v is None else f"{v:.2f}{marks[c]}" for c, v in value.items()}
-    return RatioTable(
-        f"{measured.mechanism} ÷ paper",
-        measured.kind,
-        measured.ns,
-        measured.ks,
-        text,
-        value,
-        measured.footnotes,
-        "'-' where either table has no number; " + measured.context,
-        attention=measured.attention,
-        column=measured.column,
-    )
-
-
-def compares_with_paper(t: RatioTable) -> bool:
-    """The paper's Table 3 is Linformer against the Transformer: set it beside those only."""
-    return t.attention == "linformer"

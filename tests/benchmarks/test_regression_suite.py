@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.check.gate import load_suite
+from attnbench.check.suite import load_suite
 
 SUITE = load_suite("regression")
 

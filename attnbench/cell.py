@@ -1,0 +1,233 @@
+"""The cell: one point of a sweep, and every rule about it in one place.
+
+A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, model shape, n,
+k, batch, dtype, device preset, ceiling, mode, and how long to time it. This module owns
+what the rest of attnbench asks of a cell: its validation (:func:`validate`, one
+``ValueError`` line naming the parameter), the ceiling resolved against the preset and the
+preset's fixed overhead (:func:`resolve_ceiling`), ``k`` against ``n``
+(:func:`check_k`, :func:`left_out`), the mechanism's label (:func:`label`) and the key a
+stored row is found by (:func:`key`). The runner measures a validated cell; the sweep builds
+cells from configs; the gate builds its suite from them; reports label rows with the same
+:func:`label`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+import attnbench
+from attnbench.checks import check_choice, check_int
+from attnbench.measure import presets
+
+MODES = ("inference",)  # the training issue adds "train"
+KEY_FIELDS = (
+    "attention",
+    "params",
+    "n",
+    "k",
+    "batch",
+    "dtype",
+    "device",
+    "ceiling_bytes",
+    "model",
+)
+MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
+SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    attention: str
+    n: int
+    k: int | None = None  # the mechanism's budget (Linformer's k, Performer's nb_features)
+    batch: int | str = "max"
+    dtype: str = "fp16"
+    device: str = "v100_16gb"
+    ceiling_bytes: int | None = None  # default: the preset's whole memory
+    params: tuple[tuple[str, Any], ...] = ()  # the mechanism's own, as sorted (key, value)
+    layers: int = 12
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    min_repeats: int = 5
+    min_seconds: float = 1.0
+    cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
+    time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
+    flush_l2: bool = False
+    model_only: bool = False  # memory from the model alone, no real probes, no timing
+    mode: str = "inference"
+
+    @property
+    def budget(self) -> str | None:
+        """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``)."""
+        return attnbench.info(self.attention).budget
+
+    def mechanism_params(self) -> dict[str, Any]:
+        """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
+        params = dict(self.params)
+        if self.budget is not None and self.k is not None:
+            params[self.budget] = self.k
+        return params
+
+    @property
+    def model(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in MODEL_FIELDS}
+
+    @property
+    def label(self) -> str:
+        """``linformer (sharing=layerwise) n=512 k=128``: what progress lines print."""
+        return " ".join(
+            [label(self.attention, dict(self.params)), f"n={self.n}"]
+            + ([f"k={self.k}"] if self.k is not None else [])
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cell:
+        """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists)."""
+        return cls(**{**data, "params": tuple(tuple(p) for p in data.get("params", ()))})
+
+
+def label(attention: str, params: dict[str, Any] | None = None) -> str:
+    """A mechanism with its own parameters: ``linformer (kernel=eager, sharing=layerwise)``;
+    a mechanism without parameters is its name alone. The one label of reports, the gate's
+    cells and the sweep's progress lines."""
+    inner = ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+    return f"{attention} ({inner})" if inner else attention
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from ``16GB`` (10⁹), ``15.5GiB`` (2³⁰) or a plain number; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = SIZE.match(str(value))
+    if not m:
+        raise ValueError(
+            f"ceiling: must be a number of bytes or a size like 16GB or 15.5GiB, got {value!r}"
+        )
+    return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])
+
+
+def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
+    """The bytes a cell may use: its own ceiling, or the preset's whole memory; refused
+    when it is above the device's memory or leaves nothing after the fixed overhead."""
+    ceiling = preset.total_bytes if ceiling_bytes is None else preset.check_ceiling(ceiling_bytes)
+    if ceiling <= preset.overhead_bytes:
+        raise ValueError(
+            f"ceiling: {ceiling} bytes leave nothing after {preset.name}'s fixed "
+            f"overhead of {preset.overhead_bytes} bytes"
+        )
+    return ceiling
+
+
+def check_k(attention: str, n: int, k: int | None) -> None:
+    """``k`` is a positive integer even where the mechanism ignores it (k=0 is a typo), and
+    a fixed-length mechanism cannot project n positions onto more than n."""
+    if k is None:
+        return
+    check_int("k", k)
+    if attnbench.info(attention).fixed_max_len and k > n:
+        raise ValueError(f"k: must be at most n={n}, got {k}")
+
+
+def left_out(attention: str, n: Any, k: int | None) -> str | None:
+    """Why a sweep leaves this combination out, or None: a fixed-length mechanism at
+    ``k >= n`` projects nothing away (Linformer's k < n, as in the paper's Table 3).
+    Performer's number of features is free. A single cell at k = n is still measured."""
+    info = attnbench.info(attention)
+    if info.budget and info.fixed_max_len and k is not None and isinstance(n, int) and k >= n:
+        return f"k={k} >= n={n}"
+    return None
+
+
+@dataclass
+class Resolved:
+    """What validation learned about a cell, so measuring does not recompute it."""
+
+    preset: presets.Preset
+    ceiling: int
+    on_gpu: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> int:
+        """What torch's allocator may hand out: the ceiling less the preset's overhead."""
+        return self.ceiling - self.preset.overhead_bytes
+
+
+def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
+    """One ``ValueError`` line naming the first bad parameter; nothing is run.
+
+    ``preset`` is the device as composed by Hydra (so a user's own preset from
+    ``--config-dir`` works); by default it is read from conf/device/ by name.
+    """
+    attnbench.info(cell.attention)  # unknown mechanism
+    check_int("n", cell.n)
+    if isinstance(cell.batch, str) and cell.batch != "max":
+        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
+    if cell.batch != "max":
+        check_int("batch", cell.batch)
+    check_k(cell.attention, cell.n, cell.k)
+    check_choice("mode", cell.mode, MODES)
+    preset = preset or presets.load(cell.device)
+    preset.check_dtype(cell.dtype)
+    ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
+    for name in (*MODEL_FIELDS, "min_repeats", "cpu_batch"):
+        check_int(name, getattr(cell, name))
+    params = cell.mechanism_params()
+    # builds the layer's config and shape checks (d_model % n_heads, ...) on meta
+    with torch.device("meta"):
+        attnbench.create(
+            cell.attention,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            max_seq_len=cell.n,
+            **params,
+        )
+    on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
+    resolved = Resolved(preset, ceiling, on_gpu, params)
+    if on_gpu:
+        here = torch.cuda.get_device_properties(0).total_memory
+        if resolved.usable > here:
+            raise ValueError(
+                f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
+                f"overhead exceed this GPU's {here} bytes"
+            )
+    return resolved
+
+
+def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
+    """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
+    out = asdict(cell)
+    out["ceiling_bytes"] = preset.total_bytes if cell.ceiling_bytes is None else cell.ceiling_bytes
+    out["model"] = cell.model
+    return out
+
+
+def key(cell: Cell, preset: presets.Preset) -> str:
+    """A stable id of what a cell measures (not of how long it is timed). Inference cells
+    keep the keys they had before ``mode`` existed, so older run directories resume."""
+    s = spec(cell, preset)
+    fields = {f: s[f] for f in KEY_FIELDS}
+    if cell.mode != "inference":
+        fields["mode"] = cell.mode
+    canonical = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha1(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,168 @@
+"""``attnbench check`` from its options to its exit status, every step in order.
+
+Everything that can be misuse — the repository, the suite and its settings, the ref, the
+stored baseline — is checked before the first sample, so a mistake costs one line and exit
+code 2, never the minutes of a check. The CLI (:func:`attnbench.cli.cmd_check`) only parses
+flags and turns exceptions into exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from attnbench.check import Misuse, sampling, suite, verdicts, versions
+from attnbench.env import fingerprint
+
+DEFAULT_JSON = Path("results/check/latest.json")
+
+
+def run(
+    *,
+    against: str | None = None,
+    baseline: Path | None = None,
+    write_baseline: Path | None = None,
+    suite_name: str = "regression",
+    config_dir: str | None = None,
+    threshold: float | None = None,
+    rounds: int | None = None,
+    json_path: Path = DEFAULT_JSON,
+    seed: int = 0,
+    quiet: bool = False,
+    out: Console | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Run the gate: 1 if a cell regressed or broke, 0 if none did (or a baseline was
+    written). Misuse raises :class:`Misuse`; the caller decides how to report it.
+
+    Modes: ``against`` (a git ref, default the parent commit) times that ref and the working
+    tree interleaved; ``baseline`` compares the working tree with stored samples;
+    ``write_baseline`` stores the working tree's samples. ``threshold`` and ``rounds``
+    override the suite's ``check:`` settings; ``out`` gets the table, stderr the progress
+    bar and warnings.
+    """
+    if sum(x is not None for x in (against, baseline, write_baseline)) > 1:
+        raise Misuse("--against, --baseline and --write-baseline exclude each other")
+    out = out or Console()
+    err = Console(stderr=True)
+    started = time.time()
+    cwd = cwd or Path.cwd()
+    stored_mode = baseline is not None or write_baseline is not None
+    root = versions.root_or_cwd(cwd) if stored_mode else versions.repo_root(cwd)
+    # a user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo: importable here too
+    sys.path.insert(0, str(root))
+    the_suite = suite.load_suite(suite_name, config_dir, {"threshold": threshold, "rounds": rounds})
+    settings = the_suite.settings
+    stored = verdicts.read_baseline(baseline) if baseline is not None else None
+    a_name = a_commit = None
+    if not stored_mode:
+        a_name, a_commit = versions.resolve_ref(root, against)
+    here = fingerprint(settings["device"], settings["threads"])  # for the warning and files
+    if stored is not None:
+        why = verdicts.settings_mismatch(stored["settings"], settings)
+        if why:
+            raise Misuse(f"--baseline: {why}; write it again with --write-baseline")
+        for line in verdicts.fingerprint_mismatch(stored["fingerprint"], here):
+            err.print(
+                f"[yellow]attnbench check: warning: the baseline was recorded on "
+                f"another machine or setup ({line}); its times may not compare[/]",
+                markup=True,
+                highlight=False,
+            )
+    expect = versions.expected_modules(root)
+    for cell, why in the_suite.skipped:
+        err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
+    got = _sample(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
+
+    if write_baseline is not None:
+        if got.unavailable.get("B"):
+            raise Misuse(
+                "--write-baseline: these cells cannot run here: "
+                + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
+            )
+        verdicts.write_baseline(write_baseline, the_suite, got.versions["B"], got.reps, here)
+        print(
+            f"attnbench check: baseline of {len(got.versions['B'])} cells x "
+            f"{settings['rounds']} samples written to {write_baseline}"
+        )
+        return 0
+    if stored is not None:
+        a, a_name = stored["samples"], f"baseline {baseline}"
+    else:
+        a = got.versions["A"]
+    why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
+    results = verdicts.judge(the_suite, a, got.versions["B"], why_not)
+    failed = [r for r in results if r.verdict in verdicts.FAILING]
+    if not failed and not any(r.stats for r in results):
+        raise Misuse(
+            "nothing to compare: no cell ran in both versions ("
+            + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results)
+            + ")"
+        )
+    out.print(verdicts.table(results, str(a_name), "working tree", 0.99))
+    meta = {
+        "against": a_name,
+        "against_commit": a_commit,
+        "suite": suite_name,
+        "settings": settings,
+        "fingerprint": here,
+        "wall_s": round(time.time() - started, 1),
+    }
+    samples = {"A": a, "B": got.versions["B"]}
+    verdicts.write_json(json_path, verdicts.result_json(results, meta, samples))
+    counts = {v: sum(r.verdict == v for r in results) for v in verdicts.VERDICTS}
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    verdict = (
+        ("FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)) if failed else "passed"
+    )
+    print(f"attnbench check: {verdict} ({tally}; {meta['wall_s']:.0f} s; details in {json_path})")
+    return 1 if failed else 0
+
+
+def _sample(
+    the_suite: suite.Suite,
+    root: Path,
+    a_name: str | None,
+    a_commit: str | None,
+    stored: dict | None,
+    seed: int,
+    expect: dict[str, str],
+    quiet: bool,
+    err: Console,
+) -> sampling.Samples:
+    """The samples under a progress bar: the working tree alone (stored-baseline modes,
+    with the baseline's forwards per sample), or ``a_commit`` in a temporary worktree
+    interleaved with it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task("samples", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        if a_commit is None:
+            return sampling.sample(
+                {"B": root},
+                the_suite,
+                seed=seed,
+                expect=expect,
+                reps=stored["reps"] if stored else None,
+                progress=tick,
+            )
+        bar.update(task, description=f"A = {a_name}, B = working tree")
+        with versions.worktree(root, a_commit) as tree:
+            return sampling.sample(
+                {"A": tree, "B": root}, the_suite, seed=seed, expect=expect, progress=tick
+            )

@@ -1,0 +1,96 @@
+"""The samples: every cell timed for each version, interleaved, in a shuffled order.
+
+Interleaving is what makes the gate usable on a shared machine: a machine that slows down
+half-way (another job, a clock change) slows both versions' samples alike. Within a round
+the cells come in a fresh random order and A or B goes first at random, so that neither a
+cell's place in the round nor going first can favour one version.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from attnbench.check.suite import Suite
+from attnbench.check.versions import Worker
+
+
+@dataclass
+class Samples:
+    """Per version, per cell: seconds per forward, one value per round."""
+
+    versions: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    reps: dict[str, int] = field(default_factory=dict)
+    unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def sample(
+    trees: dict[str, Path],
+    suite: Suite,
+    *,
+    seed: int = 0,
+    expect: dict[str, str] | None = None,
+    reps: dict[str, int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Samples:
+    """Time every cell of ``suite`` for each version in ``trees``, interleaved.
+
+    The number of forwards per sample is set once from the first version's setup timing
+    (or taken from ``reps``, a stored baseline's) and used for both, so both versions'
+    samples average the same amount of work.
+    """
+    s = suite.settings
+    cells = [asdict(c) for c in suite.cells]
+    workers = {}
+    out = Samples()
+    try:
+        for v, tree in trees.items():
+            workers[v] = Worker(tree, s, expect or {})
+        built = {
+            v: w.ask(
+                op="setup",
+                cells=cells,
+                device=s["device"],
+                threads=s["threads"],
+                warmup=s["warmup"],
+            )["cells"]
+            for v, w in workers.items()
+        }
+        first = next(iter(trees))
+        timed = []
+        for i, c in enumerate(suite.cells):
+            bad = {v: b[i]["reason"] for v, b in built.items() if not b[i]["ok"]}
+            for v, why in bad.items():
+                out.unavailable.setdefault(v, {})[c.name] = why
+            ok = [b[i]["once_s"] for b in built.values() if b[i]["ok"]]
+            if ok:
+                once = built[first][i]["once_s"] if built[first][i]["ok"] else ok[0]
+                out.reps[c.name] = (reps or {}).get(c.name) or max(
+                    1, round(s["sample_s"] / max(once, 1e-6))
+                )  # a baseline's count, if any
+                timed.append(i)
+        for v in trees:
+            out.versions[v] = {suite.cells[i].name: [] for i in timed if built[v][i]["ok"]}
+        rng = random.Random(seed)
+        total = s["rounds"] * len(timed)
+        done = 0
+        for _ in range(s["rounds"]):
+            order = list(timed)
+            rng.shuffle(order)
+            for i in order:
+                name = suite.cells[i].name
+                versions = [v for v in trees if built[v][i]["ok"]]
+                rng.shuffle(versions)  # A B or B A: neither always goes first
+                for v in versions:
+                    out.versions[v][name].append(
+                        workers[v].ask(op="time", cell=i, reps=out.reps[name])["s"]
+                    )
+                done += 1
+                if progress:
+                    progress(done, total)
+    finally:
+        for w in workers.values():
+            w.close()
+    return out

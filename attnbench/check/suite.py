@@ -1,0 +1,169 @@
+"""The regression suite: which cells the gate times, and its ``check:`` settings.
+
+A suite is an ordinary sweep file (``conf/sweep/regression.yaml``) with a ``check:`` block.
+Its cells — mechanisms, their parameters, n, k, batch, dtype — are expanded by the same code
+as ``attnbench run``'s sweeps (:mod:`attnbench.sweep.config`), so a suite cannot mean one
+thing to the gate and another to a sweep. What the gate does with a cell differs: it times
+one attention layer of the model's width (d_model, n_heads) in a worker process with
+``check.threads`` threads, not the whole encoder as ``attnbench run`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnbench.cell import label
+from attnbench.check import Misuse
+from attnbench.check.stats import min_samples
+from attnbench.checks import check_choice, check_int, check_number
+
+
+@dataclass(frozen=True)
+class SuiteCell:
+    """One timed cell: a mechanism with its parameters at (n, batch), as one layer."""
+
+    attention: str
+    params: dict[str, Any]
+    n: int
+    batch: int
+    d_model: int
+    n_heads: int
+    threshold: float
+
+    @property
+    def name(self) -> str:
+        """``linformer (k=128, sharing=layerwise) n=256 b=1``: the mechanism's one label
+        (:func:`attnbench.cell.label`, as in reports) with the shape. Samples, stored
+        baselines and the result JSON are keyed by it."""
+        return f"{label(self.attention, self.params)} n={self.n} b={self.batch}"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The cells to time, those that cannot run here, and the validated ``check:`` block."""
+
+    cells: list[SuiteCell]
+    skipped: list[tuple[str, str]]  # (cell, why it cannot run here)
+    settings: dict[str, Any]
+
+
+def load_suite(
+    name: str = "regression", config_dir: str | None = None, overrides: dict[str, Any] | None = None
+) -> Suite:
+    """The suite's cells, expanded and validated by the same code as ``attnbench run``'s
+    sweeps; ``overrides`` (None values ignored) replace ``check:`` settings before they are
+    validated. Mechanisms that cannot run here (xformers without CUDA) are listed as
+    skipped; a suite with nothing left to time is a :class:`Misuse`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from attnbench.cell import left_out
+    from attnbench.registry import info
+    from attnbench.sweep.config import cell_from_cfg, expand_jobs
+
+    # Hydra ignores a search path that does not exist: the suite would silently come from
+    # the shipped configs, or be "unknown", instead of naming the real mistake
+    if config_dir is not None and not Path(config_dir).is_dir():
+        raise Misuse(f"--config-dir: no such directory: {config_dir}")
+    try:
+        jobs, _ = expand_jobs([f"+sweep={name}"], config_dir)
+    except ValueError as e:
+        raise Misuse(f"--suite: {e}") from None
+    if not jobs or not isinstance(jobs[0].get("check"), DictConfig):
+        raise Misuse(
+            f"--suite: sweep {name!r} has no 'check:' settings; see conf/sweep/regression.yaml"
+        )
+    settings = OmegaConf.to_container(jobs[0].check, resolve=True)
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        check_settings(settings)
+    except ValueError as e:  # the one place a settings error becomes the user's line
+        raise Misuse(f"check.{e}") from None
+    cells: list[SuiteCell] = []
+    skipped: list[tuple[str, str]] = []
+    for cfg in jobs:
+        try:
+            cell = cell_from_cfg(cfg)
+        except ValueError as e:
+            raise Misuse(f"--suite {name}: {e}") from None
+        if left_out(cell.attention, cell.n, cell.k) is not None:
+            continue  # as a sweep leaves it out: Linformer at k >= n
+        try:
+            check_int("batch", cell.batch)
+        except ValueError as e:
+            raise Misuse(f"--suite {name}: {e}; a check suite times a fixed batch") from None
+        params = cell.mechanism_params()
+        sc = SuiteCell(
+            cell.attention,
+            params,
+            cell.n,
+            cell.batch,
+            cell.d_model,
+            cell.n_heads,
+            threshold_for(settings, cell.attention, cell.n, params),
+        )
+        if any(c.name == sc.name for c in cells) or any(c == sc.name for c, _ in skipped):
+            continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
+        why = info(cell.attention).unavailable
+        if why is None and settings["device"] not in info(cell.attention).devices:
+            why = f"runs on {', '.join(info(cell.attention).devices)}, not {settings['device']}"
+        if why is not None:
+            skipped.append((sc.name, why))
+        else:
+            cells.append(sc)
+    if not cells:
+        why = "; ".join(f"{c}: {w}" for c, w in skipped) or "it has no cells"
+        raise Misuse(f"--suite {name}: empty suite, no cell can run here ({why})")
+    return Suite(cells, skipped, settings)
+
+
+def check_settings(s: dict[str, Any]) -> None:
+    """The ``check:`` block, in the project's validator style: one ``ValueError`` line
+    ``KEY: must be ..., got ...`` (the caller adds ``check.``). Everything is checked before
+    anything is timed, so a typo never costs the minutes of a check."""
+    check_int("rounds", s.get("rounds"), low=2)
+    check_number("sample_s", s.get("sample_s"), low=0, open_low=True)
+    check_int("warmup", s.get("warmup"), low=0)
+    check_int("threads", s.get("threads"), low=1)
+    check_number("threshold", s.get("threshold"), low=0, open_low=True)
+    check_number("alpha", s.get("alpha"), low=0, high=1, open_low=True, open_high=True)
+    fewest = min_samples(s["alpha"])
+    if s["rounds"] < fewest:  # the rank test could never fire: a blind gate
+        raise ValueError(
+            f"rounds: must be at least {fewest} for alpha={s['alpha']:g}, got {s['rounds']}"
+        )
+    paths = s.get("pythonpath")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f"pythonpath: must be a list of paths, got {paths!r}")
+    for entry in s.get("thresholds") or []:
+        try:
+            check_number(
+                "threshold",
+                entry.get("threshold") if isinstance(entry, dict) else None,
+                low=0,
+                open_low=True,
+            )
+        except ValueError:
+            raise ValueError(
+                f"thresholds: each entry needs a threshold > 0 (a fraction, 0.2 = 20 %), "
+                f"got {entry!r}"
+            ) from None
+    check_choice("device", s.get("device"), ("cpu", "cuda"))
+    if s["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device: cuda asked for, but torch sees no CUDA device here")
+
+
+def threshold_for(settings: dict[str, Any], attention: str, n: int, params: dict) -> float:
+    """A cell's threshold: the last matching entry of ``check.thresholds`` wins (an entry
+    matches on ``attention``, ``n`` and any of the mechanism's parameters it names), else
+    ``check.threshold``."""
+    chosen = float(settings["threshold"])
+    for entry in settings.get("thresholds") or []:
+        sel = {k: v for k, v in entry.items() if k != "threshold"}
+        if all({"attention": attention, "n": n}.get(k, params.get(k)) == v for k, v in sel.items()):
+            chosen = float(entry["threshold"])
+    return chosen

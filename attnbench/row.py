@@ -1,0 +1,321 @@
+"""The row: what one measured cell leaves in ``cells.jsonl``, and the one owner of its schema.
+
+:class:`Row` is a typed record. The runner starts one with :meth:`Row.new` and fills it in;
+the sweep adds where and when it was stored; :mod:`attnbench.store` writes it as one JSON
+line; :func:`read` turns lines back into rows, checking every field against the schema and
+upgrading rows of older schemas; reports and :func:`attnbench.load` read only rows.
+
+Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
+
+* ``batch_asked`` is the batch the cell asked for (``"max"`` or a number); ``batch`` is the
+  batch the row's memory figure was taken at. Schema 1 kept the first only inside ``cell``.
+* ``budget`` names the mechanism parameter that ``k`` set (``k``, ``nb_features``; None
+  where there is none), so a report needs no registry to head its columns.
+* ``mode`` is ``inference`` (the training issue adds ``train``).
+
+Reading is strict where a figure would be wrong and tolerant where nothing is lost: a
+missing or mistyped field, a NaN or negative time, n < 1 or an unknown status is refused
+with the file, the line and the field; keys this version does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnbench.checks import check_choice, check_int, check_number
+
+if TYPE_CHECKING:
+    from attnbench.cell import Cell
+
+SCHEMA = 2
+STATUSES = ("ok", "oom", "skipped", "error")
+MEMORY_SOURCES = ("measured", "modeled")
+# a timing whose interquartile range exceeds this fraction of its median is footnoted in a
+# report as noisy: the machine was busy, or the process was unlucky (README, "Quieter timings")
+NOISY = 0.10
+
+
+@dataclass
+class Row:
+    """One cell's figures. Read with ``row.max_batch`` or, like the JSON it is stored as,
+    ``row["max_batch"]`` / ``row.get("max_batch")``."""
+
+    # what was measured (the cell, resolved)
+    attention: str
+    n: int
+    dtype: str
+    device: str
+    params: dict[str, Any] = field(default_factory=dict)
+    k: int | None = None
+    budget: str | None = None
+    mode: str = "inference"
+    batch_asked: int | str = "max"
+    ceiling_bytes: int | None = None
+    overhead_bytes: int | None = None
+    model: dict[str, int] = field(default_factory=dict)
+    # the outcome
+    status: str | None = "ok"
+    reason: str | None = None
+    # memory
+    max_batch: int | None = None
+    batch: int | None = None
+    predicted_max_batch: int | None = None
+    probes: int | None = 0
+    model_error: int | None = None
+    peak_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    memory_source: str | None = None
+    # time
+    time_median_s: float | None = None
+    time_iqr_s: float | None = None
+    repeats: int | None = 0
+    time_per_seq_s: float | None = None
+    time_batch: int | None = None
+    time_device: str | None = None
+    time_dtype: str | None = None
+    time_method: str | None = None
+    time_samples_s: list[float] | None = None
+    flops: int | None = None
+    flops_per_s: float | None = None
+    pct_of_peak: float | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    # where and when it was stored (set by the sweep)
+    key: str | None = None
+    sweep: str | None = None
+    wall_s: float | None = None
+    finished_at: float | None = None
+    invocation: str | None = None
+    cell: dict[str, Any] | None = None
+    schema: int = SCHEMA
+
+    @classmethod
+    def new(cls, cell: Cell, ceiling: int, overhead: int, env: dict[str, Any]) -> Row:
+        """Every field of a row for ``cell``, nothing measured yet: what a failure row is."""
+        return cls(
+            attention=cell.attention,
+            n=cell.n,
+            dtype=cell.dtype,
+            device=cell.device,
+            params=dict(cell.params),
+            k=cell.k,
+            budget=cell.budget,
+            mode=cell.mode,
+            batch_asked=cell.batch,
+            ceiling_bytes=ceiling,
+            overhead_bytes=overhead,
+            model=cell.model,
+            env=dict(env),
+        )
+
+    def update(self, **values: Any) -> None:
+        """Set several fields; a name that is not a field is a bug, not a new key."""
+        for name, value in values.items():
+            self[name] = value
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in FIELDS:
+            raise KeyError(f"Row has no field {name!r}")
+        setattr(self, name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in FIELDS
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in FIELDS else default
+
+    def spread(self) -> float | None:
+        """The timing's IQR over its median: above :data:`NOISY` a report flags the time."""
+        if not self.time_median_s or self.time_iqr_s is None:
+            return None
+        return self.time_iqr_s / self.time_median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as stored: ``schema`` first, then every field."""
+        d = dataclasses.asdict(self)
+        return {"schema": d.pop("schema"), **d}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        """A row from its stored form, checked field by field (``ValueError``, one line
+        naming the field) and upgraded from older schemas."""
+        schema = data.get("schema", 1)
+        if type(schema) is not int or schema not in (1, SCHEMA):
+            raise ValueError(
+                f"schema: this attnbench reads schemas 1 and {SCHEMA}, got {schema!r}"
+                " (a newer attnbench wrote it?)"
+            )
+        values = {k: v for k, v in data.items() if k in FIELDS}
+        if schema == 1:
+            values.update(_upgrade_1(data))
+        for name in REQUIRED:
+            if name not in values:
+                raise ValueError(f"{name}: missing")
+        for name in SCALARS - values.keys():  # a figure not stored is unknown, not 0 or "ok"
+            values[name] = None
+        values["schema"] = SCHEMA
+        for name, value in values.items():
+            CHECKS[name](name, value)
+        return cls(**values)
+
+
+def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 → 2: ``batch_asked`` from the stored cell, ``budget`` from the registry
+    (the one time a row's reading asks it: rows of schema 2 carry the name)."""
+    cell = data.get("cell")
+    out: dict[str, Any] = {"mode": "inference", "budget": None}
+    out["batch_asked"] = cell.get("batch", "max") if isinstance(cell, dict) else "max"
+    if data.get("k") is not None and isinstance(data.get("attention"), str):
+        import attnbench
+
+        try:
+            out["budget"] = attnbench.info(data["attention"]).budget
+        except ValueError:  # a plugin's rows, the plugin not loaded here: unknown
+            out["budget"] = None
+    return out
+
+
+# --- the schema, field by field ------------------------------------------------------------
+
+
+def _optional(check: Any) -> Any:
+    def run(name: str, value: Any) -> None:
+        if value is not None:
+            check(name, value)
+
+    return run
+
+
+def _str(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: must be a string, got {value!r}")
+
+
+def _dict(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: must be an object, got {value!r}")
+
+
+def _count(name: str, value: Any, low: int = 0) -> None:
+    check_int(name, value, low=low)
+    if value >= 2**63:  # no figure is this large, and pandas' Int64 could not hold it
+        raise ValueError(f"{name}: must be an integer below 2**63, got {value!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    _count(name, value, low=1)
+
+
+def _seconds(name: str, value: Any) -> None:
+    check_number(name, value, low=0)
+
+
+def _samples(name: str, value: Any) -> None:
+    if not isinstance(value, list):
+        raise ValueError(f"{name}: must be a list of seconds, got {value!r}")
+    for v in value:
+        check_number(name, v, low=0)
+
+
+def _batch_asked(name: str, value: Any) -> None:
+    if value != "max":
+        check_int(name, value)
+
+
+def _model_error(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+
+
+CHECKS: dict[str, Any] = {
+    "schema": _count,
+    "attention": _str,
+    "n": _positive,
+    "dtype": _str,
+    "device": _str,
+    "params": _dict,
+    "k": _optional(_positive),
+    "budget": _optional(_str),
+    "mode": _str,
+    "batch_asked": _batch_asked,
+    "ceiling_bytes": _optional(_positive),
+    "overhead_bytes": _optional(_count),
+    "model": _dict,
+    "status": _optional(lambda n, v: check_choice(n, v, STATUSES)),
+    "reason": _optional(_str),
+    "max_batch": _optional(_count),
+    "batch": _optional(_count),
+    "predicted_max_batch": _optional(_count),
+    "probes": _optional(_count),
+    "model_error": _optional(_model_error),
+    "peak_bytes": _optional(_count),
+    "peak_reserved_bytes": _optional(_count),
+    "memory_source": _optional(lambda n, v: check_choice(n, v, MEMORY_SOURCES)),
+    "time_median_s": _optional(_seconds),
+    "time_iqr_s": _optional(_seconds),
+    "repeats": _optional(_count),
+    "time_per_seq_s": _optional(_seconds),
+    "time_batch": _optional(_count),
+    "time_device": _optional(_str),
+    "time_dtype": _optional(_str),
+    "time_method": _optional(_str),
+    "time_samples_s": _optional(_samples),
+    "flops": _optional(_count),
+    "flops_per_s": _optional(_seconds),
+    "pct_of_peak": _optional(_seconds),
+    "env": _dict,
+    "key": _optional(_str),
+    "sweep": _optional(_str),
+    "wall_s": _optional(_seconds),
+    "finished_at": _optional(_seconds),
+    "invocation": _optional(_str),
+    "cell": _optional(_dict),
+}
+FIELDS = frozenset(f.name for f in dataclasses.fields(Row))
+REQUIRED = ("attention", "n", "dtype", "device")
+SCALARS = FIELDS - {"params", "model", "env", "schema", "mode", "batch_asked"}
+assert set(CHECKS) == FIELDS, set(CHECKS) ^ FIELDS  # every field has its check
+
+
+class BadRow(ValueError):
+    """A line of ``cells.jsonl`` that is not a row: the file, the line, what is wrong."""
+
+    def __init__(self, path: Path, line_no: int, why: str) -> None:
+        super().__init__(f"{path}:{line_no}: {why}")
+        self.line_no = line_no
+
+
+def as_rows(rows: Iterable[Row | dict[str, Any]]) -> list[Row]:
+    """Rows from rows or from their stored (JSON) form: the pure functions of reports take
+    either, checking a plain dict as a stored line is checked."""
+    return [r if isinstance(r, Row) else Row.from_dict(r) for r in rows]
+
+
+def read(path: Path, *, strict: bool = True) -> list[Row]:
+    """Every row of a ``cells.jsonl``, checked against the schema; the first bad line
+    raises :class:`BadRow` (a ``ValueError``) naming the file, the line and the field.
+    With ``strict=False`` only a last line without its newline (a writer killed mid-line)
+    is left out."""
+    from attnbench.store import numbered_lines
+
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file")
+    rows = []
+    for line_no, data in numbered_lines(path, strict=strict):
+        try:
+            rows.append(Row.from_dict(data))
+        except ValueError as e:
+            raise BadRow(path, line_no, str(e)) from None
+    return rows

@@ -1,0 +1,219 @@
+"""Config → cells: every job of ``attnbench run ARGS`` composed and validated up front.
+
+:func:`prevalidate` composes each job with Hydra's compose API, expanded as Hydra's sweeper
+will expand it (:func:`expand_jobs`), checks the keys of ``attnbench run`` itself and
+validates each job's cell (:func:`attnbench.cell.validate`), *before* Hydra starts: a typo
+ends with one line and exit code 2 and nothing on disk. The same expansion gives the
+regression gate its suite, so a suite is an ordinary sweep.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig, OmegaConf
+
+import attnbench
+from attnbench import cell as cells
+from attnbench.attention import BUILTINS
+from attnbench.cell import Cell
+from attnbench.checks import check_bool, check_choice, check_int, check_number
+from attnbench.measure import presets
+from attnbench.sweep.hydra_api import split_sweep
+
+CONFIG_MODULE = "attnbench.conf"
+
+
+def _plain(value: Any) -> Any:
+    """Hashable plain data from config values (lists become tuples)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def cell_from_cfg(cfg: DictConfig) -> Cell:
+    """The cell a (composed) job config describes; ``k`` is kept only for a mechanism with a
+    budget (vanilla ignores it), but checked in any case (k=0 is a typo)."""
+    if not isinstance(cfg.get("device"), DictConfig):
+        raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
+    name = cfg.attention.name
+    info = attnbench.info(name)  # unknown mechanism: one line
+    params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
+    if cfg.k is not None:
+        check_int("k", cfg.k)
+    t = cfg.timing
+    return Cell(
+        attention=name,
+        n=cfg.n,
+        k=cfg.k if info.budget else None,
+        batch=cfg.batch,
+        dtype=cfg.dtype,
+        device=cfg.device.name,
+        ceiling_bytes=cells.parse_size(cfg.ceiling),
+        params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
+        layers=cfg.model.layers,
+        d_model=cfg.model.d_model,
+        n_heads=cfg.model.n_heads,
+        d_ff=cfg.model.d_ff,
+        min_repeats=t.min_repeats,
+        min_seconds=float(t.min_seconds),
+        cpu_batch=t.cpu_batch,
+        time_budget_s=float(t.time_budget_s),
+        flush_l2=t.flush_l2,
+        mode=cfg.get("mode", "inference"),
+    )
+
+
+def preset_from_cfg(cfg: DictConfig) -> presets.Preset:
+    return presets.from_dict(OmegaConf.to_container(cfg.device, resolve=True))
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    """``<out_dir>/<sweep_name>/<run>``; run ``auto`` names the device and where it runs, so
+    the same command resumes in the same place."""
+    run = cfg.run
+    if run == "auto":
+        here = "cuda" if torch.cuda.is_available() and cfg.device.gpu else "cpu"
+        run = f"{cfg.device.name}-{here}"
+    return Path(cfg.out_dir) / cfg.sweep_name / str(run)
+
+
+def register_user_mechanisms() -> None:
+    """A mechanism registered in Python but without a YAML file is still an ``attention``
+    option (with its default parameters): it shows up in sweeps with no extra step."""
+    cs = ConfigStore.instance()
+    for name in attnbench.names():
+        if name not in BUILTINS:
+            cs.store(group="attention", name=name, node={"name": name, "params": {}})
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    found = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
+    if found:
+        group, option = found.groups()
+        options = [o for o in re.findall(r"^\t(\S+)", text, re.M) if "=" not in o]
+        allowed = f"; allowed: {', '.join(options)}" if options else ""
+        return f"{group}: unknown option {option!r}{allowed}"
+    return " ".join(text.split())
+
+
+FLAGS_WITH_VALUE = {
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--experimental-rerun",
+}
+
+
+def split_args(args: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """(overrides, flags with a value, flags without) — ``--flag value`` or ``--flag=value``."""
+    overrides, valued, bare = [], {}, set()
+    it = iter(args)
+    for a in it:
+        if not a.startswith("-"):
+            overrides.append(a)
+        elif "=" in a and a.split("=", 1)[0] in FLAGS_WITH_VALUE:
+            flag, value = a.split("=", 1)
+            valued[flag] = value
+        elif a in FLAGS_WITH_VALUE:
+            valued[a] = next(it, "")
+        else:
+            bare.add(a)
+    return overrides, valued, bare
+
+
+def expand_jobs(
+    overrides: list[str],
+    config_dir: str | None = None,
+    config_name: str = "config",
+    multirun: bool = False,
+) -> tuple[list[DictConfig], bool]:
+    """Every job's composed config, expanded exactly as a multirun will expand them (sweep
+    file params first, the command line winning), and whether the command is a multirun.
+    Raises ValueError with one line on a bad override."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
+    register_user_mechanisms()
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            parsed = parser.parse_overrides(overrides)
+            fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+            base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
+            multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
+            if not multirun:
+                if len(fixed) != len(parsed):
+                    raise ValueError(
+                        "overrides: a,b or range() sweeps need multirun: add -m, or use +sweep=NAME"
+                    )
+                return [compose(config_name, overrides=overrides + search)], False
+            params = base.hydra.sweeper.params
+            params = OmegaConf.to_container(params, resolve=False) if params else {}
+            every = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
+            jobs = [compose(config_name, overrides=job + search) for job in split_sweep(every)]
+    except (HydraException, ConfigCompositionException, ImportError) as e:
+        raise ValueError(_one_line(e)) from None
+    return jobs, True
+
+
+def check_run_keys(cfg: DictConfig) -> None:
+    """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
+    for key in ("rerun", "progress", "report", "timing.flush_l2"):
+        check_bool(key, OmegaConf.select(cfg, key))
+    for key in ("cell_timeout_s", "timing.min_seconds", "timing.time_budget_s"):
+        check_number(key, OmegaConf.select(cfg, key), low=0)
+    check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
+
+
+def prevalidate(args: list[str]) -> list[tuple[str, str]]:
+    """Validate every cell of ``attnbench run ARGS`` before Hydra starts; returns the
+    distinct (run dir, cell key) pairs the command will fill (the progress bar's cells)."""
+    overrides, valued, bare = split_args(args)
+    jobs, is_sweep = expand_jobs(
+        overrides,
+        valued.get("--config-dir", valued.get("-cd")),
+        valued.get("--config-name", valued.get("-cn", "config")),
+        multirun=bool(bare & {"-m", "--multirun"}),
+    )
+    plan: dict[tuple[str, str], None] = {}
+    left_out: list[str] = []
+    for cfg in jobs:
+        for key in ("n", "batch", "dtype"):
+            if OmegaConf.is_missing(cfg, key):
+                raise ValueError(f"{key}: missing")
+        check_run_keys(cfg)
+        cell = cell_from_cfg(cfg)
+        why = cells.left_out(cell.attention, cell.n, cell.k) if is_sweep else None
+        if why:
+            left_out.append(f"{cell.attention} {why}")
+            continue
+        preset = preset_from_cfg(cfg)
+        cells.validate(cell, preset)
+        plan[(str(run_dir(cfg)), cells.key(cell, preset))] = None
+    if left_out:
+        print(
+            f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
+            f"mechanism), e.g. {left_out[0]}",
+            file=sys.stderr,
+        )
+    if not plan:
+        raise ValueError("k: every combination has k >= n; nothing to run")
+    return list(plan)

@@ -1,0 +1,180 @@
+"""One Hydra job = one cell: skipped if stored, measured (isolated where it must be), stored.
+
+:func:`job` is Hydra's task function for ``attnbench run``; any launcher runs it (basic: in
+turn; joblib: in parallel; submitit: separate processes or SLURM). A cell is measured in
+this process under ``cell_timeout_s``, or — under joblib, whose loky workers are reused —
+in a fresh process (:func:`measure`), so CUDA state cannot leak from one cell into the next.
+A timeout or a crashed cell is a row with status ``error``, never a hole in the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from attnbench import cell as cells
+from attnbench.cell import Cell
+from attnbench.env import environment
+from attnbench.measure import presets
+from attnbench.row import Row
+from attnbench.runner import run_cell
+from attnbench.store import RunStore
+from attnbench.sweep import claims
+from attnbench.sweep.config import cell_from_cfg, preset_from_cfg, register_user_mechanisms, run_dir
+
+
+class CellTimeout(BaseException):
+    """A BaseException, so the runner's ``except Exception`` (which turns a failing forward
+    into an ``error`` row) lets it through to :func:`measure`."""
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise CellTimeout after ``seconds`` (main thread only; elsewhere no limit)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise CellTimeout
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _isolated() -> bool:
+    """joblib's loky reuses worker processes: run each cell in a fresh one there."""
+    try:
+        return "joblib" in str(HydraConfig.get().launcher.get("_target_", "")).lower()
+    except ValueError:
+        return False
+
+
+def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool) -> Row:
+    """One row for ``cell``; a timeout is a row too."""
+    if isolate:
+        payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset)})
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "attnbench.sweep.job", "--cell", payload],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s if timeout_s > 0 else None,
+            )
+        except subprocess.TimeoutExpired:
+            return _failed(cell, preset, f"timed out after {timeout_s:g} s")
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            why = lines[-1][:300] if lines else f"exit code {done.returncode}"
+            return _failed(cell, preset, why)
+        return Row.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    try:
+        with _time_limit(timeout_s):
+            return run_cell(cell, cells.validate(cell, preset))
+    except CellTimeout:
+        return _failed(cell, preset, f"timed out after {timeout_s:g} s")
+
+
+def _failed(cell: Cell, preset: presets.Preset, reason: str) -> Row:
+    ceiling = cells.spec(cell, preset)["ceiling_bytes"]
+    row = Row.new(cell, ceiling, preset.overhead_bytes, environment())
+    row.update(status="error", reason=reason)
+    return row
+
+
+def job(cfg: DictConfig) -> Row | None:
+    """Hydra's task function: measure the cell of ``cfg`` unless the store has it."""
+    try:
+        in_sweep = HydraConfig.get().job.get("num") is not None
+    except ValueError:  # called outside Hydra
+        in_sweep = False
+    cell = cell_from_cfg(cfg)
+    if in_sweep and cells.left_out(cell.attention, cell.n, cell.k):
+        return None
+    preset = preset_from_cfg(cfg)
+    store = RunStore(run_dir(cfg))
+    key = cells.key(cell, preset)
+    if not claims.claim(key) or (not cfg.rerun and key in store.done()):
+        print(f"  done before: {cell.label}", flush=True)
+        return None
+    if not in_sweep:
+        record_command(store, cfg)
+    start = time.perf_counter()
+    row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
+    row.update(
+        key=key,
+        sweep=cfg.sweep_name,
+        wall_s=round(time.perf_counter() - start, 3),
+        finished_at=time.time(),
+        invocation=claims.invocation(),
+        cell=cells.spec(cell, preset),
+    )
+    store.append(row, replace=bool(cfg.rerun))
+    print(f"  {row.status:7s} {cell.label}: " + _summary(row), flush=True)
+    return row
+
+
+def record_command(store: RunStore, cfg: DictConfig, sweep: dict | None = None) -> None:
+    """The run directory keeps the resolved config of its first command (``config.yaml``),
+    the environment (``env.json``) and one line per command that wrote to it."""
+    plain = {
+        k: (OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k])
+        for k in cfg
+        if k != "hydra"
+    }  # hydra's keys resolve in jobs
+    if sweep is not None:
+        plain["sweep"] = sweep
+    store.write_once("config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
+    store.write_once("env.json", json.dumps(environment(), indent=2))
+    store.add_line(
+        "commands.jsonl",
+        {"invocation": claims.invocation(), "time": time.time(), "argv": sys.argv[1:]},
+    )
+
+
+def _summary(row: Row) -> str:
+    parts = []
+    if row.max_batch is not None:
+        parts.append(f"max b {row.max_batch} ({row.memory_source})")
+    if row.time_per_seq_s:
+        parts.append(f"{row.time_per_seq_s * 1e3:.2f} ms/seq on {row.time_device}")
+    if row.reason:
+        parts.append(str(row.reason))
+    return "; ".join(parts)
+
+
+def hydra_main() -> None:
+    """The Hydra app behind ``attnbench run`` (reads ``sys.argv``)."""
+    import hydra
+
+    register_user_mechanisms()
+    hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
+
+
+def _main_cell(payload: str) -> int:
+    """``python -m attnbench.sweep.job --cell JSON``: one isolated cell, its row on stdout."""
+    data = json.loads(payload)
+    cell = Cell.from_dict(data["cell"])
+    row = run_cell(cell, cells.validate(cell, presets.Preset(**data["preset"])))
+    print(row.to_json())
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--cell":
+    sys.exit(_main_cell(sys.argv[2]))

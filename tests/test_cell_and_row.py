@@ -1,0 +1,161 @@
+"""The cell's rules and the row's schema (attnbench/cell.py, attnbench/row.py), each checked
+against something outside them: the keys and rows the committed reference run stored."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from attnbench import row as rows
+from attnbench.cell import Cell, check_k, key, label, left_out, resolve_ceiling, validate
+from attnbench.checks import check_number
+from attnbench.env import environment
+from attnbench.measure import presets
+from attnbench.row import Row
+from attnbench.store import CorruptLine
+
+REFERENCE = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
+
+
+def _reference() -> list[dict]:
+    return [json.loads(line) for line in REFERENCE.read_text().splitlines()]
+
+
+def test_keys_are_those_the_reference_run_stored_so_old_runs_resume() -> None:
+    v100 = presets.load("v100_16gb")
+    for stored in _reference()[:6]:
+        params = tuple(sorted((k, v) for k, v in stored["params"].items()))
+        cell = Cell(stored["attention"], n=stored["n"], k=stored["k"], params=params)
+        assert key(cell, v100) == stored["key"], stored["attention"]
+    train = Cell("vanilla", n=512, mode="train")  # a new mode is a new key
+    assert key(train, v100) != key(Cell("vanilla", n=512), v100)
+
+
+def test_one_label_for_reports_the_gate_and_progress() -> None:
+    assert label("vanilla", {}) == "vanilla"
+    assert label("linformer", {"sharing": "kv", "kernel": "eager"}) == (
+        "linformer (kernel=eager, sharing=kv)"
+    )
+    cell = Cell("linformer", n=512, k=128, params=(("sharing", "kv"),))
+    assert cell.label == "linformer (sharing=kv) n=512 k=128"
+
+
+def test_k_against_n_one_rule_two_strictnesses() -> None:
+    check_k("linformer", 512, 512)  # a single cell may project onto all n
+    with pytest.raises(ValueError, match="k: must be at most n=512, got 513"):
+        check_k("linformer", 512, 513)
+    with pytest.raises(ValueError, match="k: must be an integer >= 1, got 0"):
+        check_k("vanilla", 512, 0)  # even where the mechanism ignores k
+    assert left_out("linformer", 512, 512) == "k=512 >= n=512"  # a sweep leaves it out
+    assert left_out("linformer", 512, 256) is None
+    assert left_out("performer", 64, 256) is None  # nb_features is free
+    assert left_out("vanilla", 64, None) is None
+
+
+def test_the_ceiling_is_resolved_in_one_place() -> None:
+    v100 = presets.load("v100_16gb")
+    assert resolve_ceiling(None, v100) == v100.total_bytes
+    assert resolve_ceiling(2 * 10**9, v100) == 2 * 10**9
+    with pytest.raises(ValueError, match=r"ceiling: .* above v100_16gb"):
+        resolve_ceiling(v100.total_bytes + 1, v100)
+    with pytest.raises(ValueError, match="leave nothing after v100_16gb's fixed overhead"):
+        resolve_ceiling(v100.overhead_bytes, v100)
+    res = validate(Cell("vanilla", n=64, ceiling_bytes=2 * 10**9))
+    assert res.usable == 2 * 10**9 - v100.overhead_bytes
+    with pytest.raises(ValueError, match="mode: must be one of inference; got 'fly'"):
+        validate(Cell("vanilla", n=64, mode="fly"))
+
+
+def test_a_new_row_round_trips_through_its_stored_form() -> None:
+    cell = Cell("linformer", n=256, k=64, batch=3, params=(("sharing", "kv"),))
+    row = Row.new(cell, 10**9, 5, environment())
+    row.update(status="ok", time_median_s=0.5, time_iqr_s=0.01, key="abc")
+    stored = json.loads(row.to_json())
+    assert stored["schema"] == rows.SCHEMA == 2 and next(iter(stored)) == "schema"
+    assert stored["batch_asked"] == 3 and stored["batch"] is None  # asked vs used
+    assert stored["budget"] == "k" and stored["mode"] == "inference"
+    assert Row.from_dict(stored) == row
+    with pytest.raises(KeyError, match="no field 'max_batc'"):
+        row.update(max_batc=3)  # a typo is not a new key
+
+
+def test_schema_1_rows_are_upgraded_on_reading() -> None:
+    read = rows.read(REFERENCE)
+    assert len(read) == 42 and {r.schema for r in read} == {2}
+    vanilla = next(r for r in read if r.attention == "vanilla")
+    linformer = next(r for r in read if r.attention == "linformer")
+    assert vanilla.budget is None and linformer.budget == "k"
+    assert {r.batch_asked for r in read} == {"max"}
+    assert linformer.batch == linformer.max_batch  # the batch used, as schema 1 stored it
+
+
+GOOD = {"schema": 2, "attention": "vanilla", "n": 512, "dtype": "fp16", "device": "v100_16gb"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("n", "512", "n: must be an integer >= 1, got '512'"),
+        ("n", 0, "n: must be an integer >= 1, got 0"),
+        ("n", None, "n: must be an integer >= 1, got None"),
+        ("n", 10**400, "n: must be an integer below 2**63"),
+        ("k", "x", "k: must be an integer >= 1"),
+        ("time_per_seq_s", math.nan, "time_per_seq_s: must be a number >= 0, got nan"),
+        ("time_per_seq_s", -1.0, "time_per_seq_s: must be a number >= 0, got -1.0"),
+        ("time_per_seq_s", "fast", "time_per_seq_s: must be a number >= 0"),
+        ("max_batch", "12", "max_batch: must be an integer >= 0"),
+        ("status", 5, "status: must be one of ok, oom, skipped, error; got 5"),
+        ("status", "fine", "status: must be one of ok, oom, skipped, error; got 'fine'"),
+        ("params", [], "params: must be an object, got []"),
+        ("env", "cpu", "env: must be an object, got 'cpu'"),
+        ("model", None, "model: must be an object, got None"),
+        ("attention", 3, "attention: must be a string, got 3"),
+        ("batch_asked", "many", "batch_asked: must be an integer >= 1, got 'many'"),
+        ("memory_source", "guessed", "memory_source: must be one of measured, modeled"),
+        ("schema", 3, "schema: this attnbench reads schemas 1 and 2, got 3"),
+        ("schema", True, "schema: this attnbench reads schemas 1 and 2, got True"),
+    ],
+)
+def test_an_impossible_field_is_one_line_naming_it(field: str, value: object, needle: str) -> None:
+    with pytest.raises(ValueError) as e:
+        Row.from_dict({**GOOD, field: value})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("missing", ["attention", "n", "dtype", "device"])
+def test_a_missing_identity_field_is_named(missing: str) -> None:
+    data = {k: v for k, v in GOOD.items() if k != missing}
+    with pytest.raises(ValueError, match=f"^{missing}: missing$"):
+        Row.from_dict(data)
+
+
+def test_a_figure_not_stored_reads_as_unknown_and_unknown_keys_are_ignored() -> None:
+    row = Row.from_dict({**GOOD, "from_the_future": 1})
+    assert row.status is None and row.repeats is None and row.max_batch is None
+    assert "from_the_future" not in row.to_dict()
+
+
+def test_reading_names_the_file_the_line_and_the_field(tmp_path: Path) -> None:
+    lines = REFERENCE.read_text().splitlines()
+    bad = json.loads(lines[4])
+    bad["time_per_seq_s"] = -0.5
+    path = tmp_path / "cells.jsonl"
+    path.write_text("\n".join([*lines[:4], json.dumps(bad), *lines[5:]]) + "\n")
+    with pytest.raises(rows.BadRow, match=r"cells.jsonl:5: time_per_seq_s: must be a number"):
+        rows.read(path)
+    path.write_bytes(lines[0].encode() + b'\n{"n": "\xff"}\n')
+    with pytest.raises(CorruptLine, match=r"cells.jsonl:2: not UTF-8"):
+        rows.read(path)
+    with pytest.raises(ValueError, match="no such file"):
+        rows.read(tmp_path / "nowhere.jsonl")
+
+
+def test_check_number_says_what_is_allowed() -> None:
+    assert check_number("x", 3) == 3.0
+    with pytest.raises(ValueError, match=r"^x: must be a number in \(0, 1\), got 1$"):
+        check_number("x", 1, low=0, high=1, open_low=True, open_high=True)
+    with pytest.raises(ValueError, match="x: must be a number >= 0, got True"):
+        check_number("x", True, low=0)

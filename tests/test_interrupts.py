@@ -1,0 +1,179 @@
+"""Interrupts, tidily: Ctrl-C and SIGTERM end `attnbench run` with one line and no temp
+files, stale files of SIGKILLed commands are swept, and every process that times a cell runs
+with glibc's malloc thresholds fixed. The CLI in a subprocess, real files, its own TMPDIR."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.sweep import claims
+
+CLI = (sys.executable, "-m", "attnbench.cli", "run")
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return {**env, "TMPDIR": str(tmp / "tmp"), **extra}
+
+
+def _ours(tmp: Path) -> list[str]:
+    return sorted(p.name for p in (tmp / "tmp").iterdir() if p.name.startswith("attnbench-"))
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
+    tmp_path: Path, sig: int, code: int
+) -> None:
+    args = ("+sweep=smoke", "progress=false", "n=64,96,128", "timing.min_seconds=0.4")
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        found = list((tmp_path / "results/smoke").glob("*/cells.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.1)
+    assert _ours(tmp_path), "a running sweep has its plan and claims in the temp dir"
+    os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run: interrupted")]
+    assert "of 9 cells are stored in results/smoke/" in line
+    assert "run the same command again to resume" in line
+    assert _ours(tmp_path) == []
+    resumed = subprocess.run(
+        [*CLI, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0 and "done before" in resumed.stdout, resumed.stderr
+
+
+def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = 2**22 + 12345  # above the default pid_max of 4194304: no such process
+    stale_plan = tmp / f"attnbench-plan-{dead}-x.json"
+    stale_claims = tmp / f"attnbench-{dead}-abc"
+    live_plan = tmp / f"attnbench-plan-{os.getpid()}-y.json"  # this process is alive
+    young = tmp / f"attnbench-plan-{dead + 1}-z.json"  # too new to judge
+    stale_plan.write_text("[]")
+    stale_claims.mkdir()
+    (stale_claims / "key").touch()
+    live_plan.write_text("[]")
+    young.write_text("[]")
+    worktree = tmp / "attnbench-check-xyz"  # the gate's, not a run's: never touched
+    worktree.mkdir()
+    old = time.time() - 3600
+    for p in (stale_plan, stale_claims, live_plan, worktree):
+        os.utime(p, (old, old))
+    done = subprocess.run(
+        [*CLI, "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB", "progress=false"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not stale_plan.exists() and not stale_claims.exists()
+    assert live_plan.exists() and young.exists() and worktree.exists()
+    assert _ours(tmp_path) == sorted(p.name for p in (live_plan, young, worktree))
+
+
+PLUGIN = """
+import os, pathlib
+from dataclasses import dataclass
+import attnbench
+from attnbench.attention.base import MultiHeadAttention
+
+out = pathlib.Path(os.environ["SEEN_DIR"])
+(out / str(os.getpid())).write_text(
+    os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset") + " "
+    + os.environ.get("MALLOC_TRIM_THRESHOLD_", "unset"))
+
+@dataclass
+class Cfg:
+    pass
+
+@attnbench.register("seen", config=Cfg, causal=False, summary="V only")
+class Seen(MultiHeadAttention):
+    def attend(self, x, key_padding_mask):
+        return self.v_proj(x)
+"""
+
+
+def test_every_process_that_times_starts_with_malloc_fixed(tmp_path: Path) -> None:
+    (tmp_path / "seen_mech.py").write_text(PLUGIN)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    env = _env(
+        tmp_path, ATTNBENCH_PLUGINS="seen_mech", PYTHONPATH=str(tmp_path), SEEN_DIR=str(seen)
+    )
+    done = subprocess.run(
+        [
+            *CLI,
+            "-m",
+            "attention=seen",
+            "model=tiny",
+            "n=32,48",
+            "dtype=fp32",
+            "ceiling=1GB",
+            "progress=false",
+            "report=false",
+            "hydra/launcher=joblib",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    values = {p.name: p.read_text() for p in seen.iterdir()}
+    # the command itself (where the plugin loads first), joblib's workers, each cell's process
+    assert len(values) >= 3, values
+    assert set(values.values()) == {"33554432 4294967296"}, values
+    off = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, attnbench.env as e; print(e.fix_malloc(), "
+            "os.environ.get('MALLOC_MMAP_THRESHOLD_'))",
+        ],
+        env={**env, "ATTNBENCH_MALLOC_FIX": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert off.stdout.split() == ["False", "None"], off.stderr
+
+
+def test_claims_sweep_leaves_processes_it_cannot_judge_alone(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = tmp_path / f"attnbench-plan-{os.getpid()}-a.json"
+    mine.write_text("[]")
+    os.utime(mine, (0, 0))
+    assert claims.sweep_stale() == [] and mine.exists()
