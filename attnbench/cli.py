@@ -17,6 +17,7 @@ from rich.table import Table
 
 import attnbench
 from attnbench.checks import argtype, parse_fraction, parse_int
+from attnbench.env import fix_malloc
 from attnbench.measure.timing import time_forward
 
 
@@ -73,6 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}", file=sys.stderr
         )
         return 2
+    fix_malloc()  # steady CPU timings, as attnbench run has them
     torch.manual_seed(0)
     x = torch.randn(1, args.n, 768)
     console = _console()
@@ -124,7 +126,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The regression gate (:func:`attnbench.check.run.run`): exit 1 on a regression, 0
     otherwise; misuse and crashes are one line and exit 2 (a crash is not a regression),
     an interrupt one line and exit 130."""
-    import signal
 
     from attnbench.check import Misuse
 
@@ -270,63 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised where the command is, so that it unwinds like Ctrl-C: the stored
-    rows stand, this command's temp files go."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 def cmd_run(args: list[str]) -> int:
-    """``attnbench run ARGS``: validate every cell first (one line, exit 2, nothing written),
-    then hand the same arguments to Hydra. Ctrl-C or SIGTERM: one line saying what is stored
-    and how to resume, exit 130 (143), no temp files left."""
-    from attnbench.env import fix_malloc
-    from attnbench.sweep import claims, config, job
+    """``attnbench run ARGS``: see :mod:`attnbench.sweep.command`."""
+    from attnbench.sweep import command
 
-    fix_malloc()  # steadier CPU timings, here and in every worker this command starts
-    signal.signal(signal.SIGTERM, _terminate)
-    plan: list[tuple[str, str]] = []
-    try:
-        if not any(
-            a in ("--help", "-h", "--hydra-help", "--info", "-i")
-            or a.startswith("--cfg")
-            or a in ("-c",)
-            for a in args
-        ):
-            try:
-                plan = config.prevalidate(args)
-            except ValueError as e:
-                print(f"attnbench run: error: {e}", file=sys.stderr)
-                return 2
-            claims.begin(plan)  # shared with the Hydra callback and every job
-        sys.argv = ["attnbench run", *args]
-        job.hydra_main()
-    except (KeyboardInterrupt, Terminated) as e:
-        print(f"\nattnbench run: {_interrupted(plan)}", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
-    finally:  # the plan and the claims of this command are of no use after it
-        claims.end()
-    return 0
-
-
-def _interrupted(plan: list[tuple[str, str]]) -> str:
-    """What an interrupted command leaves: its stored cells, and how to go on."""
-    from attnbench.sweep import claims
-
-    if not plan:
-        return "interrupted before any cell ran; nothing was written"
-    try:
-        stored = len(claims.rows_of(plan))
-    except (OSError, ValueError):
-        stored = "?"
-    dirs = ", ".join(sorted({d for d, _ in plan}))
-    return (
-        f"interrupted; {stored} of {len(plan)} cells are stored in {dirs}; run the same "
-        "command again to resume (stored cells are not measured again)"
-    )
+    return command.main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # taken off before Hydra sees the command line
         return cmd_run(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:  # a report is written in one rename: nothing is half-written
+        print(f"\nattnbench {args.command}: interrupted; nothing was changed", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -177,3 +177,24 @@ def test_claims_sweep_leaves_processes_it_cannot_judge_alone(tmp_path: Path, mon
     mine.write_text("[]")
     os.utime(mine, (0, 0))
     assert claims.sweep_stale() == [] and mine.exists()
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """``attnbench demo`` runs long enough at n=4096 to be interrupted for sure; every
+    command but run and check goes through the same handler in cli.main."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnbench.cli", "demo", "--n", "4096", "--repeats", "50"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("One Table 3 cell")  # it is timing now
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip() == "attnbench demo: interrupted; nothing was changed", err

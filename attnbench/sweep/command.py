@@ -1,0 +1,71 @@
+"""``attnbench run ARGS`` from start to exit code, around Hydra.
+
+Validate every cell first (:func:`config.prevalidate`: one line, exit 2, nothing written),
+publish the plan and this command's id to its jobs (:mod:`.claims`), then hand the same
+arguments to Hydra (:func:`job.hydra_main`). Ctrl-C or SIGTERM unwind from wherever they land:
+one line saying what is stored and how to resume, exit 130 (143), and this command's temp
+files removed. Every process that times a cell starts with glibc's malloc thresholds fixed
+(:func:`attnbench.env.fix_malloc`), this one and, through the environment, its workers.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from attnbench.env import fix_malloc
+from attnbench.sweep import claims, config, job
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it unwinds like Ctrl-C: the stored
+    rows stand, this command's temp files go."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def main(args: list[str]) -> int:
+    """``attnbench run ARGS``: validate every cell first (one line, exit 2, nothing written),
+    then hand the same arguments to Hydra. Ctrl-C or SIGTERM: one line saying what is stored
+    and how to resume, exit 130 (143), no temp files left."""
+    fix_malloc()  # steadier CPU timings, here and in every worker this command starts
+    signal.signal(signal.SIGTERM, _terminate)
+    plan: list[tuple[str, str]] = []
+    try:
+        if not any(
+            a in ("--help", "-h", "--hydra-help", "--info", "-i")
+            or a.startswith("--cfg")
+            or a in ("-c",)
+            for a in args
+        ):
+            try:
+                plan = config.prevalidate(args)
+            except ValueError as e:
+                print(f"attnbench run: error: {e}", file=sys.stderr)
+                return 2
+            claims.begin(plan)  # shared with the Hydra callback and every job
+        sys.argv = ["attnbench run", *args]
+        job.hydra_main()
+    except (KeyboardInterrupt, Terminated) as e:
+        print(f"\nattnbench run: {_interrupted(plan)}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:  # the plan and the claims of this command are of no use after it
+        claims.end()
+    return 0
+
+
+def _interrupted(plan: list[tuple[str, str]]) -> str:
+    """What an interrupted command leaves: its stored cells, and how to go on."""
+    if not plan:
+        return "interrupted before any cell ran; nothing was written"
+    try:
+        stored = len(claims.rows_of(plan))
+    except (OSError, ValueError):
+        stored = "?"
+    dirs = ", ".join(sorted({d for d, _ in plan}))
+    return (
+        f"interrupted; {stored} of {len(plan)} cells are stored in {dirs}; run the same "
+        "command again to resume (stored cells are not measured again)"
+    )
