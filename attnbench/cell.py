@@ -158,6 +158,34 @@ def left_out(attention: str, n: Any, k: int | None) -> str | None:
     return None
 
 
+def check_budget(cell: Cell) -> None:
+    """A fixed-length mechanism (Linformer) needs its budget: without ``k`` it would fall
+    back on its config's default (k=256), silently at n >= 256 and as a misleading ``k``
+    range error below. ``k=null`` is refused unless the budget is set through the
+    mechanism's own parameters (``+attention.params.k=32``)."""
+    info = attnbench.info(cell.attention)
+    if info.budget and info.fixed_max_len and cell.k is None:
+        if info.budget not in dict(cell.params):
+            what = "its budget" if info.budget == "k" else f"its budget, {info.budget}"
+            raise ValueError(f"k: attention={cell.attention} needs k ({what}), got null")
+
+
+def check_n_fits(cell: Cell, usable: int) -> None:
+    """The rule for too large an n: the input of one sequence alone (n × d_model values of
+    the dtype) must fit in the memory the cell may use. A cell beyond it could only ever be
+    an ``oom`` row, and far beyond it the memory model's tensors overflow torch's size
+    arithmetic (n = 10¹² was an ``error`` row, "Storage size calculation overflowed", exit
+    0): a typo, refused as one."""
+    size = presets.DTYPE_BYTES.get(cell.dtype, 4)
+    one = cell.n * cell.d_model * size
+    if one > usable:
+        raise ValueError(
+            f"n: must fit one sequence's input in the ceiling: {cell.n} × d_model "
+            f"{cell.d_model} × {size} bytes ({cell.dtype}) = {one} bytes, above the "
+            f"{usable} bytes usable; got n={cell.n}"
+        )
+
+
 @dataclass
 class Resolved:
     """What validation learned about a cell, so measuring does not recompute it."""
@@ -186,12 +214,14 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     if cell.batch != "max":
         check_int("batch", cell.batch)
     check_k(cell.attention, cell.n, cell.k)
+    check_budget(cell)
     check_choice("mode", cell.mode, MODES)
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
     for name in (*MODEL_FIELDS, "min_repeats", "cpu_batch"):
         check_int(name, getattr(cell, name))
+    check_n_fits(cell, ceiling - preset.overhead_bytes)
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (d_model % n_heads, ...) on meta
     with torch.device("meta"):

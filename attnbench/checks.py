@@ -77,6 +77,25 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_name(name: str, value: Any) -> str:
+    """``value`` as a name that is one path component (a run or a sweep directory): an int
+    or a non-empty string without a separator that does not start with a dot. ``..``, a
+    ``/`` or an absolute path would put the run's files outside ``out_dir`` (or nest them);
+    ``.`` or a hidden name would land on the sweep directory itself or on Hydra's ``.hydra``."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if (
+        not isinstance(text, str)
+        or not text.strip()
+        or text.startswith(".")
+        or any(c in text for c in ("/", "\\", "\0"))
+    ):
+        raise ValueError(
+            f"{name}: must be a name (one path component: no '/', not starting with '.'), "
+            f"got {value!r}"
+        )
+    return text
+
+
 def parse_fraction(name: str, text: str) -> float:
     """``0.1`` or ``10%`` as a fraction in (0, 10)."""
     try:

@@ -5,15 +5,25 @@ Safe when parallel jobs write (an exclusive ``flock`` around check-and-append), 
 cell's ``key``, and a cell whose key is already in the file is not run again. A writer
 killed in the middle of a line leaves at most that partial line, which the next append
 cuts away, so a killed run loses at most the cell in flight and never corrupts the file.
+
+The stored keys are an index kept per process (:class:`_Index`): each look-up parses only
+the bytes appended since the last one, so the cost of a cell does not grow with the run
+(a 5 000-row run re-read whole for every cell spent most of its time re-parsing). A write
+that fails (disk full, read-only, no permission) is a :class:`StoreError`, one line naming
+the path and the errno, and leaves the rows already stored as they were.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +31,35 @@ if TYPE_CHECKING:
     from attnbench.row import Row
 
 
+class StoreError(OSError):
+    """A write into a run directory failed: ``cannot write PATH: [Errno 28] No space left on
+    device``. An OSError (callers that handle OSError still do), built as
+    ``StoreError(errno, strerror, path)`` so that it pickles across launcher processes."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: [Errno {self.errno}] {self.strerror}"
+
+
+def _failed(path: Path, e: OSError) -> StoreError:
+    if isinstance(e, StoreError):
+        return e
+    return StoreError(e.errno, e.strerror or str(e), str(path))
+
+
 def replace_file(path: Path, text: str) -> None:
     """Put ``text`` at ``path`` whole or not at all: written beside it, synced, renamed over
-    it, so a crash leaves the old file (or none), never a truncated one."""
+    it, so a crash leaves the old file (or none), never a truncated one. A failed write
+    removes its temporary file and raises :class:`StoreError`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # unlinking needs no space, only the directory
+        raise _failed(path, e) from None
 
 
 class CorruptLine(ValueError):
@@ -40,19 +70,17 @@ class CorruptLine(ValueError):
         self.line_no = line_no
 
 
-def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(1-based line number, JSON object) for every line of a ``cells.jsonl``. A bad line
-    (not JSON, not an object, not UTF-8) raises :class:`CorruptLine` naming its number; with
-    ``strict=False`` only a final line without its newline (a writer killed mid-line) is
-    tolerated and left out."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
+def _rows_in(
+    path: Path, data: bytes, *, first: int = 1, strict: bool = True
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, JSON object) for the lines of ``data``, numbered from ``first``; see
+    :func:`numbered_lines` (the index parses appended bytes with the same rules)."""
     lines = data.split(b"\n")
-    for i, raw in enumerate(lines, 1):
+    last = first + len(lines) - 1
+    for i, raw in enumerate(lines, first):
         if not raw.strip():
             continue
-        last_unterminated = i == len(lines) and not data.endswith(b"\n")
+        last_unterminated = i == last and not data.endswith(b"\n")
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -75,10 +103,120 @@ def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, di
         yield i, row
 
 
+def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, JSON object) for every line of a ``cells.jsonl``. A bad line
+    (not JSON, not an object, not UTF-8) raises :class:`CorruptLine` naming its number; with
+    ``strict=False`` only a final line without its newline (a writer killed mid-line) is
+    tolerated and left out."""
+    if not path.exists():
+        return
+    yield from _rows_in(path, path.read_bytes(), strict=strict)
+
+
 def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
     """Every line of a ``cells.jsonl`` as a plain JSON object, as stored (see
     :func:`numbered_lines`); :func:`attnbench.row.read` checks them against the schema."""
     return [row for _, row in numbered_lines(path, strict=strict)]
+
+
+def _read_from(f: Any, offset: int) -> bytes:
+    """The bytes of open file ``f`` from ``offset`` to its end (one place, so that a test
+    can count what the index reads)."""
+    f.seek(offset)
+    return f.read()
+
+
+@dataclass
+class _Index:
+    """The keys of a ``cells.jsonl`` up to ``offset`` (just after a newline), and how to
+    tell that the file is still the one they were read from: its inode and the last full
+    line before ``offset`` (a rewrite renames a new file in; an edit changes that line)."""
+
+    inode: tuple[int, int] = (0, 0)
+    offset: int = 0
+    lines: int = 0
+    last_line: bytes = b""
+    keys: set[Any] = field(default_factory=set)
+
+
+MIN_FREE_BYTES = 1 << 20  # below this a sweep cannot store its config, let alone its rows
+_INDEXES: dict[str, _Index] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def stored_keys(path: Path) -> set[Any]:
+    """The ``key`` of every row of ``path`` (a final half-written line left out, as
+    ``read_rows(strict=False)`` does), reading only what was appended since the last call
+    in this process; the file read whole again only when it was replaced or edited."""
+    with _INDEX_LOCK:
+        name = os.path.abspath(path)
+        index = _INDEXES.setdefault(name, _Index())
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            _INDEXES[name] = _Index()
+            return set()
+        with f:
+            st = os.fstat(f.fileno())
+            inode, known = (st.st_dev, st.st_ino), index.last_line
+            data = None
+            if inode == index.inode and st.st_size >= index.offset:
+                chunk = _read_from(f, index.offset - len(known))
+                data = chunk[len(known) :] if chunk.startswith(known) else None
+            if data is None:  # a new file, or replaced, cut short or edited: read it whole
+                index = _INDEXES[name] = _Index(inode=inode)
+                data = _read_from(f, 0)
+        cut = data.rfind(b"\n") + 1
+        whole, rest = data[:cut], data[cut:]
+        keys = {row.get("key") for _, row in _rows_in(path, whole, first=index.lines + 1)}
+        index.keys |= keys
+        if whole:
+            index.offset += len(whole)
+            index.lines += whole.count(b"\n")
+            index.last_line = whole[whole.rfind(b"\n", 0, len(whole) - 1) + 1 :]
+        tail = _rows_in(path, rest, first=index.lines + 1, strict=False)
+        return index.keys | {row.get("key") for _, row in tail}
+
+
+def check_writable(name: str, directory: Path) -> None:
+    """One ``ValueError`` line (``NAME: cannot write DIR: why``) unless a directory can be
+    made at ``directory`` and written in: its nearest existing parent is a directory where a
+    directory can really be made (probed, then removed: ``os.access`` is blind to root's
+    writes under /proc and says yes to root on a 0o555 directory), on a disk that is not
+    full, and a stored ``cells.jsonl`` is writable. Checked before a command runs anything,
+    so that a read-only, full or misplaced ``out_dir`` is a line and exit code 2, not a
+    traceback once cells ran."""
+    where = Path(directory)
+    while True:
+        try:
+            os.stat(where)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if where.parent == where:
+                break
+            where = where.parent
+        except OSError as e:
+            raise ValueError(
+                f"{name}: cannot write {directory}: [Errno {e.errno}] {e.strerror}"
+            ) from None
+    if not where.is_dir():
+        raise ValueError(f"{name}: cannot write {directory}: {str(where)!r} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attnbench-probe-", dir=where))
+        fs = os.statvfs(where)
+    except OSError as e:
+        raise ValueError(
+            f"{name}: cannot write {directory}: [Errno {e.errno}] {e.strerror}"
+        ) from None
+    free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
+    if free < MIN_FREE_BYTES:  # a full disk: refused now, not after the first cell ran
+        raise ValueError(
+            f"{name}: cannot write {directory}: [Errno {errno.ENOSPC}] "
+            f"{os.strerror(errno.ENOSPC)} ({free} bytes free)"
+        )
+    cells = where / "cells.jsonl"
+    if where == Path(directory) and cells.exists() and not os.access(cells, os.W_OK):
+        raise ValueError(f"{name}: cannot write {cells}: permission denied")
 
 
 class RunStore:
@@ -90,8 +228,12 @@ class RunStore:
 
     @contextmanager
     def _locked(self) -> Iterator[Any]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a") as lock:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            lock = open(self.dir / ".lock", "a")
+        except OSError as e:
+            raise _failed(self.dir, e) from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -99,37 +241,53 @@ class RunStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def done(self) -> set[str]:
-        return {row.get("key") for row in read_rows(self.cells, strict=False)}
+        """The keys stored so far (an index: only newly appended rows are parsed)."""
+        return stored_keys(self.cells)
 
     def append(self, row: Row | dict[str, Any], *, replace: bool = False) -> bool:
         """Append ``row`` (a :class:`~attnbench.row.Row`, or any JSON object with a ``key``)
         unless its key is already stored (or, with ``replace``, after dropping the stored
-        one). Returns whether it was written."""
+        one). Returns whether it was written. A failed write raises :class:`StoreError` and
+        leaves the file as it was."""
         record = row if isinstance(row, dict) else row.to_dict()
         key = record["key"]
         line = json.dumps(record, default=str) + "\n"
         with self._locked():
             self._cut_partial_line()
-            rows = read_rows(self.cells, strict=False)
-            if any(r.get("key") == key for r in rows):
+            if key in stored_keys(self.cells):
                 if not replace:
                     return False
-                kept = [r for r in rows if r.get("key") != key]
+                kept = [r for r in read_rows(self.cells, strict=False) if r.get("key") != key]
                 self._rewrite(kept)
-            with open(self.cells, "a") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            _append_line(self.cells, line, sync=True)
         return True
 
     def _cut_partial_line(self) -> None:
-        if not self.cells.exists() or self.cells.stat().st_size == 0:
+        """Truncate a killed writer's half line, reading back from the end only as far as
+        the last newline (the file is not read whole)."""
+        try:
+            f = open(self.cells, "rb+")
+        except FileNotFoundError:
             return
-        with open(self.cells, "rb+") as f:
-            data = f.read()
-            if data.endswith(b"\n"):
-                return
-            f.truncate(data.rfind(b"\n") + 1)  # the killed writer's half line
+        except OSError as e:
+            raise _failed(self.cells, e) from None
+        with f:
+            end = pos = f.seek(0, os.SEEK_END)
+            while pos > 0:
+                step = min(pos, 1 << 16)
+                pos -= step
+                f.seek(pos)
+                block = f.read(step)
+                if pos + step == end and block.endswith(b"\n"):
+                    return
+                if (nl := block.rfind(b"\n")) >= 0:
+                    pos += nl + 1
+                    break
+            if pos < end:
+                try:
+                    f.truncate(pos)  # the killed writer's half line
+                except OSError as e:
+                    raise _failed(self.cells, e) from None
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         replace_file(self.cells, "".join(json.dumps(r, default=str) + "\n" for r in rows))
@@ -144,5 +302,31 @@ class RunStore:
 
     def add_line(self, name: str, record: dict[str, Any]) -> None:
         """Append one JSON line to a run-level log (e.g. the commands that wrote here)."""
-        with self._locked(), open(self.dir / name, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+        with self._locked():
+            _append_line(self.dir / name, json.dumps(record, default=str) + "\n", sync=False)
+
+
+def _append_line(path: Path, line: str, *, sync: bool) -> None:
+    """Append ``line`` in one write; on failure (a full disk may take part of it) cut the
+    file back to its old size, so that no half line follows the rows already stored."""
+    data = line.encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise _failed(path, e) from None
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            if sync:
+                os.fsync(fd)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass  # the next append cuts a half line away in any case
+            raise _failed(path, e) from None
+    finally:
+        os.close(fd)

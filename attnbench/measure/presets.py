@@ -14,6 +14,7 @@ from importlib.resources import files
 from omegaconf import OmegaConf
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
