@@ -25,7 +25,28 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def _ours(tmp: Path) -> list[str]:
-    return sorted(p.name for p in (tmp / "tmp").iterdir() if p.name.startswith("attnbench-"))
+    """What attnbench left in the temp dir, and any cell claims left in run directories."""
+    left = [p.name for p in (tmp / "tmp").iterdir() if p.name.startswith("attnbench-")]
+    return sorted(left + [str(p) for p in tmp.glob("results/**/.claims")])
+
+
+def _processes_with(needle: str) -> list[int]:
+    """Live processes whose environment holds ``needle`` (the command's and its workers')."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _gone(needle: str, within_s: float = 10.0) -> bool:
+    deadline = time.time() + within_s
+    while _processes_with(needle) and time.time() < deadline:
+        time.sleep(0.1)
+    return not _processes_with(needle)
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -33,10 +54,11 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     tmp_path: Path, sig: int, code: int
 ) -> None:
     args = ("+sweep=smoke", "progress=false", "n=64,96,128", "timing.min_seconds=0.4")
+    mark = f"ATTNBENCH_TEST_MARK={tmp_path.name}"
     proc = subprocess.Popen(
         [*CLI, *args],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=_env(tmp_path, ATTNBENCH_TEST_MARK=tmp_path.name),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -57,15 +79,17 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     assert "of 9 cells are stored in results/smoke/" in line
     assert "run the same command again to resume" in line
     assert _ours(tmp_path) == []
+    assert _gone(mark), "the command's reaper goes with it, its work done"
     resumed = subprocess.run(
         [*CLI, *args],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=_env(tmp_path, ATTNBENCH_TEST_MARK=tmp_path.name),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert resumed.returncode == 0 and "done before" in resumed.stdout, resumed.stderr
+    assert _ours(tmp_path) == [] and _gone(mark)  # a normal end leaves nothing either
 
 
 def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 Validate every cell first (:func:`config.prevalidate`: one line, exit 2, nothing written),
 publish the plan and this command's id to its jobs (:mod:`.claims`), then hand the same
 arguments to Hydra (:func:`job.hydra_main`). Ctrl-C or SIGTERM unwind from wherever they land:
-one line saying what is stored and how to resume, exit 130 (143), and this command's temp
-files removed. Every process that times a cell starts with glibc's malloc thresholds fixed
+one line saying what is stored and how to resume, exit 130 (143), this command's workers
+killed first (none stores a row after that line) and its temp files removed; a SIGKILLed
+command's workers are killed by its reaper (:func:`claims.start_reaper`). Every process
+that times a cell starts with glibc's malloc thresholds fixed
 (:func:`attnbench.env.fix_malloc`), this one and, through the environment, its workers.
 """
 
@@ -48,7 +50,12 @@ def main(args: list[str]) -> int:
             claims.begin(plan)  # shared with the Hydra callback and every job
         sys.argv = ["attnbench run", *args]
         job.hydra_main()
+    except job.StoreFailed as e:  # disk full or read-only mid-sweep: the stored rows stand
+        claims.stop_processes()
+        print(f"attnbench run: error: {e}", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, Terminated) as e:
+        claims.stop_processes()  # no worker may store a row after the line below
         print(f"\nattnbench run: {_interrupted(plan)}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:  # the plan and the claims of this command are of no use after it

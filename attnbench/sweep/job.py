@@ -9,7 +9,9 @@ A timeout or a crashed cell is a row with status ``error``, never a hole in the 
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +31,7 @@ from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.row import Row
 from attnbench.runner import run_cell
-from attnbench.store import RunStore
+from attnbench.store import RunStore, StoreError, read_rows
 from attnbench.sweep import claims
 from attnbench.sweep.config import cell_from_cfg, preset_from_cfg, register_user_mechanisms, run_dir
 
@@ -67,9 +69,11 @@ def _isolated() -> bool:
 
 
 def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool) -> Row:
-    """One row for ``cell``; a timeout is a row too."""
+    """One row for ``cell``; a timeout is a row too. An isolated cell killed by Ctrl-C or
+    SIGTERM is no row: it was interrupted, not broken, and the next command measures it."""
     if isolate:
-        payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset)})
+        parent = os.getpid()  # the cell dies with this process (see _die_with_parent)
+        payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "attnbench.sweep.job", "--cell", payload],
@@ -79,9 +83,11 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool)
             )
         except subprocess.TimeoutExpired:
             return _failed(cell, preset, f"timed out after {timeout_s:g} s")
+        if done.returncode in (-signal.SIGINT, -signal.SIGTERM):
+            raise KeyboardInterrupt
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
-            why = lines[-1][:300] if lines else f"exit code {done.returncode}"
+            why = lines[-1][:300] if lines else _exit_reason(done.returncode)
             return _failed(cell, preset, why)
         return Row.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
     try:
@@ -91,6 +97,12 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool)
         return _failed(cell, preset, f"timed out after {timeout_s:g} s")
 
 
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
 def _failed(cell: Cell, preset: presets.Preset, reason: str) -> Row:
     ceiling = cells.spec(cell, preset)["ceiling_bytes"]
     row = Row.new(cell, ceiling, preset.overhead_bytes, environment())
@@ -98,8 +110,23 @@ def _failed(cell: Cell, preset: presets.Preset, reason: str) -> Row:
     return row
 
 
+class StoreFailed(BaseException):
+    """The run's files cannot be written (disk full, read-only): a BaseException, so that
+    Hydra's job runner, which catches Exception and goes on to the next cell, lets it through
+    to the command, which says it in one line (:mod:`attnbench.sweep.command`)."""
+
+
 def job(cfg: DictConfig) -> Row | None:
-    """Hydra's task function: measure the cell of ``cfg`` unless the store has it."""
+    """Hydra's task function (:func:`_job`); a store that cannot be written ends the sweep."""
+    try:
+        return _job(cfg)
+    except StoreError as e:
+        raise StoreFailed(str(e)) from None
+
+
+def _job(cfg: DictConfig) -> Row | None:
+    """Measure the cell of ``cfg`` unless the store has it, holding
+    the cell's claim (:func:`claims.hold`) so that no other command measures it meanwhile."""
     try:
         in_sweep = HydraConfig.get().job.get("num") is not None
     except ValueError:  # called outside Hydra
@@ -110,24 +137,51 @@ def job(cfg: DictConfig) -> Row | None:
     preset = preset_from_cfg(cfg)
     store = RunStore(run_dir(cfg))
     key = cells.key(cell, preset)
-    if not claims.claim(key) or (not cfg.rerun and key in store.done()):
+    rerun = bool(cfg.rerun)
+    if not claims.claim(key) or (not rerun and key in store.done()):
         print(f"  done before: {cell.label}", flush=True)
         return None
-    if not in_sweep:
-        record_command(store, cfg)
-    start = time.perf_counter()
-    row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
-    row.update(
-        key=key,
-        sweep=cfg.sweep_name,
-        wall_s=round(time.perf_counter() - start, 3),
-        finished_at=time.time(),
-        invocation=claims.invocation(),
-        cell=cells.spec(cell, preset),
-    )
-    store.append(row, replace=bool(cfg.rerun))
+
+    def waiting(who: str) -> None:
+        print(f"  waiting: {cell.label} is being measured by another command ({who})", flush=True)
+
+    with claims.hold(store.dir, key, waiting):
+        if _stored(store, key, rerun):  # by another command, while this one waited
+            print(f"  done before: {cell.label}", flush=True)
+            return None
+        if not in_sweep:
+            record_command(store, cfg)
+        start = time.perf_counter()
+        row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
+        row.update(
+            key=key,
+            sweep=cfg.sweep_name,
+            wall_s=round(time.perf_counter() - start, 3),
+            finished_at=time.time(),
+            invocation=claims.invocation(),
+            cell=cells.spec(cell, preset),
+        )
+        if not claims.command_alive():  # an orphan: its command was killed
+            print(f"  dropped: {cell.label}: its command has ended; not stored", flush=True)
+            return None
+        store.append(row, replace=rerun)
     print(f"  {row.status:7s} {cell.label}: " + _summary(row), flush=True)
     return row
+
+
+def _stored(store: RunStore, key: str, rerun: bool) -> bool:
+    """Is ``key`` stored? With ``rerun``, only a row stored since this command started
+    counts (another command measured it again meanwhile): measured again once, not once per
+    command. The rows themselves are read only then, and only when the key is stored."""
+    if key not in store.done():
+        return False
+    if not rerun:
+        return True
+    since = claims.started() or float("inf")
+    return any(
+        r.get("key") == key and (r.get("finished_at") or 0) >= since
+        for r in read_rows(store.cells, strict=False)
+    )
 
 
 def record_command(store: RunStore, cfg: DictConfig, sweep: dict | None = None) -> None:
@@ -167,9 +221,24 @@ def hydra_main() -> None:
     hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
 
 
+def _die_with_parent(parent: int) -> None:
+    """An isolated cell dies with the job that started it: the kernel sends it SIGKILL when
+    its parent goes (``prctl(PR_SET_PDEATHSIG)``, Linux). A parent already gone by the time
+    this runs is caught by the pid check; before it runs (imports), the command's reaper
+    covers the cell, as it covers every process of the command."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _main_cell(payload: str) -> int:
     """``python -m attnbench.sweep.job --cell JSON``: one isolated cell, its row on stdout."""
     data = json.loads(payload)
+    if "parent" in data:
+        _die_with_parent(int(data["parent"]))
     cell = Cell.from_dict(data["cell"])
     row = run_cell(cell, cells.validate(cell, presets.Preset(**data["preset"])))
     print(row.to_json())

@@ -19,10 +19,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnbench.store import RunStore
+from attnbench.store import RunStore, StoreError
 from attnbench.sweep import claims, finish
 from attnbench.sweep.config import run_dir
-from attnbench.sweep.job import record_command
+from attnbench.sweep.job import StoreFailed, record_command
 
 
 class Progress(Callback):
@@ -48,7 +48,10 @@ class Progress(Callback):
             "overrides": list(config.hydra.overrides.task),
         }
         for d in {d for d, _ in plan} or {str(run_dir(config))}:
-            record_command(RunStore(Path(d)), config, sweep)
+            try:
+                record_command(RunStore(Path(d)), config, sweep)
+            except StoreError as e:  # Hydra would only warn about a callback's error
+                raise StoreFailed(str(e)) from None
         if config.progress and plan:
             self._thread = threading.Thread(
                 target=self._watch, args=(plan, config.rerun), daemon=True
