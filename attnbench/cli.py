@@ -100,23 +100,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """A run directory's report. Bad rows, a bad run dir or ``--out`` and a disk that
+    refuses the write (full, read-only, a file in the way) are one line on stderr and exit
+    2, with nothing written; the line is made printable, as it may quote a hostile value."""
     from attnbench.report import files
-    from attnbench.store import CorruptLine
+    from attnbench.row import printable, shorten
+
+    def error(message: str) -> int:
+        print(f"attnbench report: error: {shorten(printable(message), 2000)}", file=sys.stderr)
+        return 2
 
     out = args.out or files.default_out(args.run_dir)
-    try:
-        files.check_out(out)
+    try:  # the rows first: a bad run dir is said as such, not as a bad default --out
         report = files.build(args.run_dir, args.baseline)
-    except (ValueError, CorruptLine) as e:
-        print(f"attnbench report: error: {e}", file=sys.stderr)
-        return 2
+        files.check_out(out)
+    except ValueError as e:  # a bad row or line (BadRow, CorruptLine), run dir, --out
+        return error(str(e))
+    except OSError as e:  # the rows unreadable
+        return error(f"cannot read the rows: {files.os_error(e)}")
     if not args.quiet:
         files.print_tables(report, _console())
     written = files.render(report, with_plots=not args.no_plots)
-    files.write(written, out)
+    try:
+        files.write(written, out)
+    except ValueError as e:  # --out became something else while the report was made
+        return error(str(e))
+    except OSError as e:
+        return error(f"cannot write the report to {out}: {files.os_error(e)}")
     print(
-        f"attnbench: report of {len(report.rows)} cells in {out}/ (index.html, table3.md, "
-        f"table3.tex, {sum(f.endswith('.csv') for f in written)} CSV, "
+        f"attnbench: report of {len(report.rows)} cells in {printable(str(out))}/ "
+        f"(index.html, table3.md, table3.tex, {sum(f.endswith('.csv') for f in written)} CSV, "
         f"{sum(f.endswith('.png') for f in written)} plots)"
     )
     return 0

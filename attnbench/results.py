@@ -30,7 +30,10 @@ they first appear (a sweep's order: vanilla before linformer). ``batch_asked`` i
 ``"max"`` or the number as written (``"8"``), so the column has one type
 (``pd.to_numeric(df.batch_asked, errors="coerce")`` for the numbers). ``time_samples_s``
 stays a list of seconds per cell (an ``object`` column, None where none were kept).
-Nested keys of unknown type (a plugin's parameters) take the type their values share.
+Nested keys of unknown type (a plugin's parameters) take the type their values share; an
+integer no float can hold (``10**400``, in a plugin's parameter or an unknown ``env`` key)
+makes its column ``object``, never an ``OverflowError``. Text is as stored (a newline stays
+a newline): escaping is for reports, not for the data.
 An empty run has every column but ``params.*``, which only the rows name.
 """
 
@@ -43,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.row import MEMORY_SOURCES, STATUSES, Row, read
+from attnbench.row import MEMORY_SOURCES, STATUSES, Row, printable, read
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,8 +116,8 @@ def _files(paths: Iterable[Any]) -> list[Path]:
         raise ValueError("load: no path given (a run directory, a cells.jsonl, a runs directory)")
     files: dict[Path, Path] = {}  # resolved -> as given, first one kept
     for path in given:
-        if not path.exists():
-            raise ValueError(f"{path}: no such file or directory")
+        if not path.exists():  # a symlink loop too
+            raise ValueError(f"{printable(str(path))}: no such file or directory")
         if path.is_file():
             found = [path]
         elif (path / CELLS).is_file():
@@ -123,7 +126,8 @@ def _files(paths: Iterable[Any]) -> list[Path]:
             found = sorted(p for p in path.rglob(CELLS) if p.is_file())
             if not found:
                 raise ValueError(
-                    f"{path}: holds no {CELLS} (neither a run directory nor a directory of runs)"
+                    f"{printable(str(path))}: holds no {CELLS} (neither a run directory nor a"
+                    " directory of runs)"
                 )
         for f in found:
             files.setdefault(f.resolve(), f)
@@ -213,8 +217,8 @@ def _fits(kind: str, v: Any) -> bool:
         return False
     if kind == "Int64":
         return isinstance(v, int) and -(2**63) <= v < 2**63
-    if kind == "float64":
-        return isinstance(v, (int, float))
+    if kind == "float64":  # an integer past a float's range (10**400) is an object
+        return isinstance(v, float) or (isinstance(v, int) and abs(v) <= 2**1023)
     return kind == "string" and isinstance(v, str)
 
 

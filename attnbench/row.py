@@ -14,8 +14,14 @@ Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
 * ``mode`` is ``inference`` (the training issue adds ``train``).
 
 Reading is strict where a figure would be wrong and tolerant where nothing is lost: a
-missing or mistyped field, a NaN or negative time, n < 1 or an unknown status is refused
-with the file, the line and the field; keys this version does not know are ignored.
+missing or mistyped field, a NaN, infinite or negative time, a number too large for a float,
+n < 1, an unknown status or dtype, a mechanism, budget or parameter name that is not an
+identifier, a ``model`` that is not a set of positive integers or an ``env`` entry of the
+wrong type is refused with the file, the line and the field, in one line however hostile
+the value (it is quoted with ``repr`` and cut short); keys this version does not know are
+ignored. Free text (``device``, ``mode``, ``reason``, ``time_device``, the strings of
+``env`` and the values of ``params``, ...) is read as it is, newlines, markup and all:
+a report escapes it for each format it writes (:mod:`attnbench.report.tables`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.checks import check_choice, check_int, check_number
+from attnbench.registry import DTYPES
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -150,7 +157,15 @@ class Row:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Row:
         """A row from its stored form, checked field by field (``ValueError``, one line
-        naming the field) and upgraded from older schemas."""
+        naming the field, the value quoted and cut short) and upgraded from older schemas."""
+        try:
+            return cls._checked(data)
+        except (ValueError, OverflowError) as e:
+            # the messages quote the value: a 100 kB string would be a 100 kB error line
+            raise ValueError(shorten(str(e))) from None
+
+    @classmethod
+    def _checked(cls, data: dict[str, Any]) -> Row:
         schema = data.get("schema", 1)
         if type(schema) is not int or schema not in (1, SCHEMA):
             raise ValueError(
@@ -189,6 +204,17 @@ def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
 
 # --- the schema, field by field ------------------------------------------------------------
 
+# a message quotes the bad value; past this many characters it is cut (one readable line)
+MESSAGE_CHARS = 300
+# no run finished after the year 9999: datetime (the report's date) cannot show a later one
+LAST_TIME = 253402300799.0
+
+
+def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (the last one ``…``): an error line quotes
+    values, and a hostile value can be a megabyte long."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 def _optional(check: Any) -> Any:
     def run(name: str, value: Any) -> None:
@@ -203,9 +229,55 @@ def _str(name: str, value: Any) -> None:
         raise ValueError(f"{name}: must be a string, got {value!r}")
 
 
+def _identifier(name: str, value: Any) -> None:
+    """A mechanism, budget or parameter name: the registry registers only identifiers
+    (``register``), so anything else cannot have been written by attnbench."""
+    _str(name, value)
+    if not value.isidentifier():
+        raise ValueError(f"{name}: must be an identifier (a name like linformer), got {value!r}")
+
+
 def _dict(name: str, value: Any) -> None:
     if not isinstance(value, dict):
         raise ValueError(f"{name}: must be an object, got {value!r}")
+
+
+def _params(name: str, value: Any) -> None:
+    """A mechanism's own parameters: names are config fields (identifiers); values are
+    free (a plugin's may be anything JSON holds) and are only ever shown, escaped."""
+    _dict(name, value)
+    for key in value:
+        if not key.isidentifier():
+            raise ValueError(f"{name}: a parameter name must be an identifier, got {key!r}")
+
+
+def _model(name: str, value: Any) -> None:
+    """The model's shape: every entry a positive integer (``layers``, ``d_model``, ...)."""
+    _dict(name, value)
+    for key, v in value.items():
+        if not key.isidentifier():
+            raise ValueError(f"{name}: a field name must be an identifier, got {key!r}")
+        _positive(f"{name}.{key}", v)
+
+
+# the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
+ENV_CHECKS: dict[str, Any] = {
+    "device_name": _str,
+    "torch": _str,
+    "cuda": _str,
+    "attnbench": _str,
+    "git_revision": _str,
+    "python": _str,
+}
+
+
+def _env(name: str, value: Any) -> None:
+    _dict(name, value)
+    for key, v in value.items():
+        if v is not None and key == "threads":
+            _positive(f"{name}.{key}", v)
+        elif v is not None and key in ENV_CHECKS:
+            ENV_CHECKS[key](f"{name}.{key}", v)
 
 
 def _count(name: str, value: Any, low: int = 0) -> None:
@@ -218,41 +290,55 @@ def _positive(name: str, value: Any) -> None:
     _count(name, value, low=1)
 
 
-def _seconds(name: str, value: Any) -> None:
-    check_number(name, value, low=0)
+def _seconds(name: str, value: Any, high: float | None = None) -> None:
+    """A finite number >= 0. An integer too large for a float (10**400) is refused here:
+    ``check_number``'s ``math.isfinite`` would raise ``OverflowError`` on it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise ValueError(
+                f"{name}: must be a number >= 0 that a float can hold, got {value!r}"
+            ) from None
+    check_number(name, value, low=0, high=high)
+
+
+def _timestamp(name: str, value: Any) -> None:
+    """Seconds since 1970 that a date can be made of (the report prints the day)."""
+    _seconds(name, value, high=LAST_TIME)
 
 
 def _samples(name: str, value: Any) -> None:
     if not isinstance(value, list):
         raise ValueError(f"{name}: must be a list of seconds, got {value!r}")
     for v in value:
-        check_number(name, v, low=0)
+        _seconds(name, v)
 
 
 def _batch_asked(name: str, value: Any) -> None:
     if value != "max":
-        check_int(name, value)
+        _positive(name, value)
 
 
 def _model_error(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) < value < 2**63:
+        raise ValueError(f"{name}: must be an integer between -2**63 and 2**63, got {value!r}")
 
 
 CHECKS: dict[str, Any] = {
     "schema": _count,
-    "attention": _str,
+    "attention": _identifier,
     "n": _positive,
-    "dtype": _str,
+    "dtype": lambda n, v: check_choice(n, v, DTYPES),
     "device": _str,
-    "params": _dict,
+    "params": _params,
     "k": _optional(_positive),
-    "budget": _optional(_str),
+    "budget": _optional(_identifier),
     "mode": _str,
     "batch_asked": _batch_asked,
     "ceiling_bytes": _optional(_positive),
     "overhead_bytes": _optional(_count),
-    "model": _dict,
+    "model": _model,
     "status": _optional(lambda n, v: check_choice(n, v, STATUSES)),
     "reason": _optional(_str),
     "max_batch": _optional(_count),
@@ -275,11 +361,11 @@ CHECKS: dict[str, Any] = {
     "flops": _optional(_count),
     "flops_per_s": _optional(_seconds),
     "pct_of_peak": _optional(_seconds),
-    "env": _dict,
+    "env": _env,
     "key": _optional(_str),
     "sweep": _optional(_str),
     "wall_s": _optional(_seconds),
-    "finished_at": _optional(_seconds),
+    "finished_at": _optional(_timestamp),
     "invocation": _optional(_str),
     "cell": _optional(_dict),
 }
@@ -293,8 +379,20 @@ class BadRow(ValueError):
     """A line of ``cells.jsonl`` that is not a row: the file, the line, what is wrong."""
 
     def __init__(self, path: Path, line_no: int, why: str) -> None:
-        super().__init__(f"{path}:{line_no}: {why}")
+        # a path may hold a newline too: quoted as repr quotes it, the message stays one line
+        super().__init__(f"{printable(str(path))}:{line_no}: {why}")
         self.line_no = line_no
+
+
+def printable(text: str) -> str:
+    """``text`` on one line and shown as stored: every character ``str.isprintable``
+    refuses (newline, CR, tab, NUL, ESC, bidi overrides like U+202E, lone surrogates) as its
+    Python escape (``\\n``, ``\\x00``, ``\\u202e``). A row's free text is read as it is;
+    whatever shows it (an error line, a report) passes it through this first, so no value
+    can start a line of its own, drive a terminal or reorder what is around it."""
+    if text.isprintable():  # nearly always: no copy
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def as_rows(rows: Iterable[Row | dict[str, Any]]) -> list[Row]:
@@ -310,8 +408,8 @@ def read(path: Path, *, strict: bool = True) -> list[Row]:
     is left out."""
     from attnbench.store import numbered_lines
 
-    if not Path(path).is_file():
-        raise ValueError(f"{path}: no such file")
+    if not Path(path).is_file():  # a FIFO would block, a directory or a symlink loop raise
+        raise ValueError(f"{printable(str(path))}: no such file (or not a regular file)")
     rows = []
     for line_no, data in numbered_lines(path, strict=strict):
         try:

@@ -2,17 +2,19 @@
 
 :func:`build` reads ``cells.jsonl`` (a corrupt line is an error naming its number, never
 dropped) and makes every table; :func:`render` turns a report into file contents, all in
-memory; :func:`write` puts them in place in one step, so a crash or a plotting error leaves
-the previous report whole rather than half of a new one.
+memory; :func:`write` (:mod:`attnbench.report.replace`) puts them in place in one step, so
+a crash or a plotting error leaves the previous report whole rather than half of a new one,
+and one writer at a time, so that two reports of one run (a sweep's end and a user's
+``attnbench report``) never collide.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +22,20 @@ from typing import Any
 from attnbench import row
 from attnbench.report import html, plots
 from attnbench.report.paper import compares_with_paper, load_paper, paper_table, quotient
+from attnbench.report.replace import check_out as check_out
+from attnbench.report.replace import os_error
+from attnbench.report.replace import write as write
 from attnbench.report.tables import (
     RatioTable,
+    comment,
     heading,
+    markdown,
     ratio_tables,
     to_csv,
     to_latex,
     to_markdown,
 )
+from attnbench.row import printable
 from attnbench.store import RunStore
 
 
@@ -46,17 +54,37 @@ def default_out(run_dir: Path) -> Path:
     return Path(run_dir) / "report"
 
 
+def _rows_file(run_dir: Path) -> Path:
+    """``run_dir``'s ``cells.jsonl`` if it is a regular file; else ValueError, one line that
+    says what is there instead (nothing, a file for a run dir, a directory, a FIFO that
+    would block the read, a symlink loop)."""
+    path = RunStore(run_dir).cells
+    shown = printable(str(run_dir))
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise ValueError(
+                f"run dir: no cells.jsonl in {shown} (is it a directory that 'attnbench run'"
+                " wrote?)"
+            ) from None
+        if e.errno == errno.ENOTDIR:
+            raise ValueError(f"run dir: {shown} is a file, not a run directory") from None
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"run dir: {printable(str(path))} is a symlink loop") from None
+        raise ValueError(f"run dir: {printable(str(path))}: {os_error(e)}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"run dir: {printable(str(path))} is not a regular file of rows")
+    return path
+
+
 def build(run_dir: Path, baseline: str = "vanilla") -> Report:
     """Every table of ``run_dir``'s rows; ValueError (one line) if there is nothing to report."""
     run_dir = Path(run_dir)
-    path = RunStore(run_dir).cells
-    if not path.is_file():
-        raise ValueError(
-            f"run dir: no cells.jsonl in {run_dir} (is it a directory that 'attnbench run' wrote?)"
-        )
+    path = _rows_file(run_dir)
     rows = [r for r in row.read(path) if r.status is not None]
     if not rows:
-        raise ValueError(f"run dir: {path} holds no rows yet")
+        raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
     tables = ratio_tables(rows, baseline)
     paper = load_paper()
     beside = []
@@ -67,9 +95,19 @@ def build(run_dir: Path, baseline: str = "vanilla") -> Report:
     return Report(run_dir, baseline, rows, tables, beside)
 
 
+# a file name from a label is cut here (and a hash of the whole added): names over 255
+# bytes are refused by every common file system, and a parameter's value can be a megabyte
+SLUG_CHARS = 100
+
+
 def slug(text: str) -> str:
-    """A file name from a mechanism label: ``linformer-kernel-eager-sharing-layerwise``."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    """A file name from a mechanism label: ``linformer-kernel-eager-sharing-layerwise``;
+    only ``[a-z0-9-]``, never empty, never longer than :data:`SLUG_CHARS` + 9."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "mechanism"
+    if len(name) > SLUG_CHARS:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        name = f"{name[:SLUG_CHARS].rstrip('-')}-{digest}"
+    return name
 
 
 def _figures(report: Report) -> list[tuple[str, Any, str]]:
@@ -91,11 +129,11 @@ def _figures(report: Report) -> list[tuple[str, Any, str]]:
             "Max batch predicted by the memory model against the one measured on the device.",
         ),
     ]
-    for i, t in enumerate(report.tables):
+    for t, stem in zip(report.tables, _stems(report.tables), strict=True):
         if t.kind == "time":
             out.append(
                 (
-                    f"speedup-{_stem(report, t, i)}",
+                    f"speedup-{stem}",
                     plots.speedup_heatmap(t),
                     f"Speed-up over n x k: {t.mechanism}.",
                 )
@@ -106,18 +144,20 @@ def _figures(report: Report) -> list[tuple[str, Any, str]]:
 def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     """Every file of the report, by relative path: Markdown, CSV, LaTeX, plots, HTML."""
     files: dict[str, bytes] = {}
-    title = f"attnbench report: {report.run_dir.name}"
+    # a directory's name can hold a newline too: every format gets it on one line
+    title = printable(f"attnbench report: {report.run_dir.name}")
+    rows_file = printable(str(report.run_dir / "cells.jsonl"))
     intro = [
-        f"Rows: {report.run_dir / 'cells.jsonl'} ({len(report.rows)} cells). Time ratio "
+        f"Rows: {rows_file} ({len(report.rows)} cells). Time ratio "
         f"= {report.baseline} time per sequence / mechanism's; memory ratio = mechanism "
         f"max batch / {report.baseline}'s; each model at its own max batch (Linformer "
         "paper, section 5.3)."
     ]
-    md = [f"# {title}", "", *intro, ""]
-    tex = [f"% {title}", r"% needs \usepackage{booktabs}", ""]
+    md = [f"# {markdown(title)}", "", *map(markdown, intro), ""]
+    tex = [comment(title), r"% needs \usepackage{booktabs}", ""]
     sections: list[tuple[str, list[str]]] = []
-    for i, t in enumerate(report.tables):
-        files[f"{_stem(report, t, i)}-{t.kind}.csv"] = to_csv(t).encode()
+    for t, stem in zip(report.tables, _stems(report.tables), strict=True):
+        files[f"{stem}-{t.kind}.csv"] = to_csv(t).encode()
         md += [to_markdown(t), ""]
         tex += [to_latex(t), ""]
         sections.append((f"{t.kind} ratio: {t.mechanism}", [html.table_html(t)]))
@@ -153,7 +193,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     files["index.html"] = html.page(title, intro, sections).encode()
     files["report.json"] = json.dumps(
         {
-            "run_dir": str(report.run_dir),
+            "run_dir": printable(str(report.run_dir)),
             "baseline": report.baseline,
             "rows": len(report.rows),
             "tables": [
@@ -177,49 +217,24 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     return files
 
 
-def _stem(report: Report, t: RatioTable, i: int) -> str:
-    """A file name per table; two settings (dtype, ceiling) of one mechanism get a number."""
-    twice = sum(x.mechanism == t.mechanism and x.kind == t.kind for x in report.tables) > 1
-    return slug(t.mechanism) + (f"-{i // 2}" if twice else "")  # tables come in pairs
-
-
-def check_out(out: Path) -> Path:
-    """``out`` resolved, if it may be replaced: absent, empty, or an earlier report. Anything
-    else (a run directory, ``results/``, a file) is refused, never deleted."""
-    out = Path(out).resolve()
-    if out.exists() and (
-        not out.is_dir() or (any(out.iterdir()) and not (out / "report.json").is_file())
-    ):
-        raise ValueError(
-            f"--out: {out} exists and is not an attnbench report (no "
-            "report.json); refusing to replace it: name a new directory"
-        )
-    return out
-
-
-def write(files: dict[str, bytes], out: Path) -> Path:
-    """Replace ``out`` with ``files`` in one rename: never a half-written report."""
-    out = check_out(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the report from other users
-    try:
-        for rel, data in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_bytes(data)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+def _stems(tables: list[RatioTable]) -> list[str]:
+    """A file name per table, none twice for one kind: two settings (dtype, ceiling) of one
+    mechanism, or two labels that slug alike (``a (x=A)``, ``a (x=a)``), get a number;
+    were a name still taken (a label that slugs to ``a-1``), a further one. Without this a
+    table's CSV would silently overwrite another's."""
+    slugs = [slug(t.mechanism) for t in tables]
+    used: set[tuple[str, str]] = set()
+    stems = []
+    for i, (t, name) in enumerate(zip(tables, slugs, strict=True)):
+        twice = sum(s == name and x.kind == t.kind for s, x in zip(slugs, tables, strict=True)) > 1
+        stem = name + (f"-{i // 2}" if twice else "")  # tables come in pairs
+        extra = 0
+        while (stem, t.kind) in used:
+            extra += 1
+            stem = f"{name}-{i // 2}-{extra}"
+        used.add((stem, t.kind))
+        stems.append(stem)
+    return stems
 
 
 def print_tables(report: Report, console: Any) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnbench.report.tables import RatioTable, label, setting
-from attnbench.row import as_rows
+from attnbench.row import as_rows, printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 SIZE_IN = (6.4, 4.2)
 DPI = 100  # PNGs are 640 × 420 pixels
 PNG_PIXELS = (round(SIZE_IN[0] * DPI), round(SIZE_IN[1] * DPI))
+# a legend entry or title longer than this is cut: a row's free text can be a megabyte
+TEXT_CHARS = 200
+
+
+def _text(value: Any) -> str:
+    """A row's text as matplotlib shows it literally: on one line, cut short, and every
+    ``$`` escaped (two of them would start mathtext, and bad mathtext raises in savefig)."""
+    text = printable(str(value))
+    if len(text) > TEXT_CHARS:
+        text = text[: TEXT_CHARS - 1] + "…"
+    return text.replace("$", r"\$")
 
 
 def available() -> str | None:
@@ -60,7 +71,7 @@ def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, flo
 
 def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:
     for name, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=name)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=_text(name))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length n")
@@ -80,7 +91,7 @@ def _against_n(
     fig, ax = _figure()
     _lines(ax, series, ylabel)
     how = sorted({where(r) for r in rows if r.get(y)})
-    ax.set_title(f"{ylabel} ({', '.join(how)})", fontsize=9)
+    ax.set_title(_text(f"{ylabel} ({', '.join(how)})"), fontsize=9)
     return fig
 
 
@@ -118,7 +129,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     fig.colorbar(image, ax=ax, label="speed-up (baseline time ÷ mechanism time)")
     ax.set_xticks(range(len(table.ks)), [str(k) for k in table.ks])
     ax.set_yticks(range(len(table.ns)), [str(n) for n in table.ns])
-    ax.set_xlabel(table.column)
+    ax.set_xlabel(_text(table.column))
     ax.set_ylabel("n")
     for i, n in enumerate(table.ns):
         for j, k in enumerate(table.ks):
@@ -127,13 +138,13 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
             ax.text(
                 j,
                 i,
-                table.text[(n, k)],
+                _text(table.text[(n, k)]),
                 ha="center",
                 va="center",
                 fontsize=7,
                 color="black" if light else "white",
             )
-    ax.set_title(f"speed-up: {table.mechanism}", fontsize=8)
+    ax.set_title(_text(f"speed-up: {table.mechanism}"), fontsize=8)
     return fig
 
 
@@ -151,7 +162,7 @@ def modeled_vs_measured(rows: list[dict[str, Any]]) -> Figure | None:
     fig, ax = _figure()
     for name in sorted({p[2] for p in pairs}):
         mine = [p for p in pairs if p[2] == name]
-        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=12, label=name)
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=12, label=_text(name))
     low = min(min(p[0], p[1]) for p in pairs)
     high = max(max(p[0], p[1]) for p in pairs)
     ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--", label="modeled = measured")

@@ -9,16 +9,29 @@ mechanism (with its parameters) against the baseline at the same n, dtype, devic
 each model at its own max batch, as in section 5.3. Cells never claim more than the rows
 hold: a baseline that does not fit at b = 1 gives ``OOM`` with a footnote, a time that was
 skipped gives ``–`` with its reason, and modeled memory or CPU-measured time is marked.
+
+Escaping: a row's free text (a device, a reason, a parameter's value) may hold anything a
+JSON string can. It reaches a table through :func:`attnbench.row.printable`, once, where
+the table is made (mechanism label, footnotes, context): every character that is not
+printable (newline, CR, NUL, ESC, bidi overrides, lone surrogates) becomes its Python escape
+(``\\n``, ``\\x00``, ``\\u202e``), so no value can start a line of its own in any format.
+Each writer then escapes what is special to its format: :func:`latex` the TeX specials,
+:func:`markdown` inline HTML, links and table pipes, :func:`to_csv` quotes as CSV does, and
+:mod:`attnbench.report.html` escapes HTML.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench import cell
-from attnbench.row import NOISY, Row, as_rows
+from attnbench.row import NOISY, Row, as_rows, printable, shorten
 
 MISSING = "-"  # no such cell (e.g. k >= n), as in the paper
 SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
@@ -42,8 +55,9 @@ class RatioTable:
 
 
 def label(row: Row) -> str:
-    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`)."""
-    return cell.label(row.attention, row.params)
+    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`), on one
+    line whatever its parameters' values hold (:func:`attnbench.row.printable`)."""
+    return printable(cell.label(row.attention, row.params))
 
 
 def _group(row: dict[str, Any]) -> tuple:
@@ -83,7 +97,7 @@ def _context(rows: list[dict[str, Any]]) -> str:
 
         date = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d")
     batch = str(first.batch_asked)
-    return (
+    return printable(
         f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
         f"model {shape}, ceiling {ceiling} bytes, "
         + ("" if batch == "max" else f"fixed batch {batch}, ")
@@ -99,18 +113,21 @@ def ratio_tables(
     rows = as_rows(rows)
     base = {_group(r): r for r in rows if r["attention"] == baseline}
     if not base:
+        have = sorted({r["attention"] for r in rows})
         raise ValueError(
-            f"baseline: no rows of {baseline!r}; the rows have "
-            f"{', '.join(sorted({r['attention'] for r in rows}))}"
+            f"baseline: no rows of {shorten(repr(baseline), 80)}; the rows have "
+            f"{', '.join(shorten(a, 80) for a in have[:20])}{', ...' if len(have) > 20 else ''}"
         )
     # one table per mechanism and setting: a run dir that holds fp16 and fp32 rows (or two
-    # ceilings) gives two tables, never one that silently mixes them
+    # ceilings) gives two tables, never one that silently mixes them; grouped by the label
+    # as stored, so that two values that print alike ("a\nb" and "a\\nb") stay apart
     by_mech: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r["attention"] != baseline:
-            by_mech.setdefault((label(r), setting(r)), []).append(r)
+            by_mech.setdefault((cell.label(r.attention, r.params), setting(r)), []).append(r)
     tables = []
-    for (mech, where), mrows in by_mech.items():
+    for (raw, where), mrows in by_mech.items():
+        mech = printable(raw)
         ns = tuple(sorted({r["n"] for r in mrows} | {b[0] for b in base if b[1:] == where}))
         # a mechanism without a budget (sdpa, xformers) gets one column, headed "ratio"
         ks = tuple(sorted({r["k"] for r in mrows if r["k"] is not None})) or (None,)
@@ -131,8 +148,8 @@ def _table(
     value: dict[tuple[int, int], float | None] = {}
     notes: dict[str, str] = {}  # footnote text -> its mark
 
-    def mark(note: str) -> str:
-        return notes.setdefault(note, superscript(len(notes) + 1))
+    def mark(note: str) -> str:  # a note quotes a row's reason and names: one line, always
+        return notes.setdefault(printable(note), superscript(len(notes) + 1))
 
     cells = {(r["n"], r["k"]): r for r in mrows}
     for n in ns:
@@ -197,6 +214,8 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any) -> tuple[s
     if not t or not tb:
         return SKIPPED + mark(_why((r if not t else b).get("reason"))), None
     v = tb / t
+    if not math.isfinite(v):  # 1 s over 1e-320 s: no ratio a table can show
+        return SKIPPED + mark(f"time ratio beyond a float's range: {tb!r} s / {t!r} s"), None
     where = {(x.get("time_device"), x.get("time_dtype"), x.get("time_batch")) for x in (r, b)}
     elsewhere = sorted((w for w in where if w[0] != "cuda"), key=str)
     note = "".join(
@@ -211,42 +230,95 @@ def _cell(kind: str, r: dict[str, Any], b: dict[str, Any], mark: Any) -> tuple[s
     return f"{v:.2f}x" + note, v
 
 
+# what would be markup in a Markdown line: inline HTML (<script>), entities (&lt;), links
+# and images ([x](javascript:...)), code spans, emphasis and table pipes; CommonMark shows a
+# backslash-escaped punctuation character as itself. `_` stays: it is in every context line
+# (v100_16gb, d_model) and emphasises nothing inside a word.
+MARKDOWN_SPECIALS = "\\`*<>&[]|"
+_MARKDOWN = str.maketrans({c: "\\" + c for c in MARKDOWN_SPECIALS})
+
+
+def markdown(text: str) -> str:
+    """``text`` shown as itself in a Markdown line: on one line, no markup."""
+    return printable(text).translate(_MARKDOWN)
+
+
 def to_markdown(t: RatioTable) -> str:
-    title = f"**{t.kind} ratio: {t.mechanism}** (rows n, columns {t.column})"
+    title = (
+        f"**{markdown(t.kind)} ratio: {markdown(t.mechanism)}** "
+        f"(rows n, columns {markdown(t.column)})"
+    )
     lines = [
         title,
         "",
         "| n | " + " | ".join("ratio" if k is None else str(k) for k in t.ks) + " |",
         "|---:|" + "---:|" * len(t.ks),
     ]
-    lines += [f"| {n} | " + " | ".join(t.text[(n, k)] for k in t.ks) + " |" for n in t.ns]
-    lines += ["", *(f"{f}  " for f in t.footnotes), t.context]
+    lines += [f"| {n} | " + " | ".join(markdown(t.text[(n, k)]) for k in t.ks) + " |" for n in t.ns]
+    lines += ["", *(f"{markdown(f)}  " for f in t.footnotes), markdown(t.context)]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def to_csv(t: RatioTable) -> str:
-    """Numbers only (empty where there is none), one row per n: for spreadsheets."""
-    lines = ["n," + ",".join(heading(t, k) for k in t.ks)]
-    lines += [
-        f"{n},"
-        + ",".join("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}" for k in t.ks)
-        for n in t.ns
-    ]
-    return "\n".join(lines) + "\n"
+    """Numbers only (empty where there is none), one row per n: for spreadsheets. Headings
+    are quoted as CSV quotes (a budget is an identifier, so in practice never)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["n", *(printable(heading(t, k)) for k in t.ks)])
+    for n in t.ns:
+        writer.writerow(
+            [n, *("" if t.value[(n, k)] is None else f"{t.value[(n, k)]:.6g}" for k in t.ks)]
+        )
+    return buf.getvalue()
+
+
+# the characters TeX reads as commands or structure, as text-mode commands that print them;
+# < > | print as other glyphs in the default OT1 font encoding
+LATEX = {
+    "\\": r"\textbackslash{}",
+    "{": r"\{",
+    "}": r"\}",
+    "$": r"\$",
+    "&": r"\&",
+    "#": r"\#",
+    "^": r"\^{}",
+    "_": r"\_",
+    "%": r"\%",
+    "~": r"\~{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+}
+
+
+_LATEX = str.maketrans(LATEX)
+_MARKS = str.maketrans(MARKS, "0123456789")
+_NO_MARKS = str.maketrans(dict.fromkeys(MARKS))
+
+
+def latex(text: str) -> str:
+    """``text`` as LaTeX that prints it: on one line (a newline would end a ``%`` comment
+    and make the rest live), every TeX special as the command that prints it."""
+    return printable(text).translate(_LATEX)
+
+
+def comment(text: str) -> str:
+    """``text`` in a ``%`` comment: TeX ignores everything up to the end of the line, so
+    the one thing to escape is whatever ends it (:func:`attnbench.row.printable`); the
+    specials stay as written, readable (``v100_16gb``, ``10%``)."""
+    return "% " + printable(text)
 
 
 def to_latex(t: RatioTable) -> str:
-    """A booktabs table; footnote marks as superscripts."""
+    """A booktabs table; footnote marks as superscripts. Every value from a row is escaped:
+    :func:`latex` in the table, :func:`comment` in the notes under it."""
 
     def tex(s: str) -> str:
-        sup = {c: str(i) for i, c in enumerate(MARKS)}
-        out, marks = "", ""
-        for ch in s:
-            if ch in sup:
-                marks += sup[ch]
-            else:
-                out += {"–": "--", "_": r"\_", "%": r"\%", "&": r"\&"}.get(ch, ch)
-        out = out.replace("x", r"$\times$") if out[:1].isdigit() else out
+        """A cell (``1.22x¹²``) or a label: escaped, its footnote marks a superscript."""
+        marks = re.sub(f"[^{MARKS}]", "", s).translate(_MARKS)
+        out = latex(s.translate(_NO_MARKS)).replace("–", "--")
+        if out[:1].isdigit() and out.endswith("x"):  # 1.22x: a ratio
+            out = out[:-1] + r"$\times$"
         return out + (f"$^{{{marks}}}$" if marks else "")
 
     cols = "r" + "r" * len(t.ks)
@@ -260,11 +332,14 @@ def to_latex(t: RatioTable) -> str:
     ]
     lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\" for n in t.ns]
     lines += [r"\bottomrule", r"\end{tabular}"]
-    lines += [f"% {f}" for f in t.footnotes] + [
-        f"% {tex(t.mechanism)}, {t.kind} ratio; {t.context}"
-    ]
+    lines += [comment(f) for f in t.footnotes]
+    lines += [comment(f"{tex(t.mechanism)}, {t.kind} ratio; {t.context}")]
     return "\n".join(lines) + "\n"
 
 
 def _tex_name(name: str) -> str:
-    return name if len(name) == 1 else r"\text{" + name.replace("_", r"\_") + "}"
+    """A column's name in math mode: one ASCII letter as a symbol (``k``), anything else as
+    escaped upright text (``\\text{nb\\_features}``)."""
+    if len(name) == 1 and name.isascii() and name.isalpha():
+        return name
+    return r"\text{" + latex(name) + "}"

@@ -1,0 +1,517 @@
+"""Hostile ``cells.jsonl``: every field of real rows replaced in turn by hostile values.
+
+Each case must end one of two ways (README, "Hostile rows"):
+
+* refused: ``attnbench report`` exits 2 with one line on stderr and no traceback, and
+  writes nothing; :func:`attnbench.load` raises a one-line ``ValueError``;
+* read tolerantly (free text: a device, a reason, a parameter's value): exit 0, and every
+  output file holds the value escaped for its format, never as markup, a line break or a
+  table cell of its own.
+
+The fuzz calls the CLI's ``main`` in-process (its exit code, its stderr, the files it
+writes); one subprocess per kind of outcome checks the same through a real process.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import attnbench
+from attnbench import cli
+from attnbench.report import files
+from attnbench.report.tables import latex, markdown
+from attnbench.row import printable
+
+ROOT = Path(__file__).parent.parent
+REFERENCE = ROOT / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
+LINES = REFERENCE.read_text().splitlines()
+# the baseline at n=512 and linformer at n=512, k=128 and k=256: a whole (small) Table 3
+BASE = [json.loads(LINES[i]) for i in (0, 8, 9)]
+
+LATEX_PAYLOAD = "x\n\\input{/etc/hostname}"
+HTML_PAYLOAD = "<script>alert(1)</script>"
+LONG = "L" * 100_000
+HOSTILE: dict[str, Any] = {
+    # wrong types
+    "str": "hostile",
+    "list": [1, "a"],
+    "dict": {"a": 1},
+    "bool": True,
+    "null": None,
+    # numbers that parse but are impossible
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "-1": -1,
+    "zero": 0,
+    "float": 0.5,
+    "10**400": 10**400,
+    "2**63": 2**63,
+    # strings that are markup, line breaks or terminal control somewhere
+    "newline": "a\nb",
+    "cr": "a\rb",
+    "nul": "a\x00b",
+    "esc": "\x1b[31mred\x1b]0;title\x07",
+    "latex": LATEX_PAYLOAD,
+    "tex-specials": "\\ { } $ & # ^ _ % ~ $$\\frac{1}{0}$$",
+    "html": HTML_PAYLOAD,
+    "markdown": "| a | [x](javascript:alert(1)) `c` *d* &lt;",
+    "csv": 'a,"b"\n=1+1',
+    "rtl": "abc\u202edcba\u2066",
+    "surrogate": "\ud800",
+    "line-separator": "a\u2028b\u0085c",
+    "long": LONG,
+}
+# a report's cells are a ratio, a mark, or one of the paper's signs: nothing else, ever
+CELL = re.compile(r"^(-|–|OOM|\d+\.\d+x?)[⁰¹²³⁴⁵⁶⁷⁸⁹]*$")
+# what a LaTeX line of a table may hold: booktabs, \times, and the escapes of tables.LATEX
+TEX_COMMANDS = {
+    "begin",
+    "end",
+    "toprule",
+    "midrule",
+    "bottomrule",
+    "times",
+    "text",
+    "textbackslash",
+    "textless",
+    "textgreater",
+    "textbar",
+    *"\\{}$&#^_%~",
+}
+HTML_TAGS = {
+    *"html head meta title style script body h1 h2 p div table caption thead tbody".split(),
+    *"tr th td br figure img figcaption a".split(),
+}
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A directory in memory where there is one (/dev/shm): the fuzz writes some 5000
+    small reports, and on a shared disk their opens and fsyncs are most of its time."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    d = Path(tempfile.mkdtemp(prefix="attnbench-hostile-", dir=shm))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _targets() -> Iterator[tuple[int, tuple[str, ...]]]:
+    """(row, path) for every field of the baseline's and a mechanism's row, every key of
+    their nested objects and a key they do not have."""
+    for i in (0, 1):
+        for name, value in BASE[i].items():
+            yield i, (name,)
+            if isinstance(value, dict):
+                for key in [*value, "extra"]:
+                    yield i, (name, key)
+
+
+def _key_targets() -> Iterator[tuple[int, str]]:
+    for i in (0, 1):
+        for name in ("params", "model", "env", "cell"):
+            yield i, name
+
+
+def _write(run: Path, rows: list[dict[str, Any]]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _report(run: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``attnbench report RUN --out OUT --no-plots --quiet`` in this process."""
+    capsys.readouterr()
+    code = cli.main(["report", str(run), "--out", str(out), "--no-plots", "--quiet"])
+    return code, capsys.readouterr().err
+
+
+def _finite(constant: str) -> None:
+    raise AssertionError(f"report.json holds {constant}")
+
+
+def check_outputs(out: Path) -> None:
+    """Every file of a report holds a row's text escaped for its format."""
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"index.html", "table3.md", "table3.tex", "report.json"} <= names
+    for name in names:
+        assert re.fullmatch(
+            r"[a-z0-9-]+-(time|memory)\.csv|table3\.(md|tex)|index\.html|report\.json|"
+            r"plots/[a-z0-9-]+\.(png|svg)",
+            name,
+        ), name
+        assert len(name) < 130, name
+        if name.endswith(".png"):
+            continue
+        text = (out / name).read_bytes().decode("utf-8")  # strict: no lone surrogate
+        if not text.replace("\n", "").isprintable():  # no CR, NUL, ESC, RTL override, ...
+            raise AssertionError((name, {c for c in text if c != "\n" and not c.isprintable()}))
+    report = json.loads((out / "report.json").read_text(), parse_constant=_finite)
+    for table in report["tables"]:
+        for c in table["cells"]:
+            assert CELL.match(c["text"]), c  # hostile data never becomes a cell
+            assert c["value"] is None or math.isfinite(c["value"])
+    for line in (out / "table3.tex").read_text().splitlines():
+        if line.startswith("%") or not line:
+            continue  # a comment: inert up to the line's end, which nothing can put early
+        commands = set(re.findall(r"\\([A-Za-z]+|.)", line))
+        assert commands <= TEX_COMMANDS, (line, commands - TEX_COMMANDS)
+        assert re.fullmatch(r"\\(begin|end)\{tabular\}(\{r+\})?|\\[a-z]+rule|.* \\\\", line), line
+    md = (out / "table3.md").read_text()
+    assert not re.search(r"(?<!\\)[<>&\[\]`]", md), "unescaped Markdown markup"
+    rows = [ln for ln in md.splitlines() if ln.startswith("|")]
+    pipes = {len(re.findall(r"(?<!\\)\|", ln)) for ln in rows}
+    assert len(pipes) <= 1, "a Markdown table row broken"
+    for name in names:
+        if name.endswith(".csv"):
+            table = list(csv.reader(io.StringIO((out / name).read_text())))
+            assert len({len(r) for r in table}) == 1 and table[0][0] == "n", name
+    page = (out / "index.html").read_text()
+    tags = set(re.findall(r"</?([A-Za-z][A-Za-z0-9]*)", page))
+    assert tags <= HTML_TAGS and page.count("<script") == 1, tags - HTML_TAGS
+
+
+def _case(
+    tmp: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, Any]], what: str
+) -> str:
+    """One hostile file through report and load: 'refused' or 'tolerated'."""
+    run, out = tmp / "run", tmp / "out"
+    try:
+        _write(run, rows)
+    except ValueError:  # a value json cannot write (never here; the guard keeps it honest)
+        return "skipped"
+    code, err = _report(run, out, capsys)
+    try:
+        attnbench.load(run)
+        loaded = None
+    except ValueError as e:
+        loaded = str(e)
+    if code == 2:
+        assert err.startswith("attnbench report: error: "), (what, err)
+        assert err.count("\n") == 1 and len(err) < 2000, (what, err[:300])
+        assert not out.exists(), what
+        assert not [p for p in tmp.iterdir() if p.name.startswith(".out")], what
+        if loaded is not None:
+            assert "\n" not in loaded and len(loaded) < 2000, (what, loaded[:300])
+        return "refused"
+    assert code == 0 and err == "", (what, code, err[:300])
+    assert loaded is None, (what, loaded)  # a row a report takes, load takes too
+    check_outputs(out)
+    for p in sorted(out.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    out.rmdir()
+    return "tolerated"
+
+
+def _set(row: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    if len(path) == 2 and not isinstance(row.get(path[0]), dict):
+        row[path[0]] = {}
+    target = row if len(path) == 1 else row[path[0]]
+    if value is _DELETE:
+        target.pop(path[-1], None)
+    else:
+        target[path[-1]] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("row", "path"), list(_targets()), ids=lambda x: x if isinstance(x, int) else ".".join(x)
+)
+def test_every_field_replaced_by_hostile_values(
+    row: int, path: tuple[str, ...], scratch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outcomes = {}
+    for name, value in [*HOSTILE.items(), ("deleted", _DELETE)]:
+        rows = json.loads(json.dumps(BASE))
+        _set(rows[row], path, value)
+        outcomes[name] = _case(scratch, capsys, rows, f"row {row} {'.'.join(path)}={name}")
+    # the figures a table is made of refuse whatever is not a figure
+    figures = {"n", "k", "max_batch", "time_per_seq_s", "ceiling_bytes", "status"}
+    if path[0] in figures and len(path) == 1:
+        for name in ("str", "list", "dict", "bool", "nan", "inf", "-inf", "-1", "10**400"):
+            assert outcomes[name] == "refused", (path, name)
+    if path[0] in ("n", "attention", "dtype", "device") and len(path) == 1:
+        assert outcomes["deleted"] == "refused"
+    if path[0] in ("params", "model", "env") and len(path) == 1:
+        for name in ("str", "list", "bool", "null", "nan", "-1"):
+            assert outcomes[name] == "refused", (path, name)
+
+
+@pytest.mark.parametrize(("row", "nested"), list(_key_targets()))
+def test_hostile_key_names_in_nested_objects(
+    row: int, nested: str, scratch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A parameter or model field is a Python name; env and cell keys are kept as found."""
+    for name, key in HOSTILE.items():
+        if not isinstance(key, str):
+            continue
+        rows = json.loads(json.dumps(BASE))
+        _set(rows[row], (nested, key), 1)
+        outcome = _case(scratch, capsys, rows, f"row {row} {nested}[{name!r}]")
+        if nested in ("params", "model") and not key.isidentifier():
+            assert outcome == "refused", (nested, name)
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "value", "needle"),
+    [
+        (1, "n", "512", "n: must be an integer >= 1, got '512'"),
+        (1, "n", None, "n: must be an integer >= 1, got None"),
+        (1, "k", "128", "k: must be an integer >= 1, got '128'"),
+        (1, "time_per_seq_s", "fast", "time_per_seq_s: must be a number >= 0, got 'fast'"),
+        (1, "time_per_seq_s", math.nan, "time_per_seq_s: must be a number >= 0, got nan"),
+        (1, "time_per_seq_s", -math.inf, "time_per_seq_s: must be a number >= 0, got -inf"),
+        (1, "time_per_seq_s", 10**400, "time_per_seq_s: must be a number >= 0 that a float"),
+        (1, "max_batch", "12", "max_batch: must be an integer >= 0, got '12'"),
+        (1, "max_batch", 10**400, "max_batch: must be an integer below 2**63"),
+        (1, "n", 0, "n: must be an integer >= 1, got 0"),
+        (1, "status", 1, "status: must be one of ok, oom, skipped, error; got 1"),
+        (1, "params", [], "params: must be an object, got []"),
+        (1, "params", {"a b": 1}, "params: a parameter name must be an identifier, got 'a b'"),
+        (1, "model", {"layers": [12]}, "model.layers: must be an integer >= 1, got [12]"),
+        (1, "env", "cpu", "env: must be an object, got 'cpu'"),
+        (1, "env", {"device_name": ["x"]}, "env.device_name: must be a string, got ['x']"),
+        (1, "attention", "a\nb", "attention: must be an identifier (a name like linformer)"),
+        (1, "budget", "k=1", "budget: must be an identifier"),
+        (1, "dtype", "fp8", "dtype: must be one of fp32, fp16, bf16; got 'fp8'"),
+        (1, "finished_at", 2**63, "finished_at: must be a number in [0, 2.53402e+11]"),
+    ],
+)
+def test_refusals_name_the_file_the_line_and_the_field(
+    row: int,
+    field: str,
+    value: Any,
+    needle: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = json.loads(json.dumps(BASE))
+    rows[row][field] = value
+    if field == "budget":  # a schema 1 row's budget is the registry's, never the stored one
+        rows[row]["schema"] = 2
+    run, out = tmp_path / "run", tmp_path / "out"
+    _write(run, rows)
+    code, err = _report(run, out, capsys)
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert f"cells.jsonl:{row + 1}: {needle}" in err, err
+    with pytest.raises(ValueError) as e:
+        attnbench.load(run)
+    assert f"cells.jsonl:{row + 1}: {needle}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_long_hostile_value_is_quoted_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = json.loads(json.dumps(BASE))
+    rows[1]["n"] = "\n" * 10 + LONG
+    _write(tmp_path / "run", rows)
+    code, err = _report(tmp_path / "run", tmp_path / "out", capsys)
+    assert code == 2 and err.count("\n") == 1 and len(err) < 500, err
+    assert "n: must be an integer >= 1, got '\\n\\n" in err and err.rstrip().endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"n": "\xff"}\n', "cells.jsonl:2: not UTF-8"),
+        (b"[1, 2]\n", "cells.jsonl:2: not a JSON row"),
+        (b'{"n": ' + b"9" * 5000 + b"}\n", "cells.jsonl:2: not a JSON row"),
+        (b"[" * 100_000 + b"\n", "cells.jsonl:2: not a JSON row"),
+        (b"{}\n", "cells.jsonl:2: attention: missing"),
+        (b'{"schema": 9}\n', "cells.jsonl:2: schema: this attnbench reads schemas 1 and 2"),
+    ],
+)
+def test_lines_that_are_not_rows(
+    content: bytes, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cells.jsonl").write_bytes(LINES[0].encode() + b"\n" + content)
+    code, err = _report(run, tmp_path / "out", capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        attnbench.load(run)
+
+
+def _hostile_run(run: Path) -> str:
+    """The reference rows with every kind of free text hostile: what a report must show,
+    escaped. Returns the value put in a parameter of the mechanism's rows."""
+    value = f"{LATEX_PAYLOAD} {HTML_PAYLOAD} | [l](javascript:x) \u202e \x1b[2J"
+    rows = [json.loads(line) for line in LINES]
+    for r in rows:
+        if r["attention"] == "linformer":
+            r["params"]["kernel"] = value
+        r["device"] = "dev\n\\input{/etc/passwd}<b>"
+        r["env"]["device_name"] = "gpu\r\n# heading\n<i>"
+        if r["status"] != "ok":
+            r["reason"] = "reason\n\\input{/etc/shadow}"
+    _write(run, rows)
+    return value
+
+
+def test_hostile_free_text_is_escaped_in_every_format(tmp_path: Path) -> None:
+    value = _hostile_run(tmp_path / "run")
+    label = f"linformer (kernel={value}, projection=linear, sharing=layerwise)"
+    out = files.write(files.render(files.build(tmp_path / "run"), with_plots=False), tmp_path / "o")
+    check_outputs(out)
+    tex = (out / "table3.tex").read_text()
+    assert latex(label) in tex  # the label, escaped, in the comment under each table
+    assert not [ln for ln in tex.splitlines() if "input{" in ln and not ln.startswith("%")]
+    md = (out / "table3.md").read_text()
+    assert f"**time ratio: {markdown(label)}**" in md
+    assert markdown("preset dev\n\\input{/etc/passwd}<b>") in md
+    page = (out / "index.html").read_text()
+    assert html.escape(printable(label)) in page and HTML_PAYLOAD not in page
+    assert html.escape(printable("gpu\r\n# heading\n<i>")) in page
+    csvs = sorted(out.glob("*.csv"))
+    assert len(csvs) == 2 and all(len(p.name) < 130 for p in csvs)
+
+
+def test_hostile_free_text_in_plots_and_the_terminal(tmp_path: Path) -> None:
+    """Through a real process, with the rich tables printed and the plots drawn: a ``$``
+    pair would be mathtext to matplotlib, an ESC a command to the terminal."""
+    _hostile_run(tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "report", "run", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not {c for c in done.stdout if c != "\n" and not c.isprintable()}
+    assert "\\x1b[2J" in done.stdout and "\\u202e" in done.stdout
+    check_outputs(tmp_path / "out")
+    if files.plots.available() is None:
+        assert len(list((tmp_path / "out" / "plots").glob("*.png"))) == 3
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_refused_row_through_a_real_process(tmp_path: Path) -> None:
+    rows = json.loads(json.dumps(BASE))
+    rows[2]["time_per_seq_s"] = "NaN"
+    _write(tmp_path / "run", rows)
+    done = _cli("report", "run", "--out", "out", "--no-plots", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "attnbench report: error: run/cells.jsonl:3: time_per_seq_s: must be a number >= 0,"
+        " got 'NaN'\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _bad_run_dirs(tmp_path: Path) -> dict[str, str]:
+    """Run directories that are not: name -> the line that says so."""
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "dir-of-rows" / "cells.jsonl").mkdir(parents=True)
+    (tmp_path / "loop-of-rows").mkdir()
+    (tmp_path / "loop-of-rows" / "cells.jsonl").symlink_to("cells.jsonl")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "cells.jsonl")  # reading it would block for ever
+    return {
+        "loop": "run dir: loop/cells.jsonl is a symlink loop",
+        "a-file": "run dir: a-file is a file, not a run directory",
+        "dir-of-rows": "run dir: dir-of-rows/cells.jsonl is not a regular file of rows",
+        "loop-of-rows": "run dir: loop-of-rows/cells.jsonl is a symlink loop",
+        "fifo": "run dir: fifo/cells.jsonl is not a regular file of rows",
+        "missing": "run dir: no cells.jsonl in missing",
+    }
+
+
+def test_run_dirs_that_are_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for run, line in _bad_run_dirs(tmp_path).items():
+        code, err = _report(Path(run), Path("out"), capsys)
+        assert code == 2 and err.startswith(f"attnbench report: error: {line}"), (run, err)
+        assert err.count("\n") == 1, err
+        with pytest.raises(ValueError) as e:
+            attnbench.load(run)
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+    # and through a real process, the one that crashed (RuntimeError) before
+    done = _cli("report", "loop", "--no-plots", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == "attnbench report: error: run dir: loop/cells.jsonl is a symlink loop\n"
+
+
+def test_out_that_cannot_be(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    _write(run, BASE)
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "a-file").write_text("x")
+    cases = {
+        tmp_path / "loop": "--out: {} is a symlink loop",
+        tmp_path / "loop" / "x": "--out: {} is a symlink loop",
+        tmp_path / "a-file" / "x": f"--out: {tmp_path / 'a-file'} is a file, not a directory",
+        tmp_path / "a-file": "--out: {} exists and is not an attnbench report",
+    }
+    for out, line in cases.items():
+        code, err = _report(run, out, capsys)
+        assert code == 2 and line.format(out) in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "loop", "run"]
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_a_run_dir_named_with_a_newline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run\n\\input{x}<b>"
+    _write(run, BASE)
+    code, err = _report(run, tmp_path / "out", capsys)
+    assert code == 0, err
+    check_outputs(tmp_path / "out")
+    assert "% attnbench report: run\\n\\input{x}<b>" in (tmp_path / "out/table3.tex").read_text()
+    code, err = _report(tmp_path / "missing\nline", tmp_path / "out2", capsys)
+    assert code == 2 and err.count("\n") == 1 and "missing\\nline" in err
+
+
+def test_labels_that_slug_alike_get_files_of_their_own(tmp_path: Path) -> None:
+    """``kernel=Eager`` and ``kernel=eager`` are two mechanisms, and two CSVs each."""
+    rows = json.loads(json.dumps(BASE))
+    twin = json.loads(json.dumps(rows[1]))
+    twin["params"]["kernel"] = "Eager"
+    rows.append(twin)
+    _write(tmp_path / "run", rows)
+    rendered = files.render(files.build(tmp_path / "run"), with_plots=False)
+    assert len([n for n in rendered if n.endswith(".csv")]) == 4
+
+
+def test_a_ratio_beyond_a_float_is_no_cell(tmp_path: Path) -> None:
+    rows = json.loads(json.dumps(BASE))
+    rows[1]["time_per_seq_s"] = 5e-324  # baseline's 0.85 s over it: inf
+    _write(tmp_path / "run", rows)
+    report = files.build(tmp_path / "run")
+    time = report.tables[0]
+    assert time.value[(512, 128)] is None and time.text[(512, 128)] == "–¹"
+    assert "time ratio beyond a float's range" in time.footnotes[0]
