@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,3 +25,18 @@ def runnable_here() -> list[str]:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
+    """``attnbench ARGS`` in a fresh process (``python -m attnbench.cli``), as a user runs it:
+    the end-to-end tests' one way to call the CLI. ``env`` is added to this environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )

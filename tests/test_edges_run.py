@@ -26,18 +26,13 @@ from attnbench.checks import check_name
 from attnbench.measure import presets
 from attnbench.store import RunStore, StoreError, check_writable, read_rows, replace_file
 from attnbench.sweep.config import prevalidate, run_dir
+from tests.conftest import run_cli
 
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")
 
 
 def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "run", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli("run", *args, cwd=cwd, timeout=timeout)
 
 
 def one_line_exit_2(out: subprocess.CompletedProcess[str], needle: str) -> None:

@@ -36,6 +36,7 @@ from attnbench import cli
 from attnbench.report import files
 from attnbench.report.tables import latex, markdown
 from attnbench.row import printable
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).parent.parent
 REFERENCE = ROOT / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
@@ -408,13 +409,7 @@ def test_hostile_free_text_in_plots_and_the_terminal(tmp_path: Path) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(*args, cwd=cwd)
 
 
 def test_a_refused_row_through_a_real_process(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 import attnbench
 from attnbench import registry
 from attnbench.cli import markdown_table
+from tests.conftest import run_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -47,9 +47,7 @@ def test_readme_add_a_mechanism_example_runs() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args], capture_output=True, text=True, timeout=300
-    )
+    return run_cli(*args)
 
 
 def test_cli_list_shows_every_mechanism_and_why_not() -> None:

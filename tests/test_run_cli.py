@@ -14,6 +14,7 @@ import pytest
 
 from attnbench.cell import parse_size
 from attnbench.store import CorruptLine, RunStore, read_rows
+from tests.conftest import run_cli
 
 SMOKE = ("+sweep=smoke", "progress=false")
 
@@ -21,14 +22,7 @@ SMOKE = ("+sweep=smoke", "progress=false")
 def run(
     *args: str, cwd: Path, env: dict | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "run", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run_cli("run", *args, cwd=cwd, env=env, timeout=timeout)
 
 
 def rows_of(tmp: Path, sweep: str = "smoke") -> list[dict]:
