@@ -100,3 +100,18 @@ def test_no_committed_run_sits_where_the_readme_commands_write() -> None:
     sweeps = [p.stem for p in (root / "conf" / "sweep").glob("*.yaml")] + ["single"]
     clashing = [f for f in done.stdout.split() if f.split("/")[1] in sweeps]
     assert not clashing, clashing
+
+
+def test_every_package_of_attnbench_ships_in_the_wheel() -> None:
+    """pyproject lists packages by hand (conf/ ships as attnbench.conf); an editable install
+    finds an unlisted subpackage anyway, so only this test notices one a wheel would drop."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).parent.parent
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(root).parts)
+        for p in (root / "attnbench").rglob("__init__.py")
+    }
+    assert found <= listed, sorted(found - listed)
