@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable
 
 import torch
 
@@ -25,7 +24,7 @@ import attnbench
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import environment
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
-from attnbench.measure.search import largest_fitting
+from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward
 from attnbench.row import Row
 
@@ -71,15 +70,6 @@ def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> i
     x = _input(b, cell, "meta", dtype)
     base = module_bytes(model) + rounded(x.nbytes) + overhead
     return tracked_peak(lambda: model(x), base)
-
-
-def _linear_guess(peak: Callable[[int], int], ceiling: int) -> int:
-    """Peak is nearly affine in b: two model probes predict where it meets the ceiling."""
-    p1, p2 = peak(1), peak(2)
-    if p1 > ceiling:
-        return 1
-    slope = max(p2 - p1, 1)
-    return max(1, 1 + (ceiling - p1) // slope)
 
 
 def _cuda_fits(model: torch.nn.Module, cell: Cell, res: Resolved, b: int) -> bool:
@@ -132,12 +122,11 @@ def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     meta_model = _build(cell, res, "meta", dtype)
     row.flops = meta_model.flops(1, cell.n)  # per sequence; per forward below
 
-    def model_fits(b: int) -> bool:
-        return modeled_peak(meta_model, cell, b, overhead) <= res.ceiling
-
+    # meta forwards cost the same at any b; the search's last one is the row's peak
+    peak_at = functools.cache(lambda b: modeled_peak(meta_model, cell, b, overhead))
     if cell.batch == "max":
-        guess = _linear_guess(lambda b: modeled_peak(meta_model, cell, b, overhead), res.ceiling)
-        predicted, _ = largest_fitting(model_fits, guess)
+        fixed = module_bytes(meta_model) + overhead
+        predicted, _ = solve_affine(peak_at, res.ceiling, fixed)
         row.predicted_max_batch = predicted
     else:
         predicted = None
@@ -191,7 +180,7 @@ def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     if b == 0:
         row.update(status="oom", reason=f"modeled: b=1 does not fit under {res.ceiling} bytes")
         return
-    row.peak_bytes = modeled_peak(meta_model, cell, b, overhead)
+    row.peak_bytes = peak_at(b)
     if row.peak_bytes > res.ceiling:
         row.update(
             status="oom",

@@ -12,9 +12,9 @@ import attnbench
 from attnbench.cell import Cell, validate
 from attnbench.measure import presets
 from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
-from attnbench.measure.search import largest_fitting
+from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import time_forward
-from attnbench.runner import modeled_peak, run_cell
+from attnbench.runner import _build, modeled_peak, run_cell
 from tests.conftest import runnable_here
 
 D, H = 64, 4
@@ -325,3 +325,44 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch) -> None:
     assert row["probes"] == 2 and row["time_batch"] == row["max_batch"]
     assert row["peak_bytes"] <= row["ceiling_bytes"]
     assert row["pct_of_peak"] is None  # this is not the preset's A100
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        Cell("vanilla", n=18, layers=2, d_model=64, n_heads=4, d_ff=128, model_only=True),
+        Cell("vanilla", n=512, model_only=True),
+        Cell("linformer", n=4096, k=256, model_only=True),
+        Cell("sdpa", n=2048, dtype="bf16", device="h100_80gb", model_only=True),
+    ],
+    ids=lambda c: c.label,
+)
+def test_affine_solve_finds_the_searchs_answer_in_four_meta_forwards(cell: Cell) -> None:
+    """The model's max batch from :func:`solve_affine` is exactly the galloping search's
+    answer, in at most four meta forwards (two to solve, two to confirm b and b + 1)."""
+    res = validate(cell)
+    meta = _build(cell, res, "meta", torch.float16 if cell.dtype == "fp16" else torch.bfloat16)
+    overhead = res.preset.overhead_bytes
+    calls: list[int] = []
+
+    def peak(b: int) -> int:
+        calls.append(b)
+        return modeled_peak(meta, cell, b, overhead)
+
+    b, evaluations = solve_affine(peak, res.ceiling, module_bytes(meta) + overhead)
+    assert evaluations == len(calls) <= 4
+    assert peak(b) <= res.ceiling < peak(b + 1)
+    exact, _ = largest_fitting(lambda b: peak(b) <= res.ceiling, 1)
+    assert b == exact
+
+
+def test_affine_solve_falls_back_to_the_search_where_the_peak_is_not_affine() -> None:
+    """A transient that dominates only at small b bends the peak; the answer stays exact."""
+
+    def peak(b: int) -> int:
+        return max(1000 + 10 * b, 5000 + b)
+
+    b, evaluations = solve_affine(peak, ceiling=20_000, fixed=0)
+    assert evaluations > 4  # it had to search
+    assert b == 1900 and peak(b) <= 20_000 < peak(b + 1)
+    assert solve_affine(peak, ceiling=900, fixed=0) == (0, 1)  # b = 1 does not fit

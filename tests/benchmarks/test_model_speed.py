@@ -1,0 +1,32 @@
+r"""Speed of the memory model: one model-only cell, end to end (pytest-benchmark).
+
+A model-only cell builds the encoder on meta tensors, solves for the max batch in four meta
+forwards and records the modeled peak; a 1000-cell model-only sweep is this times 1000.
+The issue's targets: the 12-layer encoder ≤ 0.5 s a cell, the tiny model ≤ 0.1 s. No speed
+is asserted here (shared machines); the figures go to the README.
+
+    pytest tests/benchmarks/test_model_speed.py --benchmark-enable --benchmark-only
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnbench.cell import Cell
+from attnbench.runner import run_cell
+
+CELLS = {
+    "tiny": Cell("vanilla", n=18, layers=2, d_model=64, n_heads=4, d_ff=128, model_only=True),
+    "base-vanilla-512": Cell("vanilla", n=512, model_only=True),
+    "base-linformer-4096-k256": Cell("linformer", n=4096, k=256, model_only=True),
+    "base-sdpa-train-2048": Cell("sdpa", n=2048, model_only=True),
+}
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_model_only_cell(benchmark, name: str) -> None:
+    cell = CELLS[name]
+    row = run_cell(cell)  # warm: imports, the registry, lazily built kernels
+    assert row.status == "ok" and row.max_batch > 0
+    benchmark.extra_info.update(max_batch=row.max_batch)
+    benchmark.pedantic(run_cell, args=(cell,), rounds=5, warmup_rounds=1, iterations=1)
