@@ -102,6 +102,24 @@ class LinformerConfig:
         return max(self.k_min, math.floor(self.k * self.k_decay**layer + 0.5))  # half up
 
 
+def _sequence_matmul(w: Tensor, t: Tensor) -> Tensor:
+    """``w[:, :, :n] @ t`` for w (g, k, N) and t (b, G, n, c): (b, G, k, c), the same products.
+
+    Written for the training step, where autograd adds work around a plain ``@``: at n = N
+    there is no slice, whose backward copies E's whole gradient into a fresh zero buffer; where
+    the batch dimensions already agree (batch 1 and g = G) it is the one bmm matmul would run,
+    without the broadcast whose backward sums E's gradient over the expanded batch (and with
+    ``squeeze``, not ``[0]``, whose backward would be a zero buffer the size of t). Each of those
+    is an extra pass over g·k·N floats (12·256·4096 per layer for per-head E at n = 4096).
+    """
+    n = t.shape[2]
+    if n != w.shape[-1]:
+        w = w[:, :, :n]
+    if t.shape[0] == 1 and w.shape[0] == t.shape[1]:
+        return torch.bmm(w, t.squeeze(0)).unsqueeze(0)
+    return w @ t
+
+
 class SequenceProjection(nn.Module):
     """Maps (b, G, n, c) to (b, G, s, c) along the sequence: the paper's E_i (or F_i).
 
@@ -130,7 +148,7 @@ class SequenceProjection(nn.Module):
         if valid is not None and self.kind != "max":  # padded positions contribute nothing,
             t = t.masked_fill(valid[:, None, :, None] == 0, 0.0)  # not even an inf or NaN
         if self.kind in ("linear", "random"):
-            return self.weight[:, :, :n] @ t  # (g, k, n) @ (b, G, n, c) -> (b, G, k, c)
+            return _sequence_matmul(self.weight, t)  # (g, k, n) @ (b, G, n, c) -> (b, G, k, c)
         if self.kind == "conv":
             x = t.transpose(2, 3)  # (b, G, c, n): channels first, as Conv1d wants
             x = x.reshape(b * g, c, n) if self.groups == 1 else x.reshape(b, g * c, n)
@@ -265,11 +283,12 @@ class LinformerAttention(MultiHeadAttention):
     def _project_first(self, x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
         """E X first, then W^K on k rows: (E X) Wᵀ + (E 1) bᵀ equals E (X Wᵀ + 1 bᵀ)."""
         ones = x.new_ones(1, 1, x.shape[1], 1)  # (1, 1, n, 1)
-        ex, e1 = self.proj_k(x[:, None], valid)[:, 0], self.proj_k(ones, valid)[:, 0]  # (b, s, .)
-        fx, f1 = (
+        # squeeze, not [:, 0]: the same view, but its backward is a view too, not a zero buffer
+        ex, e1 = self.proj_k(x[:, None], valid).squeeze(1), self.proj_k(ones, valid).squeeze(1)
+        fx, f1 = (  # (b, s, d) and (b or 1, s, 1)
             (ex, e1)
             if self.proj_v is self.proj_k
-            else (self.proj_v(x[:, None], valid)[:, 0], self.proj_v(ones, valid)[:, 0])
+            else (self.proj_v(x[:, None], valid).squeeze(1), self.proj_v(ones, valid).squeeze(1))
         )
         k = F.linear(ex, self.k_proj.weight) + e1 * self.k_proj.bias  # (b, s, d)
         v = F.linear(fx, self.v_proj.weight) + f1 * self.v_proj.bias  # (b, s, d)
