@@ -22,10 +22,12 @@ from typing import Any
 import torch
 
 import attnbench
-from attnbench.checks import check_choice, check_int
+from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.measure import presets
+from attnbench.train import OPTIMIZERS
 
-MODES = ("inference",)  # the training issue adds "train"
+MODES = ("inference", "train")
+TRAIN_FIELDS = ("optimizer", "checkpoint")  # what a train cell adds to its key
 KEY_FIELDS = (
     "attention",
     "params",
@@ -72,7 +74,9 @@ class Cell:
     time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
     flush_l2: bool = False
     model_only: bool = False  # memory from the model alone, no real probes, no timing
-    mode: str = "inference"
+    mode: str = "inference"  # or "train": one training step (attnbench.train)
+    optimizer: str = "adamw"  # train only: adamw | sgd | none
+    checkpoint: bool = False  # train only: activation checkpointing per layer
 
     @property
     def budget(self) -> str | None:
@@ -96,6 +100,7 @@ class Cell:
         return " ".join(
             [label(self.attention, dict(self.params)), f"n={self.n}"]
             + ([f"k={self.k}"] if self.k is not None else [])
+            + ([train_label(self.optimizer, self.checkpoint)] if self.mode == "train" else [])
         )
 
     @classmethod
@@ -110,6 +115,11 @@ def label(attention: str, params: dict[str, Any] | None = None) -> str:
     cells and the sweep's progress lines."""
     inner = ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
     return f"{attention} ({inner})" if inner else attention
+
+
+def train_label(optimizer: str | None, checkpoint: bool | None) -> str:
+    """``train(adamw)``, ``train(sgd, checkpoint)``: how a training cell is named."""
+    return f"train({optimizer}{', checkpoint' if checkpoint else ''})"
 
 
 def parse_size(value: Any) -> int | None:
@@ -216,6 +226,10 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
     check_choice("mode", cell.mode, MODES)
+    check_choice("optimizer", cell.optimizer, OPTIMIZERS)
+    check_bool("checkpoint", cell.checkpoint)
+    if cell.mode == "train" and (why := attnbench.info(cell.attention).cannot_train):
+        raise ValueError(f"mode: attention={cell.attention} cannot train: {why}")
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
@@ -259,5 +273,6 @@ def key(cell: Cell, preset: presets.Preset) -> str:
     fields = {f: s[f] for f in KEY_FIELDS}
     if cell.mode != "inference":
         fields["mode"] = cell.mode
+        fields.update({f: s[f] for f in TRAIN_FIELDS})
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:16]

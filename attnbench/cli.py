@@ -112,7 +112,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out = args.out or files.default_out(args.run_dir)
     try:  # the rows first: a bad run dir is said as such, not as a bad default --out
-        report = files.build(args.run_dir, args.baseline)
+        report = files.build(args.run_dir, args.baseline, args.also)
         files.check_out(out)
     except ValueError as e:  # a bad row or line (BadRow, CorruptLine), run dir, --out
         return error(str(e))
@@ -205,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         default="vanilla",
         help="the mechanism every ratio is taken against (default vanilla)",
+    )
+    p.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="another run's rows in the same report (repeatable), e.g. the inference run "
+        "beside a training run of the same grid: its tables too, and both in the plots",
     )
     p.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")

@@ -8,10 +8,14 @@ layerwise E, per-layer k) by asking the mechanism class to build its whole stack
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnbench.checks import check_int
 from attnbench.registry import make_config, mechanism_class
@@ -37,10 +41,25 @@ class Encoder(nn.Module):
     def __init__(self, attentions: list[nn.Module], d_model: int, d_ff: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(a, d_model, d_ff) for a in attentions)
+        # activation checkpointing per layer (mode=train checkpoint=true): each layer keeps
+        # only its input and runs again in the backward. ``recompute_context`` is entered
+        # around that second run (the memory model's emulated autocast; torch.autocast
+        # itself is restored by torch.utils.checkpoint).
+        self.checkpoint = False
+        self.recompute_context: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
-            x = layer(x, key_padding_mask)
+            if self.checkpoint and torch.is_grad_enabled():
+                x = checkpoint(
+                    layer,
+                    x,
+                    key_padding_mask,
+                    use_reentrant=False,
+                    context_fn=lambda: (nullcontext(), self.recompute_context()),
+                )
+            else:
+                x = layer(x, key_padding_mask)
         return x
 
     def flops(self, b: int, n: int) -> int:
@@ -49,6 +68,16 @@ class Encoder(nn.Module):
             layer.attn.flops(b, n) + 2 * 2 * b * n * layer.fc1.in_features * layer.fc1.out_features
             for layer in self.layers
         )
+
+    def flops_backward(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one backward: each attention's own count, the FFN's two gradients
+        of each matmul; with checkpointing, one more forward (each layer runs again)."""
+        own = sum(
+            layer.attn.flops_backward(b, n)
+            + 2 * 2 * 2 * b * n * layer.fc1.in_features * layer.fc1.out_features
+            for layer in self.layers
+        )
+        return own + (self.flops(b, n) if self.checkpoint else 0)
 
 
 def build_model(

@@ -41,6 +41,7 @@ class Info:
     budget: str | None  # the config field that the sweep's ``k`` sets, if any
     params: dict[str, Any]  # config field -> default
     unavailable: str | None  # one line, or None when it can run here
+    cannot_train: str | None = None  # why mode=train is refused, or None: it trains
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def register(
     fixed_max_len: bool = False,
     budget: str | None = None,
     why_unavailable: Callable[[], str | None] = lambda: None,
+    cannot_train: str | None = None,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -106,6 +108,7 @@ def register(
             budget,
             defaults,
             unavailable=None,
+            cannot_train=cannot_train,
         )
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls

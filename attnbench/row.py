@@ -11,7 +11,10 @@ Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
   batch the row's memory figure was taken at. Schema 1 kept the first only inside ``cell``.
 * ``budget`` names the mechanism parameter that ``k`` set (``k``, ``nb_features``; None
   where there is none), so a report needs no registry to head its columns.
-* ``mode`` is ``inference`` (the training issue adds ``train``).
+* ``mode`` is ``inference`` or ``train``. A train row adds ``optimizer``, ``checkpoint``,
+  ``flops_backward`` (per sequence) and ``time_parts``: the median, IQR and samples of the
+  step's forward, backward and optimizer parts, whose per-repeat sum is ``time_samples_s``
+  (fields a row without them, inference or older, reads as null).
 
 Reading is strict where a figure would be wrong and tolerant where nothing is lost: a
 missing or mistyped field, a NaN, infinite or negative time, a number too large for a float,
@@ -58,6 +61,8 @@ class Row:
     k: int | None = None
     budget: str | None = None
     mode: str = "inference"
+    optimizer: str | None = None  # train rows: adamw | sgd | none
+    checkpoint: bool | None = None  # train rows: activation checkpointing
     batch_asked: int | str = "max"
     ceiling_bytes: int | None = None
     overhead_bytes: int | None = None
@@ -85,6 +90,8 @@ class Row:
     time_method: str | None = None
     time_samples_s: list[float] | None = None
     flops: int | None = None
+    flops_backward: int | None = None
+    time_parts: dict[str, dict[str, Any]] | None = None
     flops_per_s: float | None = None
     pct_of_peak: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
@@ -109,6 +116,8 @@ class Row:
             k=cell.k,
             budget=cell.budget,
             mode=cell.mode,
+            optimizer=cell.optimizer if cell.mode == "train" else None,
+            checkpoint=cell.checkpoint if cell.mode == "train" else None,
             batch_asked=cell.batch,
             ceiling_bytes=ceiling,
             overhead_bytes=overhead,
@@ -201,7 +210,10 @@ def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(Row))
 REQUIRED = ("attention", "n", "dtype", "device")
-SCALARS = FIELDS - {"params", "model", "env", "schema", "mode", "batch_asked"}
+SCALARS = FIELDS - {
+    "params", "model", "env", "schema", "mode", "batch_asked", "optimizer", "checkpoint",
+    "time_parts",
+}  # fmt: skip
 assert set(CHECKS) == FIELDS, set(CHECKS) ^ FIELDS  # every field has its check
 
 

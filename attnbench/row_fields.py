@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.checks import check_choice, check_int, check_number
+from attnbench.checks import check_bool, check_choice, check_int, check_number
 from attnbench.registry import DTYPES
 
 STATUSES = ("ok", "oom", "skipped", "error")
@@ -139,6 +139,20 @@ def _model_error(name: str, value: Any) -> None:
         raise ValueError(f"{name}: must be an integer between -2**63 and 2**63, got {value!r}")
 
 
+def _parts(name: str, value: Any) -> None:
+    """``{"forward": {"median_s": .., "iqr_s": .., "samples_s": [..]}, ...}``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: must be a mapping of step parts, got {shorten(repr(value))}")
+    for part, figures in value.items():
+        _identifier(f"{name} part", part)
+        if not isinstance(figures, dict) or set(figures) != {"median_s", "iqr_s", "samples_s"}:
+            got = shorten(repr(figures))
+            raise ValueError(f"{name}.{part}: must hold median_s, iqr_s and samples_s, got {got}")
+        _seconds(f"{name}.{part}.median_s", figures["median_s"])
+        _seconds(f"{name}.{part}.iqr_s", figures["iqr_s"])
+        _samples(f"{name}.{part}.samples_s", figures["samples_s"])
+
+
 CHECKS: dict[str, Any] = {
     "schema": _count,
     "attention": _identifier,
@@ -149,6 +163,8 @@ CHECKS: dict[str, Any] = {
     "k": _optional(_positive),
     "budget": _optional(_identifier),
     "mode": _str,
+    "optimizer": _optional(_str),
+    "checkpoint": _optional(check_bool),
     "batch_asked": _batch_asked,
     "ceiling_bytes": _optional(_positive),
     "overhead_bytes": _optional(_count),
@@ -173,6 +189,8 @@ CHECKS: dict[str, Any] = {
     "time_method": _optional(_str),
     "time_samples_s": _optional(_samples),
     "flops": _optional(_count),
+    "flops_backward": _optional(_count),
+    "time_parts": _optional(_parts),
     "flops_per_s": _optional(_seconds),
     "pct_of_peak": _optional(_seconds),
     "env": _env,

@@ -3,6 +3,7 @@
     python scripts/gate_power.py pool --slowdown 0.15 --rounds 60 --out results/gate/pool-15.json
     python scripts/gate_power.py replay results/gate/pool-*.json --rounds 30 --draws 1000
     python scripts/gate_power.py whole --slowdown 0 --runs 6
+    python scripts/gate_power.py whole --slowdown 0.15 --part backward --runs 3
 
 ``pool`` checks out HEAD in a temporary worktree, plants a known extra cost into one
 mechanism there (every forward of ``vanilla`` made ``slowdown`` longer, of its own time, by
@@ -45,9 +46,41 @@ def _slow_forward(self, *args, **kwargs):
 VanillaAttention.forward = _slow_forward
 """
 
+PLANT_BACKWARD = """
 
-def planted_tree(slowdown: float) -> tuple[Path, Path]:
-    """(temporary dir, a worktree of HEAD in it with the slowdown planted into vanilla)."""
+# --- planted by scripts/gate_power.py: every backward costs {slowdown:.0%} more of its own time
+import time as _time  # noqa: E402
+
+_forward = VanillaAttention.forward
+
+
+def _slow_backward(self, x, *args, **kwargs):
+    out = _forward(self, x, *args, **kwargs)
+    if out.requires_grad and x.requires_grad:  # the layer's backward: from out's grad to x's
+        began = []
+
+        def start(grad):
+            began.append(_time.perf_counter())
+
+        def stop(grad):
+            now = _time.perf_counter()
+            end = now + (now - began[0]) * {slowdown!r}
+            while _time.perf_counter() < end:
+                pass
+            handle.remove()
+
+        out.register_hook(start)
+        handle = x.register_hook(stop)
+    return out
+
+
+VanillaAttention.forward = _slow_backward
+"""
+
+
+def planted_tree(slowdown: float, part: str = "forward") -> tuple[Path, Path]:
+    """(temporary dir, a worktree of HEAD in it with the slowdown planted into vanilla's
+    forward or backward)."""
     tmp = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
     tree = tmp / "tree"
     subprocess.run(
@@ -55,7 +88,8 @@ def planted_tree(slowdown: float) -> tuple[Path, Path]:
     )
     if slowdown:
         target = tree / "attnbench/attention/vanilla.py"
-        target.write_text(target.read_text() + PLANT.format(slowdown=slowdown))
+        plant = PLANT if part == "forward" else PLANT_BACKWARD
+        target.write_text(target.read_text() + plant.format(slowdown=slowdown))
     return tmp, tree
 
 
@@ -80,13 +114,13 @@ def check(tree: Path, out: Path, *extra: str) -> int:
 
 
 def cmd_pool(args: argparse.Namespace) -> None:
-    _, tree = planted_tree(args.slowdown)
+    _, tree = planted_tree(args.slowdown, args.part)
     try:
         rc = check(tree, args.out, "--rounds", str(args.rounds), "--seed", str(args.seed))
     finally:
         remove(tree)
     data = json.loads(args.out.read_text())
-    data["planted"] = {"mechanism": "vanilla", "slowdown": args.slowdown}
+    data["planted"] = {"mechanism": "vanilla", "slowdown": args.slowdown, "part": args.part}
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{args.out}: exit {rc}, {data['settings']['rounds']} rounds, {data['wall_s']} s")
 
@@ -131,18 +165,21 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def cmd_whole(args: argparse.Namespace) -> None:
-    _, tree = planted_tree(args.slowdown)
+    _, tree = planted_tree(args.slowdown, args.part)
     fails = 0
     try:
         for i in range(args.runs):
-            out = args.keep / f"whole-{args.slowdown:g}-{i + 1}.json"
+            out = args.keep / f"whole-{args.part}-{args.slowdown:g}-{i + 1}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             rc = check(tree, out, "--seed", str(i))
             fails += rc == 1
             print(f"run {i + 1}: exit {rc} ({json.loads(out.read_text())['wall_s']} s)", flush=True)
     finally:
         remove(tree)
-    print(f"planted {args.slowdown:.0%}: the gate failed {fails} of {args.runs} whole runs")
+    print(
+        f"planted {args.slowdown:.0%} in vanilla's {args.part}: the gate failed {fails} of "
+        f"{args.runs} whole runs"
+    )
 
 
 def main() -> None:
@@ -153,6 +190,7 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=60)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--part", choices=("forward", "backward"), default="forward")
     s.set_defaults(fn=cmd_pool)
     s = sub.add_parser("replay")
     s.add_argument("pools", nargs="+")
@@ -171,6 +209,7 @@ def main() -> None:
         default=Path("results/gate"),
         help="where each run's JSON goes (whole-<slowdown>-<i>.json)",
     )
+    s.add_argument("--part", choices=("forward", "backward"), default="forward")
     s.set_defaults(fn=cmd_whole)
     args = p.parse_args()
     args.fn(args)

@@ -286,19 +286,28 @@ def test_timing_statistics_of_known_samples() -> None:
     assert (t.median, t.iqr, t.repeats) == (3.0, 2.0, 5)
 
 
-def test_the_gpu_branch_driven_on_cpu(monkeypatch) -> None:
-    """The CUDA code path with the CPU standing in: real probes are tracker forwards under the
-    ceiling less the overhead, as set_per_process_memory_fraction would enforce it."""
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
+    """The CUDA code path with the CPU standing in: real probes are tracker forwards (or
+    training steps) under the ceiling less the overhead, as set_per_process_memory_fraction
+    would enforce it."""
     from attnbench import runner
     from attnbench.measure.memory import Peak
+    from attnbench.train import TrainStep
 
-    def fake_measured_peak(forward, device, ceiling):
-        model, x = sorted(
-            (c.cell_contents for c in forward.__closure__),
-            key=lambda v: isinstance(v, torch.Tensor),
-        )
-        base = module_bytes(model) + rounded(x.nbytes)
-        return Peak(tracked_peak(forward, base, ceiling), "measured", None)
+    def fake_measured_peak(forward, device, ceiling, grad=False):
+        if isinstance(forward, TrainStep):  # weights, the optimizer's state and the input
+            model, x = forward.model, forward.x
+            state = forward.state_tensors(host_steps=True)
+            base = module_bytes(model) + sum(rounded(t.nbytes) for t in state)
+        else:
+            model, x = sorted(
+                (c.cell_contents for c in forward.__closure__),
+                key=lambda v: isinstance(v, torch.Tensor),
+            )
+            base = module_bytes(model)
+        peak = tracked_peak(forward, base + rounded(x.nbytes), ceiling, grad=grad)
+        return Peak(peak, "measured", None)
 
     monkeypatch.setattr(runner, "GPU", "cpu")
     monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
@@ -316,6 +325,7 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch) -> None:
         d_ff=128,
         min_repeats=2,
         min_seconds=0.0,
+        mode=mode,
     )
     plan = validate(cell)
     plan.on_gpu = True

@@ -75,6 +75,22 @@ class MultiHeadAttention(nn.Module):
         """
         return 4 * 2 * b * n * self.d_model**2 + self.attention_flops(b, n)
 
+    def flops_backward(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one backward, the analytic twin of FlopCounterMode's count: every
+        matmul's two gradients cost twice its forward, less :meth:`frozen_flops`, plus
+        :meth:`recomputed_flops`."""
+        return 2 * self.flops(b, n) - self.frozen_flops(b, n) + self.recomputed_flops(b, n)
+
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """What a fused kernel's backward computes again: flash and memory-efficient
+        attention keep no n × n scores, so they recompute QKᵀ (2·n·n·d). None here."""
+        return 0
+
+    def frozen_flops(self, b: int, n: int) -> int:
+        """Forward FLOPs of matmuls with one operand that needs no gradient (a fixed
+        buffer): their backward costs one matmul, not two. None in a plain layer."""
+        return 0
+
     def attention_flops(self, b: int, n: int) -> int:
         """FLOPs between the projections: softmax(QKᵀ)V is 2 matmuls of 2·n·n·d each."""
         return 4 * b * n * n * self.d_model

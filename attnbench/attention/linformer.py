@@ -300,6 +300,23 @@ class LinformerAttention(MultiHeadAttention):
             return self.k
         return -(-n // self.proj_k.window)
 
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """kernel=sdpa's fused backward recomputes Q (EK)ᵀ: 2·n·s·d; eager keeps P̄."""
+        return 2 * b * n * self.slots(n) * self.d_model if self.cfg.kernel == "sdpa" else 0
+
+    def frozen_flops(self, b: int, n: int) -> int:
+        """Matmuls one of whose operands needs no gradient. Projecting first, E 1 (for the
+        bias) has a constant operand; with projection=random E (and F) are fixed buffers
+        too, so E X and E 1 need no backward at all, and E K, F V only K's and V's."""
+        s, d = self.slots(n), self.d_model
+        es = 1 if self.proj_v is self.proj_k else 2
+        ones = 2 * s * n * es if self.early else 0  # E 1: the ones need no gradient
+        if self.cfg.projection != "random":
+            return ones
+        if self.early:
+            return (2 * b * s * n * d + 2 * s * n) * es + ones
+        return 2 * 2 * b * s * n * d
+
     def flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one forward without a padding mask (see the base class)."""
         d, s, kind = self.d_model, self.slots(n), self.cfg.projection

@@ -158,6 +158,10 @@ class PerformerAttention(MultiHeadAttention):
         m = self.cfg.nb_features
         return 8 * b * n * m * self.d_model + 2 * b * self.n_heads * n * m
 
+    def frozen_flops(self, b: int, n: int) -> int:
+        """φ(Q) and φ(K) multiply by the fixed random features (a buffer): no gradient."""
+        return 4 * b * n * self.cfg.nb_features * self.d_model
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         self._count_call()
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)

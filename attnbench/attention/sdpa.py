@@ -44,6 +44,10 @@ class SDPAConfig:
     summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn",
 )
 class SDPAAttention(MultiHeadAttention):
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """The fused kernels' backward recomputes QKᵀ; the math backend keeps P and does not."""
+        return 0 if self.cfg.backend == "math" else self.attention_flops(b, n) // 2
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
         causal = self.cfg.causal

@@ -59,6 +59,10 @@ class XFormersConfig:
     summary="xformers memory_efficient_attention: exact, O(n) memory (CUDA only)",
 )
 class XFormersAttention(MultiHeadAttention):
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """Memory-efficient attention keeps no scores: its backward recomputes QKᵀ."""
+        return self.attention_flops(b, n) // 2
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         # one line rather than xformers' page-long NotImplementedError
         if x.device.type != "cuda":

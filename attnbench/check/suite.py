@@ -10,7 +10,7 @@ one attention layer of the model's width (d_model, n_heads) in a worker process 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,15 @@ class SuiteCell:
     d_model: int
     n_heads: int
     threshold: float
+    mode: str = "inference"  # or "train": the layer's backward (worker._timer)
 
     @property
     def name(self) -> str:
         """``linformer (k=128, sharing=layerwise) n=256 b=1``: the mechanism's one label
-        (:func:`attnbench.cell.label`, as in reports) with the shape. Samples, stored
-        baselines and the result JSON are keyed by it."""
-        return f"{label(self.attention, self.params)} n={self.n} b={self.batch}"
+        (:func:`attnbench.cell.label`, as in reports) with the shape, and ``backward`` for a
+        training cell. Samples, stored baselines and the result JSON are keyed by it."""
+        train = " backward" if self.mode == "train" else ""
+        return f"{label(self.attention, self.params)} n={self.n} b={self.batch}{train}"
 
 
 @dataclass(frozen=True)
@@ -103,15 +105,23 @@ def load_suite(
             cell.n_heads,
             threshold_for(settings, cell.attention, cell.n, params),
         )
-        if any(c.name == sc.name for c in cells) or any(c == sc.name for c, _ in skipped):
-            continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
-        why = info(cell.attention).unavailable
-        if why is None and settings["device"] not in info(cell.attention).devices:
-            why = f"runs on {', '.join(info(cell.attention).devices)}, not {settings['device']}"
-        if why is not None:
-            skipped.append((sc.name, why))
-        else:
-            cells.append(sc)
+        # a training cell too (the layer's backward) at the n that check.train_n names
+        trains = [sc] + (
+            [replace(sc, mode="train")] if cell.n in settings.get("train_n", []) else []
+        )
+        for sc in trains:
+            if any(c.name == sc.name for c in cells) or any(c == sc.name for c, _ in skipped):
+                continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
+            info_ = info(cell.attention)
+            why = info_.unavailable
+            if why is None and settings["device"] not in info_.devices:
+                why = f"runs on {', '.join(info_.devices)}, not {settings['device']}"
+            if why is None and sc.mode == "train" and info_.cannot_train:
+                why = f"cannot train: {info_.cannot_train}"
+            if why is not None:
+                skipped.append((sc.name, why))
+            else:
+                cells.append(sc)
     if not cells:
         why = "; ".join(f"{c}: {w}" for c, w in skipped) or "it has no cells"
         raise Misuse(f"--suite {name}: empty suite, no cell can run here ({why})")
@@ -133,6 +143,11 @@ def check_settings(s: dict[str, Any]) -> None:
         raise ValueError(
             f"rounds: must be at least {fewest} for alpha={s['alpha']:g}, got {s['rounds']}"
         )
+    train_n = s.get("train_n", [])
+    if not isinstance(train_n, list):
+        raise ValueError(f"train_n: must be a list of n, got {train_n!r}")
+    for n in train_n:
+        check_int("train_n", n)
     paths = s.get("pythonpath")
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
         raise ValueError(f"pythonpath: must be a list of paths, got {paths!r}")

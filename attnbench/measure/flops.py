@@ -3,7 +3,8 @@
 PyTorch's counter has formulas for the CUDA SDPA kernels but not for the CPU flash kernel
 that ``scaled_dot_product_attention`` dispatches to on CPU, so a CPU count would silently
 miss all of sdpa's attention (and Linformer's inner softmax). We give the CPU op the same
-formula as its CUDA twin: 4·b·h·n_q·n_k·d, two matmuls of 2·n_q·n_k·d each.
+formula as its CUDA twin: 4·b·h·n_q·n_k·d, two matmuls of 2·n_q·n_k·d each; its backward
+the CUDA flash backward's (which recomputes the scores: 5 such matmuls, not 4).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from torch.utils import flop_counter
 _aten = torch.ops.aten
 _TWINS = {  # op the counter misses -> op with the same signature head and the right formula
     "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": (
+        "_scaled_dot_product_flash_attention_backward"
+    ),
 }
 for _op, _twin in _TWINS.items():
     if hasattr(_aten, _op) and getattr(_aten, _op) not in flop_counter.flop_registry:

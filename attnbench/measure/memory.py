@@ -32,7 +32,7 @@ import functools
 import gc
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,15 +138,20 @@ class Peak:
     reserved: int | None = None
 
 
-def tracked_peak(forward: Callable[[], Any], base: int, ceiling: int | None = None) -> int:
+def tracked_peak(
+    forward: Callable[[], Any], base: int, ceiling: int | None = None, *, grad: bool = False
+) -> int:
     """Peak live bytes of ``forward()`` under the tracker, counting ``base`` as already live.
 
-    Raises ``torch.OutOfMemoryError`` past ``ceiling``. Whatever the forward left behind is
-    released before returning or raising, so a failed probe leaves no memory behind.
+    ``grad=False`` runs it under ``inference_mode`` (a forward); ``grad=True`` with autograd
+    (a training step: autograd runs on meta tensors too, and its saved activations and
+    gradients are storages like any other). Raises ``torch.OutOfMemoryError`` past
+    ``ceiling``. Whatever the forward left behind is released before returning or raising,
+    so a failed probe leaves no memory behind.
     """
     tracker = MemoryTracker(base=base, ceiling=ceiling)
     try:
-        with torch.inference_mode(), tracker:
+        with _no_grad_unless(grad), tracker:
             out = forward()
         del out
         return tracker.peak
@@ -178,6 +183,11 @@ def profiled_peak(fn: Callable[[], Any]) -> int:
     return peak
 
 
+def _no_grad_unless(grad: bool) -> AbstractContextManager[Any]:
+    """A forward runs under ``inference_mode``; a training step needs autograd."""
+    return nullcontext() if grad else torch.inference_mode()
+
+
 @contextmanager
 def _cuda_ceiling(ceiling: int | None, device: torch.device) -> Iterator[None]:
     """Cap this process's CUDA memory at ``ceiling`` bytes, restoring the cap afterwards."""
@@ -193,7 +203,11 @@ def _cuda_ceiling(ceiling: int | None, device: torch.device) -> Iterator[None]:
 
 
 def measured_peak_cuda(
-    forward: Callable[[], Any], device: torch.device, ceiling: int | None = None
+    forward: Callable[[], Any],
+    device: torch.device,
+    ceiling: int | None = None,
+    *,
+    grad: bool = False,
 ) -> Peak:
     """Peak allocated and reserved bytes of one real CUDA forward, stats reset before it.
 
@@ -202,7 +216,7 @@ def measured_peak_cuda(
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
-        with _cuda_ceiling(ceiling, device), torch.inference_mode():
+        with _cuda_ceiling(ceiling, device), _no_grad_unless(grad):
             out = forward()
             torch.cuda.synchronize(device)
         del out

@@ -1,6 +1,7 @@
 """Time of one forward: median and IQR over repeats, by device events on CUDA.
 
-Rules (DESIGN.md): forward only, under ``torch.inference_mode()``; warm-up not counted;
+Rules (DESIGN.md): a forward under ``torch.inference_mode()``, or a training step's parts
+with autograd (:func:`time_parts`); warm-up not counted;
 repeat until at least ``min_repeats`` runs and ``min_seconds`` of timed work; raw samples kept
 so statistics can be recomputed. On CUDA each repeat is bracketed by CUDA events (device
 time, never a host clock without synchronizing), optionally after flushing L2 as
@@ -10,9 +11,10 @@ time, never a host clock without synchronizing), optionally after flushing L2 as
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,36 +62,66 @@ def time_forward(
     flush_l2: bool = False,
 ) -> Timing:
     """Time ``fn()`` (one forward) on ``device``; see the module docstring for the rules."""
+    return time_parts(
+        [fn],
+        device,
+        min_repeats=min_repeats,
+        min_seconds=min_seconds,
+        warmup=warmup,
+        max_repeats=max_repeats,
+        flush_l2=flush_l2,
+    )[0]
+
+
+def time_parts(
+    parts: Sequence[Callable[[], Any]],
+    device: torch.device,
+    *,
+    grad: bool = False,
+    min_repeats: int = 5,
+    min_seconds: float = 1.0,
+    warmup: int = 2,
+    max_repeats: int = 1000,
+    flush_l2: bool = False,
+) -> list[Timing]:
+    """One :class:`Timing` per part of a step whose parts run in order each repeat (a
+    training step: forward, backward, optimizer), plus, last, the whole step's: each
+    repeat's parts summed. On CUDA, one event between parts, all read after one
+    synchronize, so the parts add up to the step with no gap. ``grad=False`` runs under
+    ``inference_mode`` (a forward); a training step needs autograd."""
     cuda = device.type == "cuda"
     flush = (
         torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 else None
     )
-    samples: list[float] = []
-    with torch.inference_mode():
+    samples: list[list[float]] = [[] for _ in parts]
+    with contextlib.nullcontext() if grad else torch.inference_mode():
         for _ in range(warmup):
-            fn()
+            for part in parts:
+                part()
         if cuda:
             torch.cuda.synchronize(device)
         begun = time.perf_counter()
-        while len(samples) < max_repeats and (
-            len(samples) < min_repeats or time.perf_counter() - begun < min_seconds
+        while len(samples[0]) < max_repeats and (
+            len(samples[0]) < min_repeats or time.perf_counter() - begun < min_seconds
         ):
             if cuda:
                 if flush is not None:
                     flush.zero_()
-                start, end = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
+                events = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
+                events[0].record()
+                for part, end in zip(parts, events[1:], strict=True):
+                    part()
+                    end.record()
+                events[-1].synchronize()
+                for i in range(len(parts)):
+                    samples[i].append(events[i].elapsed_time(events[i + 1]) / 1e3)
             else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t0)
-    return Timing(
-        tuple(samples), "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
-    )
+                for i, part in enumerate(parts):
+                    t0 = time.perf_counter()
+                    part()
+                    samples[i].append(time.perf_counter() - t0)
+    method, threads = "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
+    timings = [Timing(tuple(s), method, threads) for s in samples]
+    if len(parts) > 1:
+        timings.append(Timing(tuple(map(sum, zip(*samples, strict=True))), method, threads))
+    return timings

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,15 @@ def _rows_file(run_dir: Path) -> Path:
     return path
 
 
-def build(run_dir: Path, baseline: str = "vanilla") -> Report:
-    """Every table of ``run_dir``'s rows; ValueError (one line) if there is nothing to report."""
+def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -> Report:
+    """Every table of ``run_dir``'s rows, and of the rows of the run dirs ``also`` names
+    (say, inference and training runs of one grid, so the max-batch plot has both);
+    ValueError (one line) if there is nothing to report."""
     run_dir = Path(run_dir)
+    rows = [
+        r for d in (run_dir, *also) for r in row.read(_rows_file(Path(d))) if r.status is not None
+    ]
     path = _rows_file(run_dir)
-    rows = [r for r in row.read(path) if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
     tables = ratio_tables(rows, baseline)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from attnbench.cell import train_label
 from attnbench.report.tables import RatioTable, label, setting
 from attnbench.row import as_rows, printable
 
@@ -61,7 +62,8 @@ def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, flo
         where = ""
         if many:
             batch = r.batch_asked
-            where = f" [{r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
+            work = train_label(r.optimizer, r.checkpoint) if r.mode == "train" else r.mode
+            where = f" [{work}, {r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
         out.setdefault((label(r), r.get("k") or 0, where), []).append((r["n"], float(v)))
     return {
         name + (f" k={k}" if k else "") + where: sorted(points)  # k in numeric order

@@ -52,6 +52,7 @@ class RatioTable:
     context: str = ""
     attention: str = ""  # the registry name behind ``mechanism`` (which carries its params)
     column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
+    mode: str = "inference"  # or "train": a training step's table (the paper has none)
 
 
 def label(row: Row) -> str:
@@ -62,7 +63,8 @@ def label(row: Row) -> str:
 
 def _group(row: dict[str, Any]) -> tuple:
     """What must match between a mechanism's row and its baseline's: the same n, dtype,
-    preset, ceiling, model, batch setting (``max`` or a fixed b) and the same machine."""
+    preset, ceiling, model, batch setting (``max`` or a fixed b), the same machine and the
+    same work: inference, or a training step with the same optimizer and checkpointing."""
     return (
         row["n"],
         row["dtype"],
@@ -71,6 +73,9 @@ def _group(row: dict[str, Any]) -> tuple:
         tuple(sorted((row.get("model") or {}).items())),
         str(row.batch_asked),
         (row.get("env") or {}).get("device_name"),
+        row.mode,
+        row.optimizer,
+        row.checkpoint,
     )
 
 
@@ -97,8 +102,14 @@ def _context(rows: list[dict[str, Any]]) -> str:
 
         date = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d")
     batch = str(first.batch_asked)
+    work = (
+        f"one training step, {cell.train_label(first.optimizer, first.checkpoint)} "
+        "(the paper has no training table), "
+        if first.mode == "train"
+        else ""
+    )
     return printable(
-        f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
+        work + f"preset {first['device']}, run on {env.get('device_name', '?')}, {first['dtype']}, "
         f"model {shape}, ceiling {ceiling} bytes, "
         + ("" if batch == "max" else f"fixed batch {batch}, ")
         + f"attnbench {env.get('attnbench', '?')}"
@@ -175,6 +186,7 @@ def _table(
         _context(mrows),
         attention=mrows[0]["attention"],
         column=mrows[0].budget or "k",
+        mode=mrows[0].mode,
     )
 
 

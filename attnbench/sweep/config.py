@@ -73,6 +73,8 @@ def cell_from_cfg(cfg: DictConfig) -> Cell:
         time_budget_s=float(t.time_budget_s),
         flush_l2=t.flush_l2,
         mode=cfg.get("mode", "inference"),
+        optimizer=cfg.get("optimizer", "adamw"),
+        checkpoint=cfg.get("checkpoint", False),
     )
 
 
