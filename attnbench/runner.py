@@ -106,6 +106,14 @@ def train_step(
     return TrainStep(model, x, cell.optimizer, foreach=gpu, autocast=autocast, scaler=scaler)
 
 
+@contextlib.contextmanager
+def _entered(*contexts: AbstractContextManager[Any]) -> Any:
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
+        yield
+
+
 class MemoryModel:
     """The modeled peak of one cell at any batch: a meta forward (inference) or a meta
     training step, plus what is live before it: weights, the optimizer's state (made by one
@@ -119,6 +127,10 @@ class MemoryModel:
         self.kernels = "cuda" if res.preset.is_gpu else "cpu"
         if cell.mode == "train":
             self.step = train_step(self.model, cell, self._x(1), "meta", gpu=res.preset.is_gpu)
+            cast = self.model.recompute_context  # a checkpointed layer's second run: the
+            self.model.recompute_context = lambda: _entered(  # same kernels and casts
+                device_kernels(self.kernels), cast()
+            )
             with device_kernels(self.kernels):
                 self.step()  # makes the optimizer's state
             on_host = res.preset.is_gpu  # Adam's step counters live on the host

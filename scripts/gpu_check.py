@@ -3,7 +3,11 @@
 For vanilla, sdpa and Linformer (layerwise; k = 128, 256) at n = 512 ... 16384 on the
 ``v100_16gb`` preset in fp16, each cell runs through :func:`attnbench.runner.run_cell`: the
 model predicts the max batch, real probes under ``set_per_process_memory_fraction`` confirm
-or correct it, and the forward is timed at that batch with CUDA events. Full rows go to
+or correct it, and the forward is timed at that batch with CUDA events. Then the same for
+``mode=train`` (n = 512 ... 4096, AdamW, fp16 autocast, and with ``checkpoint=true`` at
+n = 1024): real training steps probe the training max batch, which checks the training
+memory model — its emulated CUDA autocast and fused-kernel choice included — against the
+allocator. Full rows go to
 ``--out`` as JSON lines (written as each cell finishes); one short table is printed at the end.
 
     bash scripts/gpu_check.sh            # on a CUDA machine; writes results/gpu_check/
@@ -23,6 +27,7 @@ from attnbench.env import fix_malloc
 from attnbench.runner import run_cell
 
 NS = (512, 1024, 2048, 4096, 8192, 16384)
+NS_TRAIN = (512, 1024, 2048, 4096)
 LAYERWISE = (("sharing", "layerwise"),)
 EAGER = (("kernel", "eager"), ("sharing", "layerwise"))  # the paper's materialised n × k P̄
 MECHANISMS = (
@@ -35,32 +40,45 @@ MECHANISMS = (
 TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
 
 
-def cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str) -> list[Cell]:
+def cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str, **train: object) -> list[Cell]:
     return [
-        Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape)
+        Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape, **train)
         for n in ns
         for name, k, params in MECHANISMS
         if k is None or k < n
     ]
 
 
+def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) -> list[Cell]:
+    """Inference at ``ns``; a training step at ``ns_train``; checkpointed at the second."""
+    return (
+        cells(ns, shape, device, dtype)
+        + cells(ns_train, shape, device, dtype, mode="train")
+        + cells(ns_train[1:2], shape, device, dtype, mode="train", checkpoint=True)
+    )
+
+
 def table(rows: list[dict]) -> str:
-    base = {r["n"]: r for r in rows if r["attention"] == "vanilla"}
+    def work(r: dict) -> tuple:
+        return (r["mode"], r.get("checkpoint"))
+
+    base = {(r["n"], work(r)): r for r in rows if r["attention"] == "vanilla"}
     lines = [
-        "| mechanism | n | max b | memory | modeled max b | probes | model error | "
+        "| mechanism | mode | n | max b | memory | modeled max b | probes | model error | "
         "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla | status |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         kernel = dict(r["params"]).get("kernel")
         name = (
             r["attention"] + (f" k={r['k']}" if r["k"] else "") + (f" {kernel}" if kernel else "")
         )
-        v = base.get(r["n"], {})
+        v = base.get((r["n"], work(r)), {})
+        mode = r["mode"] + (" checkpoint" if r.get("checkpoint") else "")
         t, tv = r.get("time_per_seq_s"), v.get("time_per_seq_s")
         mb, mbv = r.get("max_batch"), v.get("max_batch")
         lines.append(
-            f"| {name} | {r['n']} | {mb} | {r.get('memory_source')} | "
+            f"| {name} | {mode} | {r['n']} | {mb} | {r.get('memory_source')} | "
             f"{r.get('predicted_max_batch')} | {r.get('probes')} | "
             f"{r.get('model_error')} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
             f"{'-' if not (t and tv) else f'{tv / t:.2f}'} | "
@@ -81,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
-        todo = cells(
+        todo = all_cells(
+            (64, 128),
             (64, 128),
             {
                 "layers": 2,
@@ -120,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        todo = cells(NS, TIMING, "v100_16gb", "fp16")
+        todo = all_cells(NS, NS_TRAIN, TIMING, "v100_16gb", "fp16")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with args.out.open("w") as f:
@@ -132,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(row.to_json() + "\n")
             f.flush()
             print(
-                f"[{i}/{len(todo)}] {cell.attention} n={cell.n} k={cell.k}: {row['status']} "
+                f"[{i}/{len(todo)}] {cell.label}: {row['status']} "
                 f"b={row['max_batch']} ({row['wall_s']:.1f} s)",
                 flush=True,
             )

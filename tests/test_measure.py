@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 
 import pytest
@@ -268,8 +269,10 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "| linformer k=32 | 128 |" in done.stdout
-    assert len(out.read_text().splitlines()) == 5
+    assert "| linformer k=32 | inference | 128 |" in done.stdout
+    assert "| sdpa | train checkpoint | 128 |" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 11 and all(r["status"] == "ok" for r in rows), rows
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:

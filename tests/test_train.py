@@ -70,10 +70,18 @@ def test_modeled_training_peak_equals_the_profilers(name: str, params: tuple, sh
 
 
 @pytest.mark.parametrize(
-    "kw", [{"optimizer": "sgd"}, {"optimizer": "none"}, {"checkpoint": True}], ids=_ids
+    ("name", "kw"),
+    [
+        ("vanilla", {"optimizer": "sgd"}),
+        ("vanilla", {"optimizer": "none"}),
+        ("vanilla", {"checkpoint": True}),
+        ("sdpa", {"checkpoint": True}),  # the fused kernel again in the recompute
+        ("linformer", {"checkpoint": True}),
+    ],
+    ids=_ids,
 )
-def test_optimizers_and_checkpointing_are_modeled_too(kw: dict) -> None:
-    for b, modeled, real in _real_and_modeled(_cell("vanilla", shape="encoder3", **kw), (1, 3)):
+def test_optimizers_and_checkpointing_are_modeled_too(name: str, kw: dict) -> None:
+    for b, modeled, real in _real_and_modeled(_cell(name, shape="encoder3", **kw), (1, 3)):
         assert abs(modeled - real) <= 0.01 * real, (b, modeled, real)
 
 
