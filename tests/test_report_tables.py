@@ -52,7 +52,7 @@ def test_golden_markdown(tables) -> None:
         "**time ratio: linformer (sharing=layerwise)** (rows n, columns k)\n\n"
         "| n | 128 | 256 |\n|---:|---:|---:|\n"
         "| 512 | 1.25x | –¹ |\n| 1024 | 2.50x | OOM² |\n| 2048 | OOM³ | - |\n\n"
-        "¹ time not measured: a CPU forward was estimated over timing.time_budget_s  \n"
+        "¹ time not measured: a CPU run was estimated over timing.time_budget_s  \n"
         "² this mechanism does not fit at b = 1 under the ceiling  \n"
         "³ the baseline does not fit at b = 1 under the ceiling (modeled)  \n"
         f"{CONTEXT}\n"

@@ -227,7 +227,7 @@ def _stems(tables: list[RatioTable]) -> list[str]:
     mechanism, or two labels that slug alike (``a (x=A)``, ``a (x=a)``), get a number;
     were a name still taken (a label that slugs to ``a-1``), a further one. Without this a
     table's CSV would silently overwrite another's."""
-    slugs = [slug(t.mechanism) for t in tables]
+    slugs = [slug(t.mechanism + (" train" if t.mode == "train" else "")) for t in tables]
     used: set[tuple[str, str]] = set()
     stems = []
     for i, (t, name) in enumerate(zip(tables, slugs, strict=True)):

@@ -201,7 +201,7 @@ def superscript(i: int) -> str:
 def _why(reason: str | None) -> str:
     """A footnote for a skipped figure: one per kind of reason, not one per cell."""
     if reason and "exceed time_budget_s" in reason:
-        return "time not measured: a CPU forward was estimated over timing.time_budget_s"
+        return "time not measured: a CPU run was estimated over timing.time_budget_s"
     return (reason or "not timed").split(";")[0]
 
 
