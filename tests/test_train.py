@@ -249,3 +249,18 @@ def test_train_mode_end_to_end_through_the_cli(tmp_path: Path) -> None:
         assert set(r["time_parts"]) == {"forward", "backward", "optimizer"}
     table = (run_dir / "report/table3.md").read_text()
     assert "one training step, train(adamw) (the paper has no training table)" in table
+    # the inference run of the same cells beside it, in one report: both modes' tables
+    inference = run_cli(
+        "run", "-m", "attention=vanilla,sdpa", "n=64", "model=tiny", "device=cpu", "dtype=fp32",
+        "ceiling=256MB", "progress=false", "timing.min_repeats=2", "timing.min_seconds=0.05",
+        "run=inference", "report=false", cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert inference.returncode == 0, inference.stderr[-2000:]
+    both = run_cli(
+        "report", str(run_dir), "--also", "results/single/inference", "--out", "both",
+        "--quiet", cwd=tmp_path,
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    md = (tmp_path / "both/table3.md").read_text()
+    assert md.count("**time ratio: sdpa") == 2 and "(the paper has no training table)" in md
+    assert (tmp_path / "both/sdpa-backend-auto-train-time.csv").is_file()
