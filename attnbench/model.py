@@ -30,6 +30,10 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(d_ff, d_model)
         self.norm2 = nn.LayerNorm(d_model)
 
+    def ffn_flops(self, b: int, n: int) -> int:
+        """The FFN's two matmuls, d → d_ff → d: 2 · 2·b·n·d·d_ff."""
+        return 2 * 2 * b * n * self.fc1.in_features * self.fc1.out_features
+
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         x = self.norm1(x + self.attn(x, key_padding_mask))
         return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))  # (b, n, d)
@@ -64,18 +68,13 @@ class Encoder(nn.Module):
 
     def flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one forward: each layer's attention plus its two FFN matmuls."""
-        return sum(
-            layer.attn.flops(b, n) + 2 * 2 * b * n * layer.fc1.in_features * layer.fc1.out_features
-            for layer in self.layers
-        )
+        return sum(layer.attn.flops(b, n) + layer.ffn_flops(b, n) for layer in self.layers)
 
     def flops_backward(self, b: int, n: int) -> int:
         """Matmul FLOPs of one backward: each attention's own count, the FFN's two gradients
         of each matmul; with checkpointing, one more forward (each layer runs again)."""
         own = sum(
-            layer.attn.flops_backward(b, n)
-            + 2 * 2 * 2 * b * n * layer.fc1.in_features * layer.fc1.out_features
-            for layer in self.layers
+            layer.attn.flops_backward(b, n) + 2 * layer.ffn_flops(b, n) for layer in self.layers
         )
         return own + (self.flops(b, n) if self.checkpoint else 0)
 

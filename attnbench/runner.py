@@ -90,16 +90,16 @@ def train_step(
     """The cell's training step on ``device`` (``meta``, ``cpu`` or the GPU).
 
     Mixed precision on the GPU: ``torch.autocast`` (and a GradScaler for fp16); on meta,
-    the emulation of the GPU's autocast, also around a checkpointed layer's recompute. The
-    CPU times fp32, no autocast. ``gpu``: the step is (or models) one on a GPU, where
-    PyTorch's optimizers default to ``foreach`` and the fused attention kernels run.
+    the emulation of the GPU's autocast (:class:`MemoryModel` enters it around a
+    checkpointed layer's recompute too). The CPU times fp32, no autocast. ``gpu``: the step
+    is (or models) one on a GPU, where PyTorch's optimizers default to ``foreach`` and the
+    fused attention kernels run.
     """
     low = DTYPES[cell.dtype]
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
     scaler = None
     if low != torch.float32 and device == "meta":
         autocast = functools.partial(emulated_autocast, "cuda", low)
-        model.recompute_context = autocast
     elif low != torch.float32 and device != "cpu":
         autocast = functools.partial(torch.autocast, "cuda", dtype=low)
         scaler = torch.amp.GradScaler("cuda") if low == torch.float16 else None
@@ -127,9 +127,9 @@ class MemoryModel:
         self.kernels = "cuda" if res.preset.is_gpu else "cpu"
         if cell.mode == "train":
             self.step = train_step(self.model, cell, self._x(1), "meta", gpu=res.preset.is_gpu)
-            cast = self.model.recompute_context  # a checkpointed layer's second run: the
-            self.model.recompute_context = lambda: _entered(  # same kernels and casts
-                device_kernels(self.kernels), cast()
+            # a checkpointed layer's second run, in the backward: the same kernels and casts
+            self.model.recompute_context = lambda: _entered(
+                device_kernels(self.kernels), self.step.autocast()
             )
             with device_kernels(self.kernels):
                 self.step()  # makes the optimizer's state
@@ -149,24 +149,28 @@ class MemoryModel:
             return tracked_peak(self.step, self.fixed + rounded(self.step.x.nbytes), grad=True)
 
 
-def _gpu_work(model: torch.nn.Module, cell: Cell, b: int) -> Callable[[], Any]:
-    """What one GPU probe runs at batch b: the forward, or a whole training step."""
+def _gpu_work(
+    model: torch.nn.Module, step: TrainStep | None, cell: Cell, b: int
+) -> Callable[[], Any]:
+    """What one GPU probe runs at batch b: the forward, or the training step (whose
+    optimizer state is already there) on a new input."""
     x = _input(b, cell, GPU, DTYPES[cell.dtype])
-    if cell.mode == "inference":
+    if step is None:
         return lambda: model(x)
-    step = model.attnbench_step  # made by _measure, its optimizer state already there
     step.x = x.requires_grad_(True)
     return step
 
 
-def _cuda_fits(model: torch.nn.Module, cell: Cell, res: Resolved, b: int) -> bool:
+def _cuda_fits(
+    model: torch.nn.Module, step: TrainStep | None, cell: Cell, res: Resolved, b: int
+) -> bool:
     """A real forward (or training step) at b under the ceiling less the fixed overhead;
-    OOM is caught."""
+    OOM is caught, the input's allocation included."""
     dev = torch.device(GPU)
     work = None
     try:
-        work = _gpu_work(model, cell, b)
-        measured_peak_cuda(work, dev, res.usable, grad=cell.mode == "train")
+        work = _gpu_work(model, step, cell, b)
+        measured_peak_cuda(work, dev, res.usable, grad=step is not None)
         return True
     except torch.OutOfMemoryError:
         return False
@@ -247,14 +251,16 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
     dtype, dev, train = DTYPES[cell.dtype], torch.device(GPU), cell.mode == "train"
     overhead = res.preset.overhead_bytes
     model = _build(cell, res, GPU, dtype)
+    step = None
     if train:
-        x = _input(1, cell, GPU, dtype)
-        model.attnbench_step = train_step(model, cell, x, GPU, gpu=True)
-        if not _cuda_fits(model, cell, res, 1):
+        step = train_step(model, cell, _input(1, cell, GPU, dtype), GPU, gpu=True)
+        if not _cuda_fits(model, step, cell, res, 1):
             row.update(status="oom", reason="b=1 does not fit", memory_source="measured")
             return
     if cell.batch == "max":
-        b, probes = largest_fitting(lambda b: _cuda_fits(model, cell, res, b), max(predicted, 1))
+        b, probes = largest_fitting(
+            lambda b: _cuda_fits(model, step, cell, res, b), max(predicted, 1)
+        )
         row.update(max_batch=b, probes=probes, model_error=predicted - b)
     else:
         b = cell.batch
@@ -266,7 +272,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
             memory_source="measured",
         )
         return
-    work = _gpu_work(model, cell, b)
+    work = _gpu_work(model, step, cell, b)
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=train)
     except torch.OutOfMemoryError:

@@ -22,6 +22,23 @@ def runnable_here() -> list[str]:
     ]
 
 
+def mechanism_variants(*linformer: tuple[tuple[str, object], ...]) -> list[tuple[str, tuple]]:
+    """(name, params) for every mechanism that runs here at its defaults, Linformer with
+    each sharing, and Linformer with each of ``linformer``'s parameter sets: what the
+    memory-model tests hold against the profiler."""
+    sharings = [(("sharing", s),) for s in ("layerwise", "headwise", "kv", "none")]
+    return [(name, ()) for name in runnable_here() if name != "linformer"] + [
+        ("linformer", params) for params in (*sharings, *linformer)
+    ]
+
+
+def param_ids(v: object) -> str:
+    """A test id for a (key, value) tuple of parameters: ``sharing=kv``."""
+    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
+        return "-".join(f"{k}={x}" for k, x in v)
+    return str(v)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -22,8 +22,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,13 +391,7 @@ def test_hostile_free_text_in_plots_and_the_terminal(tmp_path: Path) -> None:
     """Through a real process, with the rich tables printed and the plots drawn: a ``$``
     pair would be mathtext to matplotlib, an ESC a command to the terminal."""
     _hostile_run(tmp_path / "run")
-    done = subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "report", "run", "--out", "out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli("report", "run", "--out", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not {c for c in done.stdout if c != "\n" and not c.isprintable()}
     assert "\\x1b[2J" in done.stdout and "\\u202e" in done.stdout
@@ -408,15 +400,11 @@ def test_hostile_free_text_in_plots_and_the_terminal(tmp_path: Path) -> None:
         assert len(list((tmp_path / "out" / "plots").glob("*.png"))) == 3
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, cwd=cwd)
-
-
 def test_a_refused_row_through_a_real_process(tmp_path: Path) -> None:
     rows = json.loads(json.dumps(BASE))
     rows[2]["time_per_seq_s"] = "NaN"
     _write(tmp_path / "run", rows)
-    done = _cli("report", "run", "--out", "out", "--no-plots", cwd=tmp_path)
+    done = run_cli("report", "run", "--out", "out", "--no-plots", cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
         "attnbench report: error: run/cells.jsonl:3: time_per_seq_s: must be a number >= 0,"
@@ -457,7 +445,7 @@ def test_run_dirs_that_are_not(
         assert "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
     # and through a real process, the one that crashed (RuntimeError) before
-    done = _cli("report", "loop", "--no-plots", cwd=tmp_path)
+    done = run_cli("report", "loop", "--no-plots", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == "attnbench report: error: run dir: loop/cells.jsonl is a symlink loop\n"
 

@@ -14,26 +14,17 @@ import torch
 from attnbench.cell import Cell, validate
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.runner import _build, modeled_peak
-from tests.conftest import runnable_here
+from tests.conftest import mechanism_variants, param_ids
 
-VARIANTS = [(name, ()) for name in runnable_here() if name != "linformer"] + [
-    ("linformer", (("sharing", s),)) for s in ("layerwise", "headwise", "kv", "none")
-]
-VARIANTS += [("linformer", (("kernel", "sdpa"),)), ("linformer", (("projection", "conv"),))]
+VARIANTS = mechanism_variants((("kernel", "sdpa"),), (("projection", "conv"),))
 SHAPES = {  # (layers, d_model, heads, d_ff, n): one base-sized layer, and a 12-layer encoder
     "layer": (1, 768, 12, 3072, 512),
     "encoder12": (12, 128, 4, 512, 256),
 }
 
 
-def _ids(v: object) -> str:
-    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
-        return "-".join(f"{k}={x}" for k, x in v)
-    return str(v)
-
-
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(("name", "params"), VARIANTS, ids=_ids)
+@pytest.mark.parametrize(("name", "params"), VARIANTS, ids=param_ids)
 def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str) -> None:
     layers, d, h, ff, n = SHAPES[shape]
     k = 64 if name in ("linformer",) else None

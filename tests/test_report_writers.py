@@ -29,6 +29,7 @@ import pytest
 
 from attnbench import cli
 from attnbench.report import files, replace
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).parent.parent
 REFERENCE = ROOT / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
@@ -137,6 +138,7 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from attnbench.report import files, replace
+from tests.conftest import run_cli
 real = Path.write_bytes
 def stuck(self, data):
     real(self, data)
@@ -291,13 +293,7 @@ def test_a_refused_rename_temp_dir_or_lock_is_one_line(
 def test_out_under_a_file_through_a_real_process(tmp_path: Path) -> None:
     _run(tmp_path)
     (tmp_path / "a-file").write_text("x")
-    done = subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "report", "run", "--out", "a-file/rep"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli("report", "run", "--out", "a-file/rep", cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
         f"attnbench report: error: --out: {tmp_path / 'a-file'} is a file, not a directory\n"
@@ -327,13 +323,7 @@ def test_a_real_full_and_read_only_disk(tmp_path: Path, small_disk: Path) -> Non
     _run(tmp_path)
 
     def report(out: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "attnbench.cli", "report", "run", "--out", out, "--no-plots"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return run_cli("report", "run", "--out", out, "--no-plots", cwd=tmp_path)
 
     assert report(str(small_disk / "rep")).returncode == 0
     before = {p.name: p.read_bytes() for p in (small_disk / "rep").iterdir() if p.is_file()}

@@ -18,22 +18,13 @@ from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.row import Row
 from attnbench.runner import MemoryModel, _build, _input, run_cell, train_step
-from tests.conftest import run_cli, runnable_here
+from tests.conftest import mechanism_variants, param_ids, run_cli
 
-VARIANTS = [(name, ()) for name in runnable_here() if name != "linformer"] + [
-    ("linformer", (("sharing", s),)) for s in ("layerwise", "headwise", "kv", "none")
-]
-VARIANTS += [("linformer", (("kernel", "eager"),))]
+VARIANTS = mechanism_variants((("kernel", "eager"),))
 SHAPES = {  # (layers, d_model, heads, d_ff, n)
     "layer": (1, 256, 4, 1024, 256),
     "encoder3": (3, 128, 4, 512, 128),
 }
-
-
-def _ids(v: object) -> str:
-    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
-        return "-".join(f"{k}={x}" for k, x in v)
-    return str(v)
 
 
 def _cell(name: str, params: tuple = (), shape: str = "layer", **kw: object) -> Cell:
@@ -61,7 +52,7 @@ def _real_and_modeled(cell: Cell, bs: tuple[int, ...]) -> list[tuple[int, int, i
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(("name", "params"), VARIANTS, ids=_ids)
+@pytest.mark.parametrize(("name", "params"), VARIANTS, ids=param_ids)
 def test_modeled_training_peak_equals_the_profilers(name: str, params: tuple, shape: str) -> None:
     """Forward, backward, AdamW step and zero_grad: the modeled peak above what is live
     before the step (weights, optimizer state, input) against the profiler's, within 1 %."""
@@ -78,7 +69,7 @@ def test_modeled_training_peak_equals_the_profilers(name: str, params: tuple, sh
         ("sdpa", {"checkpoint": True}),  # the fused kernel again in the recompute
         ("linformer", {"checkpoint": True}),
     ],
-    ids=_ids,
+    ids=param_ids,
 )
 def test_optimizers_and_checkpointing_are_modeled_too(name: str, kw: dict) -> None:
     for b, modeled, real in _real_and_modeled(_cell(name, shape="encoder3", **kw), (1, 3)):

@@ -84,10 +84,8 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     (say, inference and training runs of one grid, so the max-batch plot has both);
     ValueError (one line) if there is nothing to report."""
     run_dir = Path(run_dir)
-    rows = [
-        r for d in (run_dir, *also) for r in row.read(_rows_file(Path(d))) if r.status is not None
-    ]
-    path = _rows_file(run_dir)
+    path, *more = (_rows_file(Path(d)) for d in (run_dir, *also))
+    rows = [r for p in (path, *more) for r in row.read(p) if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
     tables = ratio_tables(rows, baseline)
