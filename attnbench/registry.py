@@ -42,6 +42,7 @@ class Info:
     params: dict[str, Any]  # config field -> default
     unavailable: str | None  # one line, or None when it can run here
     cannot_train: str | None = None  # why mode=train is refused, or None: it trains
+    limits: str | None = None  # what of the common contract it does not meet, or None
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ def register(
     budget: str | None = None,
     why_unavailable: Callable[[], str | None] = lambda: None,
     cannot_train: str | None = None,
+    limits: str | None = None,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -109,6 +111,7 @@ def register(
             defaults,
             unavailable=None,
             cannot_train=cannot_train,
+            limits=limits,
         )
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls

@@ -4,4 +4,14 @@
 (the order of ``attnbench.names()``), and everything else asks the registry.
 """
 
-BUILTINS = ("vanilla", "sdpa", "xformers", "linformer", "performer")
+BUILTINS = (
+    "vanilla",
+    "sdpa",
+    "xformers",
+    "linformer",
+    "performer",
+    "nystromformer",
+    "linear",
+    "local",
+    "reformer",
+)

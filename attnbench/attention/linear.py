@@ -1,0 +1,1 @@
+"""linear: being written (issue #12); registers nothing yet."""

@@ -1,0 +1,1 @@
+"""local: being written (issue #12); registers nothing yet."""

@@ -1,0 +1,1 @@
+"""nystromformer: being written (issue #12); registers nothing yet."""

@@ -1,0 +1,1 @@
+"""reformer: being written (issue #12); registers nothing yet."""
