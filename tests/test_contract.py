@@ -3,9 +3,10 @@
 Padded keys contribute nothing: the output at real positions equals that of the sequence cut
 short to its real length, and whatever finite values sit at padded positions cannot reach a
 real output (non-finite ones are the mechanisms' own tests: the exact ones multiply a padded
-NaN value by its zero weight, as fairseq and PyTorch do). Under ``causal=True`` no output sees a later position. Bad parameters are one
-``ValueError`` line naming the parameter. A mechanism that cannot keep a part of this says
-which in ``info().limits``, and that part is skipped for it with that reason.
+NaN value by its zero weight, as fairseq and PyTorch do). Under ``causal=True`` no output
+sees a later position. Bad parameters are one ``ValueError`` line naming the parameter. A
+mechanism that cannot keep a part of this says which in ``info().limits``, and that part is
+skipped for it with that reason.
 """
 
 from __future__ import annotations
