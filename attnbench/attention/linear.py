@@ -1,1 +1,96 @@
-"""linear: being written (issue #12); registers nothing yet."""
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"), our own implementation.
+
+Softmax attention's similarity exp(qᵀk/√d) is replaced by a kernel φ(q)ᵀφ(k) (eq. 4), so that
+by associativity (eq. 5–6), per head,
+
+    out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / φ(q_i)ᵀ (Σ_j φ(k_j)),      φ(x) = elu(x) + 1   (eq. 7)
+
+costs O(n·d²) instead of O(n²·d). φ is the paper's: positive (so the normaliser is too),
+with a gradient everywhere, unlike relu; q and k are not scaled by 1/√d, as in the paper's
+code. Causal attention (eq. 8–10) sums over j ≤ i only: prefix sums, run in chunks by
+:func:`attnbench.attention.prefix.causal_linear_attention` (shared with ``performer``), so a
+forward holds O(n·d) numbers, not the (n × d × d) tensor of every prefix state.
+
+Choices of ours where the paper is silent:
+
+* Padded keys contribute nothing: their features are zeroed, which takes them out of both
+  sums. A query that sees no real key gets 0 (as in sdpa), not 0/0.
+* Sums run in fp32 for fp16/bf16 inputs: over n positions they pass fp16's range and drift in
+  bf16. The output is cast back.
+* No budget: the only size is d_k = d_model / n_heads, fixed by the model shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.prefix import (
+    DEFAULT_CHUNK,
+    causal_linear_attention,
+    causal_linear_flops,
+    linear_attention,
+    linear_flops,
+)
+from attnbench.checks import check_bool, check_int
+from attnbench.registry import register
+
+
+@dataclass
+class LinearConfig:
+    """``chunk_size``: positions per block of the causal prefix sums (ignored when not causal).
+
+    Default 64: per position, a chunk's masked c × c products cost 2·c·(2d_k + 1) FLOPs beside
+    the carried state's 4·d_k·(d_k + 1), so at d_k = 64 a chunk of 64 at most doubles the
+    FLOPs, while smaller chunks pay per-chunk overhead (n/c small matmuls each); 64–128 were
+    the fastest at n = 4096, d_k = 64 on the CPU. Memory: c² per head in the block, plus, when
+    training, the (n/c) carried states autograd keeps: about n·d_k each at c = d_k.
+    """
+
+    causal: bool = False
+    chunk_size: int = DEFAULT_CHUNK
+
+    def __post_init__(self) -> None:
+        check_bool("causal", self.causal)
+        check_int("chunk_size", self.chunk_size)
+
+
+def feature_map(x: Tensor) -> Tensor:
+    """φ(x) = elu(x) + 1 (eq. 7): positive, smooth, 1 at 0."""
+    return F.elu(x) + 1
+
+
+@register(
+    "linear",
+    config=LinearConfig,
+    causal=True,
+    padding_mask=True,
+    budget=None,
+    summary="linear attention, φ = elu + 1 (Transformers are RNNs); causal by chunked prefix sums",
+)
+class LinearAttention(MultiHeadAttention):
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
+        q_f, k_f = feature_map(q), feature_map(k)
+        if key_padding_mask is not None:
+            padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
+            # V too, so even a non-finite padded value cannot reach 0·v
+            k_f, v = k_f.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+        if self.cfg.causal:
+            out = causal_linear_attention(q_f, k_f, v, self.cfg.chunk_size)
+        else:
+            out = linear_attention(q_f, k_f, v)
+        return self.merge_heads(out.to(x.dtype))  # (b, n, d)
+
+    def attention_flops(self, b: int, n: int) -> int:
+        """Per head, with V' = [V, 1] (the normaliser as one more column): non-causal φ(K)ᵀV'
+        and φ(Q)(φ(K)ᵀV'); causal the chunked prefix sums' (see prefix.causal_linear_flops)."""
+        dh = self.head_dim
+        if self.cfg.causal:
+            per_head = causal_linear_flops(n, dh, dh, self.cfg.chunk_size)
+        else:
+            per_head = linear_flops(n, dh, dh)
+        return b * self.n_heads * per_head

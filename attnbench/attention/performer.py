@@ -13,8 +13,11 @@ performer-pytorch, but assemble them here rather than call ``FastAttention.forwa
 * its ``mask`` only zeroes padded *values*: padded keys still add to the normaliser D, so the
   output depends on how much padding there is. We zero padded keys' features instead, which
   removes them from both φ(K)ᵀV and φ(K)ᵀ1;
-* its ``causal=True`` prints a message and wants fast-transformers' CUDA extension; we run the
-  library's plain prefix-sum reference path ourselves, in fp32 so fp16/bf16 inputs work;
+* its ``causal=True`` prints a message and wants fast-transformers' CUDA extension, and its
+  plain reference path, ``causal_linear_attention_noncuda``, materialises the (n × m × d_h)
+  tensor of every prefix state. We run the chunked prefix sums shared with ``linear``
+  (:func:`attnbench.attention.prefix.causal_linear_attention`: a c × c block per chunk and one
+  carried m × d_h state), in fp32 so fp16/bf16 inputs work;
 * under causal its eps terms leak future keys into past outputs, so we set them to 0 (see
   :meth:`PerformerAttention.features`);
 * its ``ortho_scaling`` only picks how rows are scaled — the rows are always orthogonal — so for
@@ -28,7 +31,6 @@ from dataclasses import dataclass
 import torch
 from performer_pytorch import FastAttention
 from performer_pytorch.performer_pytorch import (
-    causal_linear_attention_noncuda,
     generalized_kernel,
     linear_attention,
     softmax_kernel,
@@ -36,10 +38,16 @@ from performer_pytorch.performer_pytorch import (
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.prefix import DEFAULT_CHUNK, causal_linear_attention, causal_linear_flops
 from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.registry import register
 
 KERNELS = ("softmax", "relu")
+# positions per block of the causal prefix sums: at m = 256 features and d_h = 64 a block's
+# c × c products cost 2·c·(m + d_h + 1) per position beside the carried state's 4·m·(d_h + 1),
+# under half of it at c = 64; smaller blocks pay per-block overhead (64–128 measured fastest
+# at n = 4096 on the CPU). The same default as linear's chunk_size.
+CHUNK = DEFAULT_CHUNK
 
 
 @dataclass
@@ -150,13 +158,15 @@ class PerformerAttention(MultiHeadAttention):
         return torch.exp(dash - k.square().sum(-1, keepdim=True) / 2 - c) * w.shape[0] ** -0.5
 
     def attention_flops(self, b: int, n: int) -> int:
-        """φ(Q), φ(K): 2·n·m·d each; φ(K)ᵀV and φ(Q)(φ(K)ᵀV): 2·n·m·d each; normaliser 2·h·n·m.
-
-        Under causal, the last contraction runs as a broadcast multiply-sum that
-        FlopCounterMode does not see; it is real work, so it is counted here all the same.
-        """
+        """φ(Q), φ(K): 2·n·m·d each. Non-causal: φ(K)ᵀV and φ(Q)(φ(K)ᵀV), 2·n·m·d each, and the
+        normaliser 2·h·n·m. Causal: the chunked prefix sums' matmuls, per head
+        (prefix.causal_linear_flops, V with the normaliser's column of ones)."""
         m = self.cfg.nb_features
-        return 8 * b * n * m * self.d_model + 2 * b * self.n_heads * n * m
+        features = 4 * b * n * m * self.d_model
+        if self.cfg.causal:
+            per_head = causal_linear_flops(n, m, self.head_dim, CHUNK)
+            return features + b * self.n_heads * per_head
+        return features + 4 * b * n * m * self.d_model + 2 * b * self.n_heads * n * m
 
     def frozen_flops(self, b: int, n: int) -> int:
         """φ(Q) and φ(K) multiply by the fixed random features (a buffer): no gradient."""
@@ -166,9 +176,11 @@ class PerformerAttention(MultiHeadAttention):
         self._count_call()
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
         if self.cfg.causal:
-            # fp32 throughout: prefix sums over n run past fp16's range and bf16's precision, and
-            # with eps=0 a key far below the max must not underflow to a zero feature
-            q, k, v = q.float(), k.float(), v.float()
+            # fp32 at least (fp64 stays fp64): prefix sums over n run past fp16's range and
+            # bf16's precision, and with eps=0 a key far below the max must not underflow to a
+            # zero feature
+            wide = torch.promote_types(x.dtype, torch.float32)
+            q, k, v = q.to(wide), k.to(wide), v.to(wide)
         padded = None
         if key_padding_mask is not None:
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
@@ -179,16 +191,12 @@ class PerformerAttention(MultiHeadAttention):
         if padded is not None:
             k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
         if self.cfg.causal:
-            # eps=0: the keys' constant stabiliser cancels exactly, an eps would not
-            out = causal_linear_attention_noncuda(q_f, k_f, v, eps=0.0)  # (b, h, n, dh)
-            out = out.to(x.dtype)
-        else:
-            out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
-        if key_padding_mask is not None:  # a query that sees no real key gets 0, as in sdpa
-            real = (
-                (~key_padding_mask).cumsum(-1)
-                if self.cfg.causal
-                else (~key_padding_mask).sum(-1, keepdim=True).expand_as(key_padding_mask)
-            )
-            out = out.masked_fill((real == 0)[:, None, :, None], 0.0)
+            # no eps: the keys' constant stabiliser cancels exactly, an eps would not; a query
+            # that sees no real key gets 0 there already (its normaliser is exactly 0)
+            out = causal_linear_attention(q_f, k_f, v, CHUNK).to(x.dtype)  # (b, h, n, dh)
+            return self.merge_heads(out)  # (b, n, d)
+        out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
+        if key_padding_mask is not None:  # a row that is all padding gets 0, as in sdpa
+            empty = key_padding_mask.all(-1)[:, None, None, None]  # (b, 1, 1, 1)
+            out = out.masked_fill(empty, 0.0)
         return self.merge_heads(out)  # (b, n, d)
