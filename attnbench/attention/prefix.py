@@ -57,24 +57,23 @@ def causal_linear_attention(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int) -> 
     shorter; ``chunk`` ≥ n is one quadratic block). Shapes as :func:`linear_attention`.
 
     Chunk t's output is φ(Q_t)S + tril(φ(Q_t)φ(K_t)ᵀ)V'_t, where S = Σ_{s<t} φ(K_s)ᵀV'_s is the
-    carried state. Chunks are concatenated once at the end rather than written into a
-    preallocated output: in-place slice writes would make autograd copy the whole gradient
-    once per chunk in the backward.
+    carried state. The inputs are split once and the chunks' outputs concatenated once, so the
+    backward is one cat and one split: slicing each chunk out, or writing it into a
+    preallocated output, would make autograd allocate a whole-sequence gradient per chunk.
     """
     q_f, k_f, v1 = _with_ones(q_f, k_f, v)
-    n = q_f.shape[-2]
-    future = torch.ones(chunk, chunk, dtype=torch.bool, device=q_f.device).triu(1)
+    c = min(chunk, q_f.shape[-2])  # a chunk past n is one block of n
+    future = torch.ones(c, c, dtype=torch.bool, device=q_f.device).triu(1)
     state = None  # (b, h, m, e + 1): Σ φ(k_j) [v_j, 1]ᵀ over the chunks before this one
     outs = []
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        q_c, k_c, v_c = q_f[..., start:stop, :], k_f[..., start:stop, :], v1[..., start:stop, :]
-        size = stop - start
+    q_cs, k_cs, v_cs = (t.split(chunk, dim=-2) for t in (q_f, k_f, v1))
+    for i, (q_c, k_c, v_c) in enumerate(zip(q_cs, k_cs, v_cs, strict=True)):  # (b, h, c, ·)
+        size = q_c.shape[-2]
         scores = (q_c @ k_c.transpose(-2, -1)).masked_fill_(future[:size, :size], 0.0)
         out = scores @ v_c  # (b, h, c, e + 1)
         if state is not None:
             out = out + q_c @ state
-        if stop < n:
+        if i < len(q_cs) - 1:  # the last chunk's keys are seen by no later query
             update = k_c.transpose(-2, -1) @ v_c  # (b, h, m, e + 1)
             state = update if state is None else state + update
         outs.append(out)
