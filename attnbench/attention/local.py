@@ -1,1 +1,165 @@
-"""local: being written (issue #12); registers nothing yet."""
+"""Local (sliding-window) attention, our own blocked implementation.
+
+Each query attends only to the keys within a window around it, the banded attention of
+Longformer (Beltagy et al., 2020, §3.1 "Sliding Window": "each token attends to ½w tokens on
+each side") and of the local attention in Image Transformer (Parmar et al., 2018) and Sparse
+Transformer's band (Child et al., 2019). With a window of w keys, per head:
+
+    out_i = Σ_{j ∈ W(i)} softmax_j(q_i·k_j / √d_k) v_j,
+    W(i) = {j : |i − j| ≤ w/2}        (non-causal: w/2 on each side and i itself, w + 1 keys)
+    W(i) = {j : i − w < j ≤ i}        (causal: the w keys up to and including i)
+
+so a layer costs O(n·w) time and memory instead of O(n²). The non-causal band is Longformer's
+exactly (its ``attention_window`` is w and must be even, as ours), so ``window`` is refused
+odd there rather than rounded silently.
+
+How it is computed (never an n × n matrix):
+
+* The sequence is cut into blocks of B = max(⌈w/2⌉, 32) positions (B = n if that is
+  shorter), padded to a whole number of blocks. Query block t attends to the key blocks
+  t − c_b … t + c_f, just enough to cover its queries' windows: c_b = c_f = 1 for the
+  non-causal band, c_b = 2, c_f = 0 causal (1.5·w keys each query computed, not w); none
+  when one block holds the whole sequence. The floor of 32 keeps tiny windows from
+  degenerating into thousands of one-row matmuls.
+* The neighbouring key blocks are overlapping *views* (``unfold``) of one zero-padded copy
+  of K (and of V), so they are never copied three times.
+* Inside each block the exact band, the sequence's ends and the padding mask are one additive
+  0 / −inf mask, and softmax·V runs in PyTorch's fused ``scaled_dot_product_attention`` (on a
+  CPU its flash kernel: faster than an eager softmax at n = 4096 and it keeps no per-block
+  score matrix). A query whose window holds no real key gets 0, as sdpa and vanilla give.
+
+So the result equals vanilla attention under the same band mask (and padding mask) to float
+rounding; with w ≥ n (non-causal 2·(n − 1) ≤ w) it is vanilla attention, or causal vanilla.
+
+Padded keys and values are zeroed before use, so even a non-finite value at a padded position
+cannot reach a real output. One caveat of the flattened layout (the batch's sequences lie end
+to end, so that the block windows are plain strided views): the first and last blocks of a
+sequence also *read* the masked-out edge of its batch neighbour; a finite key there gets
+weight 0 exactly, but a NaN or inf at a *real* position of one sequence could reach the
+first or last block of the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.checks import check_bool, check_int
+from attnbench.registry import register
+
+MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
+
+
+@dataclass
+class LocalConfig:
+    window: int = 256  # w: the same budget as Linformer's k and Performer's nb_features
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("window", self.window)
+        check_bool("causal", self.causal)
+        if not self.causal and self.window % 2:
+            raise ValueError(
+                f"window: must be even when causal=false (w/2 keys on each side of a query, "
+                f"as Longformer's attention_window), got {self.window}"
+            )
+
+
+def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
+    """(block B, blocks nb, key blocks looked back c_b, looked forward c_f) at length n."""
+    block = min(n, max(-(-window // 2), MIN_BLOCK))
+    blocks = -(-n // block)
+    back, forward = (window - 1, 0) if causal else (window // 2, window // 2)
+    return (
+        block,
+        blocks,
+        min(-(-back // block), blocks - 1),
+        min(-(-forward // block), blocks - 1),
+    )
+
+
+@register(
+    "local",
+    config=LocalConfig,
+    causal=True,
+    budget="window",
+    summary="sliding-window band |i−j| ≤ w/2 (causal: the w keys up to i), blocked, O(n·w)",
+)
+class LocalAttention(MultiHeadAttention):
+    def attention_flops(self, b: int, n: int) -> int:
+        """QKᵀ and P·V over whole blocks: each of the nb·B padded queries meets
+        (1 + c_b + c_f)·B keys, 2 matmuls of 2·d FLOPs a pair. The masked-out parts of each
+        block are computed too, so they are counted: this is what runs, not the band's
+        ideal 4·n·w·d."""
+        block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
+        return 4 * b * blocks * block * (1 + back + forward) * block * self.d_model
+
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """The flash kernel's backward recomputes the blocked QKᵀ."""
+        return self.attention_flops(b, n) // 2
+
+    def band_mask(self, n: int, key_padding_mask: Tensor | None, like: Tensor) -> Tensor:
+        """Additive mask (b·nb, 1, B, W·B) in ``like``'s dtype: 0 where query i may see key j,
+        −inf where not (outside the band, outside 0..n−1, padding). Without a padding mask it
+        is (nb, 1, B, W·B), the same for every sequence."""
+        block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
+        width, w = (1 + back + forward) * block, self.cfg.window
+        device = like.device
+        # Key j is in query i's window when i − lo ≤ j ≤ i + hi. Offsets are the same in
+        # every block: query a of a block against key c of its window is j − i = c − a − back·B
+        lo, hi = (w - 1, 0) if self.cfg.causal else (w // 2, w // 2)
+        band = torch.ones(block, width, dtype=torch.bool, device=device)
+        band = band.triu(back * block - lo).tril(back * block + hi)  # (B, W·B)
+        j = (torch.arange(blocks, device=device)[:, None] - back) * block + torch.arange(
+            width, device=device
+        )  # (nb, W·B): each window's key positions
+        outside = (j < 0) | (j >= n)
+        if key_padding_mask is not None:
+            b = key_padding_mask.shape[0]
+            padded = F.pad(key_padding_mask, (0, blocks * block - n), value=True).view(-1)
+            padded = F.pad(padded, (back * block, forward * block), value=True)
+            outside = outside | padded.unfold(0, width, block).view(b, blocks, width)
+        blocked = ~band | outside.view(-1, 1, width)  # (b·nb or nb, B, W·B)
+        bias = torch.zeros(blocked.shape, dtype=like.dtype, device=device)
+        return bias.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+
+    def _windows(self, t: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """(b, n, d) -> (b·nb, h, W·B, dh): each query block's keys (or values), overlapping
+        views of one copy zero-padded before the first block and after the last."""
+        b, n, d = t.shape
+        block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
+        width, tail = (1 + back + forward) * block, blocks * block - n
+        if key_padding_mask is not None:  # zeroed: a non-finite padded value cannot leak
+            t = t.masked_fill(key_padding_mask[:, :, None], 0.0)
+        if b == 1:  # one copy: the tail and the ends padded at once
+            t = F.pad(t.view(n, d), (0, 0, back * block, tail + forward * block))
+        else:
+            t = F.pad(t, (0, 0, 0, tail)) if tail else t
+            t = F.pad(t.reshape(b * blocks * block, d), (0, 0, back * block, forward * block))
+        t = t.unfold(0, width, block)  # (b·nb, d, W·B), a view
+        return t.view(b * blocks, self.n_heads, self.head_dim, width).transpose(2, 3)
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        b, n, d = x.shape
+        h, dh = self.n_heads, self.head_dim
+        block, blocks, _, _ = layout(self.cfg.window, self.cfg.causal, n)
+        tail = blocks * block - n
+        q = self.q_proj(x)  # (b, n, d)
+        q = F.pad(q, (0, 0, 0, tail)) if tail else q  # (b, nb·B, d)
+        q = q.view(b * blocks, block, h, dh).transpose(1, 2)  # a view
+        k = self._windows(self.k_proj(x), key_padding_mask)  # (b·nb, h, W·B, dh)
+        v = self._windows(self.v_proj(x), key_padding_mask)
+        bias = self.band_mask(n, key_padding_mask, q)  # (b·nb or nb, 1, B, W·B)
+        if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
+            bias = bias.repeat(b, 1, 1, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b·nb, h, B, dh)
+        # Into (b, nb·B, d) by one explicit copy. The CPU kernel lays its output out as
+        # (b·nb, B, h, dh), where a reshape would be a view; sdpa on meta (the memory model)
+        # returns (b·nb, h, B, dh), where it is a copy. Copying on both keeps them equal.
+        merged = out.new_empty(b, blocks * block, d)
+        merged.view(b, blocks, block, h, dh).copy_(out.transpose(1, 2).unflatten(0, (b, blocks)))
+        return merged[:, :n] if tail else merged
