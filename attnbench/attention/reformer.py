@@ -169,7 +169,9 @@ class ReformerAttention(MultiHeadAttention):
         st = st.view(b * h, r * pad)
         bq = qk.gather(1, st[..., None].expand(-1, -1, dh)).view(b * h, -1, c, dh)
         bv = v.gather(1, st[..., None].expand(-1, -1, dh)).view(b * h, -1, c, dh)
-        bk = look_one_back(F.normalize(bq, p=2, dim=-1))  # (B, C, 2c, dh)
+        # the library's eps 1e-12 is 0 in fp16, where a zero (padded) vector would turn NaN
+        eps = max(1e-12, torch.finfo(bq.dtype).tiny)
+        bk = look_one_back(F.normalize(bq, p=2, dim=-1, eps=eps))  # (B, C, 2c, dh)
         bv = look_one_back(bv)
 
         dots = (bq * dh**-0.5) @ bk.transpose(-1, -2)  # (B, C, c, 2c)
