@@ -4,11 +4,11 @@ A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, mod
 k, batch, dtype, device preset, ceiling, mode, and how long to time it. This module owns
 what the rest of attnbench asks of a cell: its validation (:func:`validate`, one
 ``ValueError`` line naming the parameter), the ceiling resolved against the preset and the
-preset's fixed overhead (:func:`resolve_ceiling`), ``k`` against ``n``
-(:func:`check_k`, :func:`left_out`), the mechanism's label (:func:`label`) and the key a
-stored row is found by (:func:`key`). The runner measures a validated cell; the sweep builds
-cells from configs; the gate builds its suite from them; reports label rows with the same
-:func:`label`.
+preset's fixed overhead (:func:`resolve_ceiling`), ``k`` against ``n`` (:func:`check_k`,
+:func:`left_out`), causal masking (:func:`check_causal`), the mechanism's label
+(:func:`label`) and the key a stored row is found by (:func:`key`). The runner measures a
+validated cell; the sweep builds cells from configs; the gate builds its suite from them;
+reports label rows with the same :func:`label`.
 """
 
 from __future__ import annotations
@@ -158,14 +158,32 @@ def check_k(attention: str, n: int, k: int | None) -> None:
         raise ValueError(f"k: must be at most n={n}, got {k}")
 
 
-def left_out(attention: str, n: Any, k: int | None) -> str | None:
-    """Why a sweep leaves this combination out, or None: a fixed-length mechanism at
-    ``k >= n`` projects nothing away (Linformer's k < n, as in the paper's Table 3).
-    Performer's number of features is free. A single cell at k = n is still measured."""
-    info = attnbench.info(attention)
-    if info.budget and info.fixed_max_len and k is not None and isinstance(n, int) and k >= n:
+def left_out(cell: Cell) -> str | None:
+    """Why a sweep leaves this cell out, or None: a fixed-length mechanism at ``k >= n`` (``k``
+    or its budget set among its parameters) projects nothing away (Linformer's k < n, as in
+    the paper's Table 3), and a mechanism with no causal form has no ``causal=true`` cell.
+    Performer's number of features is free. A single cell at k = n is still measured; a
+    single causal cell of such a mechanism is refused by :func:`validate`."""
+    info = attnbench.info(cell.attention)
+    k, n = cell.mechanism_params().get(info.budget) if info.budget else None, cell.n
+    if info.fixed_max_len and isinstance(k, int) and isinstance(n, int) and k >= n:
         return f"k={k} >= n={n}"
+    if dict(cell.params).get("causal") and not info.causal:
+        return "has no causal form"
     return None
+
+
+def check_causal(cell: Cell) -> None:
+    """``causal=true`` for a mechanism that cannot mask the future is one line naming the
+    ones that can, not the mechanism's own error (or an unknown-parameter one)."""
+    causal = dict(cell.params).get("causal", False)
+    check_bool("causal", causal)
+    if causal and not attnbench.info(cell.attention).causal:
+        can = [m for m in attnbench.names() if attnbench.info(m).causal]
+        raise ValueError(
+            f"causal: attention={cell.attention} has no causal form; causal=true works with "
+            f"{', '.join(can)}"
+        )
 
 
 def check_budget(cell: Cell) -> None:
@@ -225,6 +243,7 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
         check_int("batch", cell.batch)
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
+    check_causal(cell)
     check_choice("mode", cell.mode, MODES)
     check_choice("optimizer", cell.optimizer, OPTIMIZERS)
     check_bool("checkpoint", cell.checkpoint)

@@ -206,7 +206,8 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
     n_images = (out / "index.html").read_text().count("<img ")
     assert n_images == 4
     assert f'data-images-decoded="{n_images}"' in dom
-    assert dom.count("<table>") == 8  # time and memory, each measured, paper and quotient
+    # time and memory, each measured, paper and quotient; and the efficiency lengths
+    assert dom.count("<table>") == 9 and "Efficiency length" in dom
     assert "measured ÷ paper" in dom and "OOM³" in dom
     shot = tmp_path / "page.png"
     subprocess.run(

@@ -101,7 +101,7 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("attention=foo",), "attention: unknown option 'foo'; allowed: linformer"),
+        (("attention=foo",), "attention: unknown option 'foo'; allowed: linear, linformer"),
         (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
@@ -113,6 +113,11 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
         (("+sweep=smoke", "report_baseline=vanila"), "report_baseline: must be a mechanism"),
         (("+sweep=smoke", "report=maybe"), "report: must be true or false, got 'maybe'"),
+        (("causal=maybe",), "causal: must be true or false, got 'maybe'"),
+        (
+            ("attention=linformer", "k=64", "causal=true"),
+            "causal: attention=linformer has no causal form; causal=true works with vanilla",
+        ),
     ],
 )
 def test_bad_overrides_are_one_line_exit_2_and_write_nothing(
@@ -220,6 +225,38 @@ def test_every_shipped_sweep_validates(name: str) -> None:
     assert plan and len(set(plan)) == len(plan)
     if name == "table3":
         assert len(plan) == 42  # 8 Transformer cells + 34 Linformer cells with k < n
+
+
+def test_causal_is_a_sweepable_key_and_leaves_out_what_has_no_causal_form(
+    tmp_path: Path,
+) -> None:
+    """``causal=false,true`` over vanilla and Linformer: three cells, the causal Linformer
+    left out with the reason; the causal rows carry causal=True among their parameters, so
+    their report compares them with the causal vanilla only."""
+    out = run(
+        "-m",
+        "attention=vanilla,linformer",
+        "causal=false,true",
+        "n=64",
+        "k=16",
+        "model=tiny",
+        "device=cpu",
+        "dtype=fp32",
+        "batch=2",
+        "progress=false",
+        "timing.min_repeats=1",
+        "timing.min_seconds=0",
+        "sweep_name=causal",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "1 combinations left out" in out.stderr and "has no causal form" in out.stderr
+    rows = rows_of(tmp_path, "causal")
+    got = sorted((r["attention"], bool(r["params"].get("causal"))) for r in rows)
+    assert got == [("linformer", False), ("vanilla", False), ("vanilla", True)]
+    assert all(r["status"] == "ok" for r in rows)
+    report = next(tmp_path.glob("results/causal/*/report/table3.md")).read_text()
+    assert "vanilla (causal=True)" not in report.split("**time ratio")[1]  # not a mechanism
 
 
 def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ and one writer at a time, so that two reports of one run (a sweep's end and a us
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench import row
-from attnbench.report import html, plots
+from attnbench.report import efficiency, html, plots
 from attnbench.report.paper import compares_with_paper, load_paper, paper_table, quotient
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
@@ -48,6 +49,8 @@ class Report:
     tables: list[RatioTable]
     # (measured, paper, measured ÷ paper) for every table the paper's Table 3 speaks to
     beside_paper: list[tuple[RatioTable, RatioTable, RatioTable]]
+    # each mechanism's shortest n ahead of the baseline and of sdpa (where the rows have it)
+    lengths: list[efficiency.Length]
 
 
 def default_out(run_dir: Path) -> Path:
@@ -95,7 +98,8 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
         if compares_with_paper(t):
             p = paper_table(t, paper)
             beside.append((t, p, quotient(t, p)))
-    return Report(run_dir, baseline, rows, tables, beside)
+    lengths = efficiency.efficiency_lengths(rows, dict.fromkeys((baseline, "sdpa")))
+    return Report(run_dir, baseline, rows, tables, beside, lengths)
 
 
 # a file name from a label is cut here (and a hash of the whole added): names over 255
@@ -115,17 +119,26 @@ def slug(text: str) -> str:
 
 def _figures(report: Report) -> list[tuple[str, Any, str]]:
     """(file stem, figure, caption) for each plot the rows hold data for."""
-    out = [
-        (
-            "time-vs-n",
-            plots.time_vs_n(report.rows),
-            "Time per sequence against n (log-log), one line per mechanism and k.",
-        ),
-        (
-            "batch-vs-n",
-            plots.batch_vs_n(report.rows),
-            "Maximum batch size under the ceiling against n.",
-        ),
+    out = []
+    # causal rows get figures of their own: one figure of every mechanism twice is unreadable
+    causal = [r for r in report.rows if (r.params or {}).get("causal")]
+    for suffix, rows, what in (
+        ("", [r for r in report.rows if r not in causal], ""),
+        ("-causal", causal, " Causal (masked) attention."),
+    ):
+        out += [
+            (
+                f"time-vs-n{suffix}",
+                plots.time_vs_n(rows),
+                f"Time per sequence against n (log-log), one line per mechanism and k.{what}",
+            ),
+            (
+                f"batch-vs-n{suffix}",
+                plots.batch_vs_n(rows),
+                f"Maximum batch size under the ceiling against n.{what}",
+            ),
+        ]
+    out += [
         (
             "memory-modeled-vs-measured",
             plots.modeled_vs_measured(report.rows),
@@ -159,6 +172,16 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     md = [f"# {markdown(title)}", "", *map(markdown, intro), ""]
     tex = [comment(title), r"% needs \usepackage{booktabs}", ""]
     sections: list[tuple[str, list[str]]] = []
+    if report.lengths:
+        md += [efficiency.to_markdown(report.lengths), ""]
+        tex += [comment(line) for line in efficiency.to_markdown(report.lengths).splitlines()]
+        tex += [""]
+        sections.append(
+            (
+                "efficiency length",
+                [html.plain_table_html(efficiency.TITLE, *efficiency.grid(report.lengths))],
+            )
+        )
     for t, stem in zip(report.tables, _stems(report.tables), strict=True):
         files[f"{stem}-{t.kind}.csv"] = to_csv(t).encode()
         md += [to_markdown(t), ""]
@@ -214,6 +237,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
                 }
                 for t in report.tables
             ],
+            "efficiency_lengths": [dataclasses.asdict(x) for x in report.lengths],
         },
         indent=1,
     ).encode()
@@ -259,6 +283,12 @@ def print_tables(report: Report, console: Any) -> None:
             sep="\n",
         )
 
+    if report.lengths:
+        head, body, notes = efficiency.grid(report.lengths)
+        table = Table(*head)
+        for r in body:
+            table.add_row(*r)
+        console.print(f"[bold]{escape(efficiency.TITLE)}[/bold]", table, *map(escape, notes), "")
     for t in report.tables:
         show(t, f"{t.kind} ratio: {t.mechanism}")
     for _, _, q in report.beside_paper:

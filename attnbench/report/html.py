@@ -51,6 +51,21 @@ def table_html(t: RatioTable, caption: str | None = None) -> str:
     )
 
 
+def plain_table_html(caption: str, head: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    """A table of text (the efficiency lengths): first column a heading per row."""
+    e = html.escape
+    body = "".join(
+        f"<tr><th>{e(r[0])}</th>" + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>"
+        for r in rows
+    )
+    return (
+        f"<div><table><caption>{e(caption)}</caption><thead><tr>"
+        + "".join(f"<th>{e(h)}</th>" for h in head)
+        + f"</tr></thead><tbody>{body}</tbody></table>"
+        f'<p class="notes">{"<br>".join(map(e, notes))}</p></div>'
+    )
+
+
 def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:
     """The SVG shown (sharp at any zoom), the PNG one click away; both inline."""
     svg64, png64 = base64.b64encode(svg).decode(), base64.b64encode(png).decode()

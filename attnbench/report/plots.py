@@ -53,7 +53,9 @@ def _figure() -> tuple[Figure, Any]:
 
 def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, float]]]:
     """One line per mechanism and budget (``linformer (...) k=128``), points (n, y)."""
-    many = len({setting(r) for r in rows}) > 1  # fp16 and fp32 rows: two lines, not a zigzag
+    # fp16 and fp32 rows: two lines, not a zigzag (causal, the setting's last part, is in
+    # the label already)
+    many = len({setting(r)[:-1] for r in rows}) > 1
     out: dict[tuple[str, int, str], list[tuple[int, float]]] = {}
     for r in rows:
         v = r.get(y)

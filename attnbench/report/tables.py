@@ -61,10 +61,11 @@ def label(row: Row) -> str:
     return printable(cell.label(row.attention, row.params))
 
 
-def _group(row: dict[str, Any]) -> tuple:
+def group(row: dict[str, Any]) -> tuple:
     """What must match between a mechanism's row and its baseline's: the same n, dtype,
     preset, ceiling, model, batch setting (``max`` or a fixed b), the same machine and the
-    same work: inference, or a training step with the same optimizer and checkpointing."""
+    same work: inference, or a training step with the same optimizer and checkpointing;
+    causal rows against a causal baseline (``causal`` is a mechanism parameter)."""
     return (
         row["n"],
         row["dtype"],
@@ -76,12 +77,13 @@ def _group(row: dict[str, Any]) -> tuple:
         row.mode,
         row.optimizer,
         row.checkpoint,
+        bool((row.get("params") or {}).get("causal")),
     )
 
 
 def setting(row: dict[str, Any]) -> tuple:
-    """Everything of :func:`_group` but n: rows of one setting form one table (or line)."""
-    return _group(row)[1:]
+    """Everything of :func:`group` but n: rows of one setting form one table (or line)."""
+    return group(row)[1:]
 
 
 def heading(t: RatioTable, k: int | None) -> str:
@@ -122,7 +124,7 @@ def ratio_tables(
 ) -> list[RatioTable]:
     """Time and memory ratio tables for every mechanism other than ``baseline``."""
     rows = as_rows(rows)
-    base = {_group(r): r for r in rows if r["attention"] == baseline}
+    base = {group(r): r for r in rows if r["attention"] == baseline}
     if not base:
         have = sorted({r["attention"] for r in rows})
         raise ValueError(
@@ -170,7 +172,7 @@ def _table(
             if r is None:
                 text[(n, k)] = MISSING
                 continue
-            b = base.get(_group(r))
+            b = base.get(group(r))
             if b is None:
                 text[(n, k)] = SKIPPED + mark(f"no {r['attention']} baseline row at n={n}")
                 continue

@@ -51,6 +51,10 @@ def cell_from_cfg(cfg: DictConfig) -> Cell:
     name = cfg.attention.name
     info = attnbench.info(name)  # unknown mechanism: one line
     params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
+    causal = cfg.get("causal", False)
+    check_bool("causal", causal)
+    if causal:  # the top-level key sets the mechanism's own parameter (a sweepable key)
+        params["causal"] = True
     if cfg.k is not None:
         check_int("k", cfg.k)
     t = cfg.timing
@@ -289,9 +293,9 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         check_run_keys(cfg)
         where = str(run_dir(cfg))
         cell = cell_from_cfg(cfg)
-        why = cells.left_out(cell.attention, cell.n, cell.k) if is_sweep else None
+        why = cells.left_out(cell) if is_sweep else None
         if why:
-            left_out.append(f"{cell.attention} {why}")
+            left_out.append(f"{cell.label}: {why}")
             continue
         preset = preset_from_cfg(cfg)
         cells.validate(cell, preset)
@@ -299,11 +303,11 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     if left_out:
         print(
             f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
-            f"mechanism), e.g. {left_out[0]}",
+            f"mechanism, or causal=true without a causal form), e.g. {left_out[0]}",
             file=sys.stderr,
         )
     if not plan:
-        raise ValueError("k: every combination has k >= n; nothing to run")
+        raise ValueError("k: every combination has k >= n or no causal form; nothing to run")
     for d in sorted({Path(d) for d, _ in plan}):  # Hydra's output directory first
         check_writable("out_dir", d.parent / ".hydra")
         check_writable("out_dir", d)

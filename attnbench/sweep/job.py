@@ -132,7 +132,7 @@ def _job(cfg: DictConfig) -> Row | None:
     except ValueError:  # called outside Hydra
         in_sweep = False
     cell = cell_from_cfg(cfg)
-    if in_sweep and cells.left_out(cell.attention, cell.n, cell.k):
+    if in_sweep and cells.left_out(cell):
         return None
     preset = preset_from_cfg(cfg)
     store = RunStore(run_dir(cfg))

@@ -1,0 +1,175 @@
+"""Efficiency length: the shortest n at which a mechanism beats a baseline.
+
+The question users bring ("which attention for my n?") has a one-number answer per pair of
+mechanisms: below some n the Transformer's attention is faster (its n² work is small and its
+kernels are better tuned), above it the efficient one wins. For each mechanism (with its
+parameters and budget) and setting, against a baseline at the same setting
+(:func:`attnbench.report.tables.group`: n, dtype, preset, model, mode, causal, ...):
+
+* **time**: the smallest n whose time ratio (baseline time ÷ mechanism time) exceeds 1;
+* **memory**: the smallest n whose max batch exceeds the baseline's (or at which the
+  baseline no longer fits at b = 1 and the mechanism does).
+
+Between two swept n the crossing is interpolated, linearly in log n against log ratio, and
+marked ``≈`` (it was not measured there). A mechanism already ahead at the smallest swept n
+gets ``≤ n``; one never ahead gets ``> n`` (the largest n compared), never a made-up figure.
+Where the ratio falls back below 1 after the crossing, the entry says so. Pure functions of
+rows, like :mod:`attnbench.report.tables`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench import cell
+from attnbench.report.tables import group, markdown, setting
+from attnbench.row import Row, as_rows, printable
+
+KINDS = ("time", "memory")
+
+
+@dataclass(frozen=True)
+class Length:
+    """One mechanism's efficiency length against one baseline, for one kind."""
+
+    mechanism: str  # label with parameters and budget
+    baseline: str
+    kind: str  # "time" or "memory"
+    n: float | None  # the crossing (interpolated or swept); None when never ahead
+    text: str  # what a table prints: "≈ 1 410", "≤ 256", "> 2048", "–"
+    between: tuple[int, int] | None  # the swept n on either side of an interpolated crossing
+    compared: tuple[int, ...]  # the n at which both had a figure
+    note: str = ""  # e.g. "behind again at n = 8192"
+
+
+def _ratio(kind: str, r: Row, b: Row) -> float | None:
+    """> 1: the mechanism is ahead. None: no figure to compare at this n."""
+    if r.status != "ok":
+        return None
+    if kind == "memory":
+        if b.status == "oom" and r.max_batch:
+            return math.inf  # the baseline does not fit one sequence; the mechanism does
+        if b.status != "ok" or not r.max_batch or not b.max_batch:
+            return None
+        return r.max_batch / b.max_batch
+    t, tb = r.time_per_seq_s, b.time_per_seq_s
+    if b.status != "ok" or not t or not tb:
+        return None
+    return tb / t
+
+
+def crossing(points: list[tuple[int, float]]) -> tuple[float | None, str, tuple | None, str]:
+    """(n, text, between, note) for ratios ``points`` = [(n, ratio)] sorted by n."""
+    if not points:
+        return None, "–", None, "no n with both figures"
+    first = next((i for i, (_, v) in enumerate(points) if v > 1), None)
+    if first is None:
+        return None, f"> {points[-1][0]}", None, ""
+    n1, v1 = points[first]
+    later = [n for n, v in points[first + 1 :] if v <= 1]
+    note = f"behind again at n = {', '.join(map(str, later))}" if later else ""
+    if first == 0:
+        return float(n1), f"≤ {n1}", None, note
+    n0, v0 = points[first - 1]
+    if math.isinf(v1) or v0 <= 0:  # no ratio to interpolate towards
+        return None, f"{n0}–{n1}", (n0, n1), note
+    # log-log: the ratios of n-power costs are straight lines there
+    f = (0 - math.log(v0)) / (math.log(v1) - math.log(v0)) if v1 != v0 else 1.0
+    n = math.exp(math.log(n0) + f * (math.log(n1) - math.log(n0)))
+    return n, f"≈ {round(n)}", (n0, n1), note
+
+
+def efficiency_lengths(
+    rows: Iterable[Row | dict[str, Any]], baselines: Iterable[str] = ("vanilla", "sdpa")
+) -> list[Length]:
+    """Every mechanism's efficiency length against each baseline the rows hold, per
+    setting; in the rows' order of mechanisms."""
+    rows = as_rows(rows)
+    out: list[Length] = []
+    for baseline in baselines:
+        base = {group(r): r for r in rows if r.attention == baseline}
+        if not base:
+            continue
+        groups: dict[tuple, list[Row]] = {}
+        for r in rows:
+            if r.attention != baseline:
+                name = cell.label(r.attention, r.params) + (f" k={r.k}" if r.k else "")
+                groups.setdefault((name, setting(r)), []).append(r)
+        settings = {k[1:] for k in base}
+        for (name, where), mrows in groups.items():
+            if where not in settings:  # no baseline row at this setting (say, causal)
+                continue
+            for kind in KINDS:
+                points = []
+                for r in sorted(mrows, key=lambda r: r.n):
+                    b = base.get(group(r))
+                    v = None if b is None else _ratio(kind, r, b)
+                    if v is not None:
+                        points.append((r.n, v))
+                n, text, between, note = crossing(points)
+                out.append(
+                    Length(
+                        printable(name),
+                        baseline,
+                        kind,
+                        n,
+                        text,
+                        between,
+                        tuple(p[0] for p in points),
+                        note,
+                    )
+                )
+    return out
+
+
+TITLE = "Efficiency length: the shortest n at which each mechanism beats the baseline"
+LEGEND = (
+    "≈: interpolated between the two swept n on either side (log n against log ratio), not "
+    "measured there; ≤: ahead already at the smallest n compared; >: not ahead at any n "
+    "compared (the largest given); a–b: crossed between two swept n where no ratio can be "
+    "interpolated (the baseline did not fit one sequence)."
+)
+
+
+def grid(lengths: list[Length]) -> tuple[list[str], list[list[str]], list[str]]:
+    """(headings, rows, notes) of the one table every format prints: a row per mechanism,
+    a column per (kind, baseline); plain text, each writer escapes it for its format."""
+    cols = list(dict.fromkeys((x.kind, x.baseline) for x in lengths))
+    names = list(dict.fromkeys(x.mechanism for x in lengths))
+    at = {(x.mechanism, x.kind, x.baseline): x for x in lengths}
+    head = ["mechanism"] + [
+        ("faster than " if kind == "time" else "larger max batch than ") + base
+        for kind, base in cols
+    ]
+    notes: list[str] = []
+    body = []
+    for name in names:
+        cells = [name]
+        for kind, base in cols:
+            x = at.get((name, kind, base))
+            text = "" if x is None else x.text
+            if x is not None and x.note:
+                notes.append(f"({len(notes) + 1}) {name}, {kind} against {base}: {x.note}")
+                text += f" ({len(notes)})"
+            cells.append(text)
+        body.append(cells)
+    return head, body, [LEGEND, *notes]
+
+
+def to_markdown(lengths: list[Length]) -> str:
+    if not lengths:
+        return ""
+    head, body, notes = grid(lengths)
+    lines = [
+        f"**{TITLE}**",
+        "",
+        "| " + " | ".join(map(markdown, head)) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+        *("| " + " | ".join(map(markdown, r)) + " |" for r in body),
+        "",
+        *(f"{markdown(t)}  " for t in notes),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
