@@ -71,8 +71,22 @@ class ReformerConfig:
 
 def look_one_back(t: Tensor) -> Tensor:
     """(B, C, m, ...) -> (B, C, 2m, ...): each chunk followed by the one before it (chunk 0
-    by the last one), as the library's ``look_one_back``."""
-    return torch.cat([t, torch.cat([t[:, -1:], t[:, :-1]], dim=1)], dim=2)
+    by the last one), as the library's ``look_one_back``, written once rather than through
+    two concatenations."""
+    m = t.shape[2]
+    out = t.new_empty(t.shape[0], t.shape[1], 2 * m, *t.shape[3:])
+    out[:, :, :m] = t
+    out[:, 1:, m:] = t[:, :-1]
+    out[:, :1, m:] = t[:, -1:]
+    return out
+
+
+def rows(t: Tensor, index: Tensor) -> Tensor:
+    """t (B, M, e), index (B, K) in [0, M) -> (B, K, e): whole rows, which index_select copies
+    several times faster than a ``gather`` with the index expanded over e."""
+    B, M, e = t.shape
+    flat = index + torch.arange(B, device=t.device)[:, None] * M
+    return t.reshape(B * M, e).index_select(0, flat.view(-1)).view(B, -1, e)
 
 
 @register(
@@ -131,7 +145,11 @@ class ReformerAttention(MultiHeadAttention):
         r = self.cfg.n_hashes
         rot = self.rotations[:, :, : n_buckets // 2].reshape(dh, -1).to(qk.dtype)
         rotated = (qk @ rot).view(bh, pad, r, n_buckets // 2)
-        buckets = torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (B, N, r)
+        # argmax([xR; −xR]) without building it: the max of xR, unless the min is larger in
+        # magnitude (ties go to xR, the first half, as argmax's first occurrence)
+        top, up = rotated.max(dim=-1)
+        low, down = rotated.min(dim=-1)
+        buckets = torch.where(top >= -low, up, down + n_buckets // 2)  # (B, N, r)
         return buckets.transpose(1, 2).contiguous()  # rows to sort along are contiguous
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
@@ -167,8 +185,7 @@ class ReformerAttention(MultiHeadAttention):
         skey, st = key.sort(dim=-1)  # st: the position at each sorted slot, (B, r, N)
         sbucket = (skey // pad).view(b * h, -1, c)  # (B, C, c), C = r·nb chunks
         st = st.view(b * h, r * pad)
-        bq = qk.gather(1, st[..., None].expand(-1, -1, dh)).view(b * h, -1, c, dh)
-        bv = v.gather(1, st[..., None].expand(-1, -1, dh)).view(b * h, -1, c, dh)
+        bq, bv = rows(qk, st).view(b * h, -1, c, dh), rows(v, st).view(b * h, -1, c, dh)
         # the library's eps 1e-12 is 0 in fp16, where a zero (padded) vector would turn NaN
         eps = max(1e-12, torch.finfo(bq.dtype).tiny)
         bk = look_one_back(F.normalize(bq, p=2, dim=-1, eps=eps))  # (B, C, 2c, dh)
@@ -180,30 +197,32 @@ class ReformerAttention(MultiHeadAttention):
             dots.masked_fill_(sbucket[..., :, None] != look_one_back(sbucket)[..., None, :], neg)
             o, j = torch.arange(c, device=x.device)[:, None], torch.arange(c, device=x.device)
             dots.masked_fill_(torch.cat([j > o, j < o], dim=1), neg)  # (c, 2c): the window
-            dots.masked_fill_(torch.cat([j == o, j < -o], dim=1), TOKEN_SELF_ATTN_VALUE)
-        else:
-            if padded is not None:
-                dots.masked_fill_(look_one_back(sbucket % (nb + 1) == nb)[..., None, :], neg)
-            bt = st.view(b * h, -1, c)  # positions, to find the query itself
-            dots.masked_fill_(
-                bt[..., :, None] == look_one_back(bt)[..., None, :], TOKEN_SELF_ATTN_VALUE
-            )
+        elif padded is not None:
+            dots.masked_fill_(look_one_back(sbucket % (nb + 1) == nb)[..., None, :], neg)
+        # the query itself: the diagonal of its own chunk; and, as the library compares
+        # positions, its copy from the previous round where a round's first chunk looks back
+        dots[..., :c].diagonal(dim1=-2, dim2=-1).fill_(TOKEN_SELF_ATTN_VALUE)
+        if not self.cfg.causal:  # (under causal the bucket mask keeps other rounds out)
+            bt = st.view(b * h, -1, c)  # (B, C, c) positions
+            first, before = bt[:, ::nb], bt[:, nb - 1 :: nb].roll(1, dims=1)  # (B, r, c)
+            same = first[..., :, None] == before[..., None, :]
+            dots[:, ::nb, :, c:].masked_fill_(same, TOKEN_SELF_ATTN_VALUE)
 
         # softmax and its log-normaliser z(i, P_i^(r)) by hand: torch.logsumexp makes a hidden
         # (B, C, c, 2c) temporary on the CPU that the memory model cannot see; in place when
         # no gradient is wanted. The max needs none: z's gradient through it cancels.
+        # Normalised after P·V, on c × dh outputs rather than c × 2c probabilities.
         top = dots.amax(dim=-1, keepdim=True).detach()  # (B, C, c, 1)
-        grad = dots.requires_grad
-        p = torch.exp(dots - top) if grad else dots.sub_(top).exp_()
-        total = p.sum(dim=-1, keepdim=True)
-        p = p / total if grad else p.div_(total)
-        lse = top + total.log()
-        so = (p @ bv).view(b * h, r, pad, dh)  # per-round outputs in sorted order
+        e = torch.exp(dots - top) if dots.requires_grad else dots.sub_(top).exp_()
+        total = e.sum(dim=-1, keepdim=True)
+        lse = (top + total.log()).view(b * h, r * pad)
+        so = ((e @ bv) / total).view(b * h, r * pad, dh)  # per-round outputs, sorted order
 
-        # unsort the first n positions and combine the rounds, eq. (7)
+        # unsort the first n positions of every round and combine the rounds, eq. (7)
         slot = torch.arange(pad, device=x.device).expand(b * h, r, pad)
         undo = torch.empty_like(slot).scatter_(-1, st.view(b * h, r, pad), slot)[..., :n]
-        out = so.gather(2, undo[..., None].expand(-1, -1, -1, dh))  # (B, r, n, dh)
-        weights = lse.view(b * h, r, pad).gather(2, undo).softmax(dim=1)  # (B, r, n)
+        undo = (undo + torch.arange(r, device=x.device)[:, None] * pad).view(b * h, r * n)
+        out = rows(so, undo).view(b * h, r, n, dh)
+        weights = lse.gather(1, undo).view(b * h, r, n).softmax(dim=1)
         out = (out * weights[..., None]).sum(dim=1)  # (B, n, dh)
         return self.merge_heads(out.view(b, h, n, dh))
