@@ -39,7 +39,7 @@ def _softmax_rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _pinv_eq16(a: torch.Tensor, iterations: int) -> torch.Tensor:
-    """Eq. (16) for one matrix, with ‖A‖₁ and ‖A‖∞ from torch.linalg.matrix_norm."""
+    """The paper's iteration for one matrix, with ‖A‖₁ and ‖A‖∞ from torch.linalg.matrix_norm."""
     norm = torch.linalg.matrix_norm(a, ord=1) * torch.linalg.matrix_norm(a, ord=math.inf)
     z = a.T / norm
     eye = torch.eye(a.shape[0], dtype=a.dtype)
@@ -199,7 +199,7 @@ def test_error_against_softmax_attention_falls_as_landmarks_grow() -> None:
 def test_iterative_pinv_converges_to_the_moore_penrose_inverse() -> None:
     a = torch.randn(3, 2, 16, 16, dtype=torch.float64).softmax(-1)  # like A: row-stochastic
     torch.testing.assert_close(iterative_pinv(a, 40), torch.linalg.pinv(a), atol=1e-8, rtol=1e-8)
-    # and each step gets closer, as eq. (16)'s 7th-order convergence promises
+    # and each step gets closer
     errors = [float((iterative_pinv(a, i) - torch.linalg.pinv(a)).norm()) for i in (1, 2, 3)]
     assert errors[0] > errors[1] > errors[2]
 
@@ -233,7 +233,8 @@ def _peer_and_ours(n: int, heads: int, m: int, iterations: int):
 
 def _pinv_per_matrix(x: torch.Tensor, iters: int = 6) -> torch.Tensor:
     """nystrom-attention's ``moore_penrose_iter_pinv`` with one change: Z₀'s max row and
-    column sums are taken per matrix (eq. 16) instead of over the whole batch and all heads."""
+    column sums are taken per matrix (as the paper writes Z₀), not over the whole batch and
+    every head."""
     abs_x = torch.abs(x)
     z = x.mT / (abs_x.sum(-1).amax(-1) * abs_x.sum(-2).amax(-1))[..., None, None]
     eye = torch.eye(x.shape[-1])[None]

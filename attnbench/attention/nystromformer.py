@@ -1,28 +1,28 @@
 """Nyströmformer (Xiong et al. 2021), our own implementation.
 
-The softmax attention S = softmax(QKᵀ/√d) is approximated from m landmarks (paper eq. 14):
+The softmax attention S = softmax(QKᵀ/√d) is approximated from m landmarks (paper eq. 15):
 
     Ŝ = softmax(Q K̃ᵀ/√d) · A⁺ · softmax(Q̃ Kᵀ/√d),     A = softmax(Q̃ K̃ᵀ/√d)
 
 with Q̃, K̃ the segment means of Q and K (section "Selection of landmarks": m segments of n/m
 consecutive positions, per head), and A⁺ the Moore–Penrose pseudo-inverse of the m × m
-landmark kernel, computed by the iterative method of eq. (16) (Razavi et al. 2014):
+landmark kernel, computed by the paper's iteration (from Razavi et al. 2014):
 
     Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞),     Z_{j+1} = ¼ Z_j (13I − A Z_j (15I − A Z_j (7I − A Z_j)))
 
 ``pinv_iterations`` times (6 in the paper). The output is Ŝ V, multiplied out in the cheap
-order (eq. 15's F (A⁺ (B V))): B V is m × d, A⁺ (B V) is m × d, so nothing n × n or even n × m
+order F (A⁺ (B V)): B V is m × d, A⁺ (B V) is m × d, so nothing n × n or even n × m
 is stored: both softmax·V products run in PyTorch's fused ``scaled_dot_product_attention``.
 A depthwise convolution of V along the sequence, one kernel of ``conv_kernel`` taps per head,
 is added as in the authors' code (33 taps for their 512-token pre-training, 35 for LRA;
-``conv_kernel=0`` leaves it out). Attention is O(n·m) in time and memory.
+``conv_kernel=0`` leaves it out). Time is O(n·m·d + m³·h), memory O(n·m + m²·h) at most.
 
 Choices of ours where the paper is silent:
 
-* Z₀ is scaled per (sequence, head) matrix, as eq. (16) writes it. The authors' code and
+* Z₀ is scaled per (sequence, head) matrix, as the paper writes it. The authors' code and
   ``nystrom-attention`` take the max column and row sums over the whole batch and every head,
-  so a sequence's output there depends on the others in its batch. The iteration converges to
-  A⁺ from either start, but after 6 steps the two differ unless batch and heads are 1.
+  so a sequence's output there depends on the others in its batch. In exact arithmetic both
+  starts lead to A⁺, but after 6 steps the two differ unless batch and heads are 1.
 * Landmarks are means over each sequence's real positions only: the r-th real token (in
   order, r = 0..L−1 of L real tokens) belongs to segment ⌊r·m/L⌋. With L divisible by m that
   is the paper's consecutive segments of L/m; otherwise segments hold ⌊L/m⌋ or ⌈L/m⌉ tokens.
@@ -38,10 +38,16 @@ Choices of ours where the paper is silent:
 * The pooling is a reshape and mean when there is no padding and m divides n, otherwise a
   (b, m, n) matrix of segment weights built arithmetically from the real lengths (no
   data-dependent indexing, so the forward runs on meta tensors for the memory model).
-* ``nystrom-attention`` zero-pads n up to a multiple of m at the front, where the zero rows
-  dilute the first landmark and, without a mask, take part in the softmaxes as keys; its QKV
-  projection has no bias. Where n is a multiple of m, with no mask, zero QKV biases, batch 1
-  and one head (or enough iterations to converge), it computes what we compute.
+* ``nystrom-attention`` differs from us in four more ways. It zero-pads n up to a multiple
+  of m at the front, where the zero rows dilute the first landmark and, without a mask, are
+  keys in softmax(Q̃Kᵀ); with a mask its segments stay fixed blocks of positions (a masked
+  mean each) rather than following the real length. Its QKV projection has no bias. It
+  scales Q by 1/√d before taking the landmarks (the same numbers: the mean is linear). And
+  it multiplies (F A⁺)(B V), an n × m by m × m product per head that F (A⁺ (B V)) avoids.
+  With m dividing n, no mask and zero QKV biases it computes what we compute, exactly for
+  batch 1 and one head, and for any batch and heads once its Z₀ is taken per matrix
+  (tests/test_nystromformer.py). More iterations do not make the two meet in float32: the
+  iteration reaches A⁺'s small singular values only slowly, and from different starts.
 * Causal masking is refused: a landmark is a mean over a segment, so every query would see
   the later positions of the segments it attends to.
 """
@@ -84,7 +90,8 @@ class NystromformerConfig:
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
-    """A⁺ of each m × m matrix in ``a`` (..., m, m) by eq. (16), from Z₀ = Aᵀ/(‖A‖₁‖A‖∞).
+    """A⁺ of each m × m matrix in ``a`` (..., m, m) by the paper's iteration from Z₀ =
+    Aᵀ/(‖A‖₁‖A‖∞), each matrix scaled by its own norms.
 
     ‖A‖₁ is the largest column sum and ‖A‖∞ the largest row sum (A is a softmax, so no
     absolute values are needed); an all-zero A (a sequence with no real token) gets Z = 0.
