@@ -7,11 +7,12 @@ Choromanski et al. 2021, section 2), attention is
     out_i = φ(q_i)ᵀ S_i / φ(q_i)ᵀ z_i,   S_i = Σ_{j∈J(i)} φ(k_j) v_jᵀ,   z_i = Σ_{j∈J(i)} φ(k_j)
 
 with J(i) every position (non-causal) or j ≤ i (causal: Katharopoulos section 3.3, eq. 8–11;
-the "prefix-sum" of Choromanski Figure 2). Materialising every S_i costs an (n × m × e) tensor,
-which is what performer-pytorch's ``causal_linear_attention_noncuda`` does. Here the sequence
-is cut into chunks of c positions instead: within a chunk the masked c × c product
-φ(Q_c)φ(K_c)ᵀ (quadratic, but small), across chunks one carried m × e state, so a forward
-holds O(n·(m + e) + c² + m·e) numbers, never O(n·m·e).
+the "prefix-sum" of Choromanski Figure 2). Forming every S_i is n·m·e numbers and as many
+multiply-adds done as broadcast products: performer-pytorch's ``causal_linear_attention_noncuda``
+does that, in 128 slices, and autograd keeps every slice for the backward. Here the sequence is
+cut into chunks of c positions instead: within a chunk the masked c × c product φ(Q_c)φ(K_c)ᵀ
+(quadratic, but small), across chunks one carried m × e state, all of it matmuls. A forward
+holds O(n·(m + e) + c² + m·e) numbers; a training step keeps the n/c chunk states, n·m·e/c.
 
 Two choices shared by both callers:
 
