@@ -218,10 +218,10 @@ def test_flops_match_the_counter_forward_and_backward(params: dict, n: int) -> N
 
 
 def test_causal_flops_count_the_chunks() -> None:
-    """By hand: n = 10, chunk 4 gives chunks 4, 4, 2; m = 3, e = 2 (V' has 3 columns)."""
+    """By hand: n = 10, chunk 4 gives chunks 4, 4, 2; m = 3, e = 2."""
     m, e = 3, 2
-    quadratic = 2 * (16 + 16 + 4) * (m + e + 1)
-    carried = 2 * m * (e + 1) * (4 + 2) + 2 * m * (e + 1) * (4 + 4)  # φ(Q_t)S, φ(K_t)ᵀV'_t
+    quadratic = 2 * (16 + 16 + 4) * (m + e)  # scores and scores·V_t per chunk
+    carried = 2 * m * (e + 1) * (4 + 2) + 2 * m * e * (4 + 4)  # φ(Q_t)[S z]; φ(K_t)ᵀV_t
     assert causal_linear_flops(10, m, e, 4) == quadratic + carried
 
 

@@ -43,11 +43,12 @@ from attnbench.registry import register
 class LinearConfig:
     """``chunk_size``: positions per block of the causal prefix sums (ignored when not causal).
 
-    Default 64: per position, a chunk's masked c × c products cost 2·c·(2d_k + 1) FLOPs beside
-    the carried state's 4·d_k·(d_k + 1), so at d_k = 64 a chunk of 64 at most doubles the
-    FLOPs, while smaller chunks pay per-chunk overhead (n/c small matmuls each); 64–128 were
-    the fastest at n = 4096, d_k = 64 on the CPU. Memory: c² per head in the block, plus, when
-    training, the (n/c) carried states autograd keeps: about n·d_k each at c = d_k.
+    Default 64: per position, a chunk's masked c × c products cost 4·c·d_k FLOPs beside the
+    carried state's ≈ 4·d_k², so up to c = d_k (64 in a base-sized model) they at most double
+    the FLOPs, while smaller chunks pay per-chunk overhead (n/c rounds of small matmuls);
+    64–128 were the fastest at n = 4096, d_k = 64 on the CPU. Memory: a c × c block per head,
+    and, when training, the n/c carried d_k × d_k states autograd keeps: n·d_k numbers per
+    head at c = d_k, the size of Q itself.
     """
 
     causal: bool = False
@@ -59,8 +60,9 @@ class LinearConfig:
 
 
 def feature_map(x: Tensor) -> Tensor:
-    """φ(x) = elu(x) + 1 (eq. 7): positive, smooth, 1 at 0."""
-    return F.elu(x) + 1
+    """φ(x) = elu(x) + 1 (eq. 7): positive, smooth, 1 at 0. The + 1 in place (elu's backward
+    needs its input, not its output), so no second (b, h, n, d_h) tensor is made."""
+    return F.elu(x).add_(1)
 
 
 @register(
@@ -73,12 +75,15 @@ def feature_map(x: Tensor) -> Tensor:
 )
 class LinearAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
-        q_f, k_f = feature_map(q), feature_map(k)
+        # features straight from the projections: Q and K themselves are not kept (in a
+        # forward without autograd they are freed at once)
+        q_f = feature_map(self.split_heads(self.q_proj(x)))  # (b, h, n, dh)
+        k_f = feature_map(self.split_heads(self.k_proj(x)))
+        v = self.split_heads(self.v_proj(x))
         if key_padding_mask is not None:
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
             # V too, so even a non-finite padded value cannot reach 0·v
-            k_f, v = k_f.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+            k_f, v = k_f.masked_fill_(padded, 0.0), v.masked_fill(padded, 0.0)
         if self.cfg.causal:
             out = causal_linear_attention(q_f, k_f, v, self.cfg.chunk_size)
         else:
@@ -86,8 +91,8 @@ class LinearAttention(MultiHeadAttention):
         return self.merge_heads(out.to(x.dtype))  # (b, n, d)
 
     def attention_flops(self, b: int, n: int) -> int:
-        """Per head, with V' = [V, 1] (the normaliser as one more column): non-causal φ(K)ᵀV'
-        and φ(Q)(φ(K)ᵀV'); causal the chunked prefix sums' (see prefix.causal_linear_flops)."""
+        """Per head: non-causal φ(K)ᵀV, φ(Q)(φ(K)ᵀV) and the normaliser φ(Q)z
+        (prefix.linear_flops); causal the chunked prefix sums' (prefix.causal_linear_flops)."""
         dh = self.head_dim
         if self.cfg.causal:
             per_head = causal_linear_flops(n, dh, dh, self.cfg.chunk_size)

@@ -162,7 +162,7 @@ class PerformerAttention(MultiHeadAttention):
     def attention_flops(self, b: int, n: int) -> int:
         """φ(Q), φ(K): 2·n·m·d each. Non-causal: φ(K)ᵀV and φ(Q)(φ(K)ᵀV), 2·n·m·d each, and the
         normaliser 2·h·n·m. Causal: the chunked prefix sums' matmuls, per head
-        (prefix.causal_linear_flops, V with the normaliser's column of ones)."""
+        (prefix.causal_linear_flops)."""
         m = self.cfg.nb_features
         features = 4 * b * n * m * self.d_model
         if self.cfg.causal:
