@@ -19,7 +19,7 @@ performer-pytorch, but assemble them here rather than call ``FastAttention.forwa
   12 heads, m = 256: ~10× slower forward, 3.7 GB for a training step's peak). We run the
   chunked prefix sums shared with ``linear`` instead
   (:func:`attnbench.attention.prefix.causal_linear_attention`: a c × c block per chunk and one
-  carried m × d_h state, all matmuls; 0.39 GB), in fp32 so fp16/bf16 inputs work;
+  carried m × d_h state, all matmuls; 0.38 GB), in fp32 so fp16/bf16 inputs work;
 * under causal its eps terms leak future keys into past outputs, so we set them to 0 (see
   :meth:`PerformerAttention.features`);
 * its ``ortho_scaling`` only picks how rows are scaled — the rows are always orthogonal — so for
@@ -46,9 +46,9 @@ from attnbench.registry import register
 
 KERNELS = ("softmax", "relu")
 # positions per block of the causal prefix sums: at m = 256 features and d_h = 64 a block's
-# c × c products cost 2·c·(m + d_h + 1) per position beside the carried state's 4·m·(d_h + 1),
-# under half of it at c = 64; smaller blocks pay per-block overhead (64–128 measured fastest
-# at n = 4096 on the CPU). The same default as linear's chunk_size.
+# c × c products cost 2·c·(m + d_h) FLOPs per position beside the carried state's ≈ 4·m·d_h,
+# under two thirds of it at c = 64; smaller blocks pay per-block overhead (64–128 measured
+# fastest at n = 4096 on the CPU). The same default as linear's chunk_size.
 CHUNK = DEFAULT_CHUNK
 
 
