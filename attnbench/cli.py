@@ -21,7 +21,7 @@ from attnbench.env import fix_malloc
 from attnbench.measure.timing import time_forward
 
 
-def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str]]:
+def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str, str]]:
     """One row per mechanism from ``info()``: the source of README's table and ``list``."""
     rows = []
     for name in attnbench.names():
@@ -35,12 +35,13 @@ def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str]]:
                 ", ".join(i.devices),
                 ", ".join(i.dtypes),
                 i.budget or "-",
+                i.limits or "-",
             )
         )
     return rows
 
 
-HEADERS = ("name", "what", "causal", "padding mask", "devices", "dtypes", "budget (k)")
+HEADERS = ("name", "what", "causal", "padding mask", "devices", "dtypes", "budget (k)", "limits")
 
 
 def markdown_table() -> str:

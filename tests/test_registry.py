@@ -11,7 +11,17 @@ import attnbench
 from attnbench import registry
 from attnbench.attention.base import MultiHeadAttention
 
-BUILTINS = {"vanilla", "sdpa", "xformers", "linformer", "performer"}
+BUILTINS = {
+    "vanilla",
+    "sdpa",
+    "xformers",
+    "linformer",
+    "performer",
+    "nystromformer",
+    "linear",
+    "local",
+    "reformer",
+}
 
 
 def test_builtins_registered() -> None:

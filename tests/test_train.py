@@ -119,7 +119,16 @@ CASES = [
     ("linformer", {"k": 16, "sharing": "headwise", "kernel": "eager"}),
     ("linformer", {"k": 16, "projection": "random", "kernel": "eager"}),
     ("linformer", {"k": 16, "projection": "random", "sharing": "kv"}),
+    ("linformer", {"k": 16, "projection": "conv", "sharing": "headwise"}),
     ("vanilla", {"causal": True}),
+    ("performer", {"causal": True}),
+    ("nystromformer", {"num_landmarks": 8}),  # its depthwise conv of V too
+    ("linear", {}),
+    ("linear", {"causal": True}),
+    ("local", {"window": 16}),
+    ("local", {"window": 16, "causal": True}),
+    ("reformer", {"bucket_size": 8, "n_hashes": 2}),
+    ("reformer", {"bucket_size": 8, "n_hashes": 2, "causal": True}),
 ]
 
 

@@ -273,6 +273,9 @@ class LinformerAttention(MultiHeadAttention):
         empty = self.proj_k.empty_slots(valid, n)  # (b, s) or None
         empty = None if empty is None else empty[:, None, None, :]  # (b, 1, 1, s)
         if self.cfg.kernel == "sdpa":  # fused: the n × k matrix P̄ is never stored whole
+            # the CPU flash kernel wants unit stride along dh; a conv projection's output
+            # has none, and sdpa then silently ran its math path (P̄ kept, QKᵀ not recomputed)
+            k, v = k.contiguous(), v.contiguous()
             allowed = None if empty is None else ~empty
             return self.merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
         scores = (q * self.scale) @ k.transpose(-2, -1)  # (b, h, n, s): P̄ before softmax
