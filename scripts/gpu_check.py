@@ -37,22 +37,39 @@ MECHANISMS = (
     ("linformer", 256, EAGER),
     ("linformer", 256, LAYERWISE),
 )
+# the other mechanisms at their default budgets, inference only (issue #12): each one's first
+# real CUDA forward, its memory model against the device, and its time beside vanilla's
+ZOO = tuple(
+    (name, None, params)
+    for name in ("performer", "nystromformer", "linear", "local", "reformer", "vanilla")
+    for params in ((), (("causal", True),))
+    if not (name == "nystromformer" and params) and not (name == "vanilla" and not params)
+)
 TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
 
 
-def cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str, **train: object) -> list[Cell]:
+def cells(
+    ns: tuple[int, ...],
+    shape: dict,
+    device: str,
+    dtype: str,
+    mechanisms: tuple = MECHANISMS,
+    **train: object,
+) -> list[Cell]:
     return [
         Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape, **train)
         for n in ns
-        for name, k, params in MECHANISMS
+        for name, k, params in mechanisms
         if k is None or k < n
     ]
 
 
 def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) -> list[Cell]:
-    """Inference at ``ns``; a training step at ``ns_train``; checkpointed at the second."""
+    """Inference at ``ns`` (the zoo too); a training step at ``ns_train``; checkpointed at
+    the second."""
     return (
         cells(ns, shape, device, dtype)
+        + cells(ns, shape, device, dtype, ZOO)
         + cells(ns_train, shape, device, dtype, mode="train")
         + cells(ns_train[1:2], shape, device, dtype, mode="train", checkpoint=True)
     )
@@ -60,7 +77,7 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
 
 def table(rows: list[dict]) -> str:
     def work(r: dict) -> tuple:
-        return (r["mode"], r.get("checkpoint"))
+        return (r["mode"], r.get("checkpoint"), bool(dict(r["params"]).get("causal")))
 
     base = {(r["n"], work(r)): r for r in rows if r["attention"] == "vanilla"}
     lines = [
@@ -71,7 +88,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         kernel = dict(r["params"]).get("kernel")
         name = (
-            r["attention"] + (f" k={r['k']}" if r["k"] else "") + (f" {kernel}" if kernel else "")
+            r["attention"]
+            + (f" k={r['k']}" if r["k"] else "")
+            + (f" {kernel}" if kernel else "")
+            + (" causal" if work(r)[2] else "")
         )
         v = base.get((r["n"], work(r)), {})
         mode = r["mode"] + (" checkpoint" if r.get("checkpoint") else "")

@@ -55,6 +55,8 @@ def test_lengths_against_each_baseline_and_setting() -> None:
         *(_row("linear", n, 1e-3 * n, 4096 * 4 // n) for n in (256, 512, 2048)),
         # causal rows are compared with causal baselines only: none here, so no entry
         _row("linear", 512, 1e-9, 9999, params={"causal": True}),
+        # skipped everywhere (xformers without CUDA): nothing to compare, no entry at all
+        *(_row("xformers", n, None, None, status="skipped") for n in (256, 512)),
     ]
     got = {(x.mechanism, x.kind, x.baseline): x for x in efficiency_lengths(rows)}
     t = got[("linear", "time", "vanilla")]
@@ -63,6 +65,7 @@ def test_lengths_against_each_baseline_and_setting() -> None:
     # max batch 64 / 16 / 1 (vanilla) against 64 / 32 / 8 (linear): 1.0, 2.0, 8.0
     assert got[("linear", "memory", "vanilla")].text == "≈ 256"  # equal at 256, ahead above
     assert ("linear (causal=True)", "time", "vanilla") not in got
+    assert not any(name == "xformers" for name, _, _ in got)
     assert ("sdpa", "time", "vanilla") in got  # sdpa itself against vanilla
 
 

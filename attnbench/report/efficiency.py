@@ -13,8 +13,9 @@ parameters and budget) and setting, against a baseline at the same setting
 Between two swept n the crossing is interpolated, linearly in log n against log ratio, and
 marked ``≈`` (it was not measured there). A mechanism already ahead at the smallest swept n
 gets ``≤ n``; one never ahead gets ``> n`` (the largest n compared), never a made-up figure.
-Where the ratio falls back below 1 after the crossing, the entry says so. Pure functions of
-rows, like :mod:`attnbench.report.tables`.
+Where the ratio falls back below 1 after the crossing, the entry says so; a mechanism with no
+n at which both have a figure (skipped here, say xformers without CUDA) has no entry. Pure
+functions of rows, like :mod:`attnbench.report.tables`.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def efficiency_lengths(
                     v = None if b is None else _ratio(kind, r, b)
                     if v is not None:
                         points.append((r.n, v))
+                if not points:  # never measured beside it (say, xformers without CUDA)
+                    continue
                 n, text, between, note = crossing(points)
                 out.append(
                     Length(
