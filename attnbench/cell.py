@@ -24,6 +24,7 @@ import torch
 import attnbench
 from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.measure import presets
+from attnbench.row_fields import TASKS
 from attnbench.train import OPTIMIZERS
 
 MODES = ("inference", "train")
@@ -77,6 +78,8 @@ class Cell:
     mode: str = "inference"  # or "train": one training step (attnbench.train)
     optimizer: str = "adamw"  # train only: adamw | sgd | none
     checkpoint: bool = False  # train only: activation checkpointing per layer
+    task: str = "cost"  # or a quality task: approx, spectrum, listops (attnbench.quality.tasks)
+    quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
     @property
     def budget(self) -> str | None:
@@ -101,12 +104,19 @@ class Cell:
             [label(self.attention, dict(self.params)), f"n={self.n}"]
             + ([f"k={self.k}"] if self.k is not None else [])
             + ([train_label(self.optimizer, self.checkpoint)] if self.mode == "train" else [])
+            + ([f"task={self.task}"] if self.task != "cost" else [])
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists)."""
-        return cls(**{**data, "params": tuple(tuple(p) for p in data.get("params", ()))})
+        return cls(
+            **{
+                **data,
+                "params": tuple(tuple(p) for p in data.get("params", ())),
+                "quality": tuple(tuple(p) for p in data.get("quality", ())),
+            }
+        )
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:
@@ -249,6 +259,11 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     check_bool("checkpoint", cell.checkpoint)
     if cell.mode == "train" and (why := attnbench.info(cell.attention).cannot_train):
         raise ValueError(f"mode: attention={cell.attention} cannot train: {why}")
+    check_choice("task", cell.task, TASKS)
+    if cell.task != "cost":
+        from attnbench.quality import tasks  # the quality tasks' own rules
+
+        tasks.validate(cell)
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
@@ -293,5 +308,7 @@ def key(cell: Cell, preset: presets.Preset) -> str:
     if cell.mode != "inference":
         fields["mode"] = cell.mode
         fields.update({f: s[f] for f in TRAIN_FIELDS})
+    if cell.task != "cost":  # cost cells keep the keys they had before quality tasks
+        fields.update(task=cell.task, quality=s["quality"])
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:16]

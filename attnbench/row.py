@@ -15,6 +15,9 @@ Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
   ``flops_backward`` (per sequence) and ``time_parts``: the median, IQR and samples of the
   step's forward, backward and optimizer parts, whose per-repeat sum is ``time_samples_s``
   (fields a row without them, inference or older, reads as null).
+* ``task`` is ``cost`` (time and memory: every row written before it existed reads so) or a
+  quality task, ``approx``, ``spectrum`` or ``listops``, whose figures are in ``quality``
+  (a mapping of JSON values; attnbench.quality.tasks).
 
 Reading is strict where a figure would be wrong and tolerant where nothing is lost: a
 missing or mistyped field, a NaN, infinite or negative time, a number too large for a float,
@@ -61,6 +64,7 @@ class Row:
     k: int | None = None
     budget: str | None = None
     mode: str = "inference"
+    task: str = "cost"  # cost, or a quality task (approx, spectrum, listops): issue #13
     optimizer: str | None = None  # train rows: adamw | sgd | none
     checkpoint: bool | None = None  # train rows: activation checkpointing
     batch_asked: int | str = "max"
@@ -92,6 +96,7 @@ class Row:
     flops: int | None = None
     flops_backward: int | None = None
     time_parts: dict[str, dict[str, Any]] | None = None
+    quality: dict[str, Any] | None = None  # a quality task's figures (attnbench.quality.tasks)
     flops_per_s: float | None = None
     pct_of_peak: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +121,7 @@ class Row:
             k=cell.k,
             budget=cell.budget,
             mode=cell.mode,
+            task=cell.task,
             optimizer=cell.optimizer if cell.mode == "train" else None,
             checkpoint=cell.checkpoint if cell.mode == "train" else None,
             batch_asked=cell.batch,
@@ -186,6 +192,7 @@ class Row:
                 raise ValueError(f"{name}: missing")
         for name in SCALARS - values.keys():  # a figure not stored is unknown, not 0 or "ok"
             values[name] = None
+        values.setdefault("task", "cost")  # every row before quality tasks measured cost
         values["schema"] = SCHEMA
         for name, value in values.items():
             CHECKS[name](name, value)
@@ -212,7 +219,7 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(Row))
 REQUIRED = ("attention", "n", "dtype", "device")
 SCALARS = FIELDS - {
     "params", "model", "env", "schema", "mode", "batch_asked", "optimizer", "checkpoint",
-    "time_parts",
+    "time_parts", "task",
 }  # fmt: skip
 assert set(CHECKS) == FIELDS, set(CHECKS) ^ FIELDS  # every field has its check
 

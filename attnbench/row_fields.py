@@ -8,12 +8,16 @@ read (and extended by the training issue's fields) in one table, :data:`CHECKS`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from attnbench.checks import check_bool, check_choice, check_int, check_number
 from attnbench.registry import DTYPES
 
 STATUSES = ("ok", "oom", "skipped", "error")
+# what a row measures: cost (time and memory: every row before issue #13), or a quality of
+# the mechanism beside it (attnbench.quality.tasks)
+TASKS = ("cost", "approx", "spectrum", "listops")
 MEMORY_SOURCES = ("measured", "modeled")
 
 # --- the schema, field by field ------------------------------------------------------------
@@ -153,6 +157,26 @@ def _parts(name: str, value: Any) -> None:
         _samples(f"{name}.{part}.samples_s", figures["samples_s"])
 
 
+def _quality(name: str, value: Any) -> None:
+    """A quality task's figures: names are identifiers; values are numbers, text, lists or
+    mappings of them as JSON holds them (a report shows them escaped); a number is finite."""
+    _dict(name, value)
+    stack = [(name, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            for key, item in v.items():
+                if not isinstance(key, str) or not key.isidentifier():
+                    raise ValueError(f"{where}: a name must be an identifier, got {key!r}")
+                stack.append((f"{where}.{key}", item))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{where}: must be a finite number, got {v!r}")
+        elif v is not None and not isinstance(v, (str, int, float)):
+            raise ValueError(f"{where}: must be a JSON value, got {shorten(repr(v))}")
+
+
 CHECKS: dict[str, Any] = {
     "schema": _count,
     "attention": _identifier,
@@ -163,6 +187,8 @@ CHECKS: dict[str, Any] = {
     "k": _optional(_positive),
     "budget": _optional(_identifier),
     "mode": _str,
+    "task": lambda n, v: check_choice(n, v, TASKS),
+    "quality": _optional(_quality),
     "optimizer": _optional(_str),
     "checkpoint": _optional(check_bool),
     "batch_asked": _batch_asked,

@@ -197,7 +197,12 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
         row.update(status="skipped", reason=why)
         return row
     try:
-        _measure(cell, res, row)
+        if cell.task != "cost":  # a quality beside the cost (issue #13)
+            from attnbench.quality import tasks
+
+            row.update(quality=tasks.run(cell))
+        else:
+            _measure(cell, res, row)
     except torch.OutOfMemoryError as e:
         row.update(status="oom", reason=_first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep

@@ -49,10 +49,16 @@ def test_k_against_n_one_rule_two_strictnesses() -> None:
         check_k("linformer", 512, 513)
     with pytest.raises(ValueError, match="k: must be an integer >= 1, got 0"):
         check_k("vanilla", 512, 0)  # even where the mechanism ignores k
-    assert left_out("linformer", 512, 512) == "k=512 >= n=512"  # a sweep leaves it out
-    assert left_out("linformer", 512, 256) is None
-    assert left_out("performer", 64, 256) is None  # nb_features is free
-    assert left_out("vanilla", 64, None) is None
+    assert left_out(Cell("linformer", 512, k=512)) == "k=512 >= n=512"  # a sweep leaves it out
+    assert left_out(Cell("linformer", 512, k=256)) is None
+    assert left_out(Cell("performer", 64, k=256)) is None  # nb_features is free
+    assert left_out(Cell("vanilla", 64)) is None
+    # the budget set among the mechanism's own parameters counts the same
+    assert left_out(Cell("linformer", 256, params=(("k", 256),))) == "k=256 >= n=256"
+    # causal=true for a mechanism with no causal form: left out of a sweep, refused alone
+    assert left_out(Cell("linformer", 512, k=64, params=(("causal", True),))) == (
+        "has no causal form"
+    )
 
 
 def test_the_ceiling_is_resolved_in_one_place() -> None:

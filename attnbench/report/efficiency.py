@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench import cell
-from attnbench.report.tables import group, markdown, setting
+from attnbench.report.tables import grid_markdown, group, setting
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -163,16 +163,4 @@ def grid(lengths: list[Length]) -> tuple[list[str], list[list[str]], list[str]]:
 
 
 def to_markdown(lengths: list[Length]) -> str:
-    if not lengths:
-        return ""
-    head, body, notes = grid(lengths)
-    lines = [
-        f"**{TITLE}**",
-        "",
-        "| " + " | ".join(map(markdown, head)) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
-        *("| " + " | ".join(map(markdown, r)) + " |" for r in body),
-        "",
-        *(f"{markdown(t)}  " for t in notes),
-    ]
-    return "\n".join(lines).rstrip() + "\n"
+    return grid_markdown(TITLE, *grid(lengths)) if lengths else ""

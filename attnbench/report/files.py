@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench import row
-from attnbench.report import efficiency, html, plots
+from attnbench.report import efficiency, html, plots, quality
 from attnbench.report.paper import compares_with_paper, load_paper, paper_table, quotient
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
@@ -51,6 +51,8 @@ class Report:
     beside_paper: list[tuple[RatioTable, RatioTable, RatioTable]]
     # each mechanism's shortest n ahead of the baseline and of sdpa (where the rows have it)
     lengths: list[efficiency.Length]
+    # quality beside cost: approximation error and ListOps tables (issue #13)
+    quality: list[quality.Grid]
 
 
 def default_out(run_dir: Path) -> Path:
@@ -91,15 +93,16 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     rows = [r for p in (path, *more) for r in row.read(p) if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
-    tables = ratio_tables(rows, baseline)
+    cost = [r for r in rows if r.task == "cost"]  # quality rows have no time or memory
+    tables = ratio_tables(cost, baseline) if cost else []
     paper = load_paper()
     beside = []
     for t in tables:
         if compares_with_paper(t):
             p = paper_table(t, paper)
             beside.append((t, p, quotient(t, p)))
-    lengths = efficiency.efficiency_lengths(rows, dict.fromkeys((baseline, "sdpa")))
-    return Report(run_dir, baseline, rows, tables, beside, lengths)
+    lengths = efficiency.efficiency_lengths(cost, dict.fromkeys((baseline, "sdpa")))
+    return Report(run_dir, baseline, rows, tables, beside, lengths, quality.quality_grids(rows))
 
 
 # a file name from a label is cut here (and a hash of the whole added): names over 255
@@ -120,10 +123,11 @@ def slug(text: str) -> str:
 def _figures(report: Report) -> list[tuple[str, Any, str]]:
     """(file stem, figure, caption) for each plot the rows hold data for."""
     out = []
+    cost = [r for r in report.rows if r.task == "cost"]
     # causal rows get figures of their own: one figure of every mechanism twice is unreadable
-    causal = [r for r in report.rows if (r.params or {}).get("causal")]
+    causal = [r for r in cost if (r.params or {}).get("causal")]
     for suffix, rows, what in (
-        ("", [r for r in report.rows if r not in causal], ""),
+        ("", [r for r in cost if r not in causal], ""),
         ("-causal", causal, " Causal (masked) attention."),
     ):
         out += [
@@ -154,6 +158,9 @@ def _figures(report: Report) -> list[tuple[str, Any, str]]:
                     f"Speed-up over n x k: {t.mechanism}.",
                 )
             )
+    out += quality.approx_vs_budget(report.rows)
+    out += quality.spectrum_figures(report.rows)
+    out += quality.pareto_figures(report.rows)
     return [(stem, fig, cap) for stem, fig, cap in out if fig is not None]
 
 
@@ -182,6 +189,10 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
                 [html.plain_table_html(efficiency.TITLE, *efficiency.grid(report.lengths))],
             )
         )
+    for g, text in zip(report.quality, quality.markdown_grids(report.quality), strict=True):
+        md += [text, ""]
+        tex += [*(comment(line) for line in text.splitlines()), ""]
+        sections.append((g.title, [html.plain_table_html(g.title, g.head, g.body, g.notes)]))
     for t, stem in zip(report.tables, _stems(report.tables), strict=True):
         files[f"{stem}-{t.kind}.csv"] = to_csv(t).encode()
         md += [to_markdown(t), ""]
@@ -238,6 +249,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
                 for t in report.tables
             ],
             "efficiency_lengths": [dataclasses.asdict(x) for x in report.lengths],
+            "quality": [dataclasses.asdict(g) for g in report.quality],
         },
         indent=1,
     ).encode()
@@ -289,6 +301,11 @@ def print_tables(report: Report, console: Any) -> None:
         for r in body:
             table.add_row(*r)
         console.print(f"[bold]{escape(efficiency.TITLE)}[/bold]", table, *map(escape, notes), "")
+    for g in report.quality:
+        table = Table(*g.head)
+        for r in g.body:
+            table.add_row(*r)
+        console.print(f"[bold]{escape(g.title)}[/bold]", table, *map(escape, g.notes), "")
     for t in report.tables:
         show(t, f"{t.kind} ratio: {t.mechanism}")
     for _, _, q in report.beside_paper:

@@ -273,6 +273,21 @@ def to_markdown(t: RatioTable) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def grid_markdown(title: str, head: list[str], body: list[list[str]], notes: list[str]) -> str:
+    """A plain table of text in Markdown (the efficiency lengths, the quality tables): first
+    column left-aligned, the rest right-aligned, every cell escaped, notes under it."""
+    lines = [
+        f"**{markdown(title)}**",
+        "",
+        "| " + " | ".join(map(markdown, head)) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+        *("| " + " | ".join(map(markdown, r)) + " |" for r in body),
+        "",
+        *(f"{markdown(t)}  " for t in notes),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def to_csv(t: RatioTable) -> str:
     """Numbers only (empty where there is none), one row per n: for spreadsheets. Headings
     are quoted as CSV quotes (a budget is an identifier, so in practice never)."""

@@ -43,9 +43,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def cell_from_cfg(cfg: DictConfig) -> Cell:
+def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     """The cell a (composed) job config describes; ``k`` is kept only for a mechanism with a
-    budget (vanilla ignores it), but checked in any case (k=0 is a typo)."""
+    budget (vanilla ignores it), but checked in any case (k=0 is a typo). A single quality
+    cell keeps it all the same, so that ``k`` for a mechanism without a budget is refused
+    rather than ignored; in a sweep ``k`` is each mechanism's budget, where it has one."""
     if not isinstance(cfg.get("device"), DictConfig):
         raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
     name = cfg.attention.name
@@ -61,7 +63,7 @@ def cell_from_cfg(cfg: DictConfig) -> Cell:
     return Cell(
         attention=name,
         n=cfg.n,
-        k=cfg.k if info.budget else None,
+        k=cfg.k if info.budget or (cfg.get("task", "cost") != "cost" and not in_sweep) else None,
         batch=cfg.batch,
         dtype=cfg.dtype,
         device=cfg.device.name,
@@ -79,7 +81,23 @@ def cell_from_cfg(cfg: DictConfig) -> Cell:
         mode=cfg.get("mode", "inference"),
         optimizer=cfg.get("optimizer", "adamw"),
         checkpoint=cfg.get("checkpoint", False),
+        task=cfg.get("task", "cost"),
+        quality=_quality(cfg),
     )
+
+
+def _quality(cfg: DictConfig) -> tuple[tuple[str, Any], ...]:
+    """The settings of the cell's quality task (``quality.<task>.*``); none for cost."""
+    task = cfg.get("task", "cost")
+    block = OmegaConf.select(cfg, f"quality.{task}") if task != "cost" else None
+    if block is None:
+        return ()
+    values = OmegaConf.to_container(block, resolve=True)
+    if task in ("approx", "spectrum") and values.get("inputs") == "listops":
+        # the trained model these inputs come from is task=listops's, at its settings
+        listops = OmegaConf.to_container(OmegaConf.select(cfg, "quality.listops"), resolve=True)
+        values["listops"] = tuple(sorted(listops.items()))
+    return tuple(sorted((key, _plain(v)) for key, v in values.items()))
 
 
 def preset_from_cfg(cfg: DictConfig) -> presets.Preset:
@@ -292,7 +310,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
                 raise ValueError(f"{key}: missing")
         check_run_keys(cfg)
         where = str(run_dir(cfg))
-        cell = cell_from_cfg(cfg)
+        cell = cell_from_cfg(cfg, is_sweep)
         why = cells.left_out(cell) if is_sweep else None
         if why:
             left_out.append(f"{cell.label}: {why}")

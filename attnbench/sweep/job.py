@@ -131,7 +131,7 @@ def _job(cfg: DictConfig) -> Row | None:
         in_sweep = HydraConfig.get().job.get("num") is not None
     except ValueError:  # called outside Hydra
         in_sweep = False
-    cell = cell_from_cfg(cfg)
+    cell = cell_from_cfg(cfg, in_sweep)
     if in_sweep and cells.left_out(cell):
         return None
     preset = preset_from_cfg(cfg)
@@ -208,6 +208,16 @@ def _summary(row: Row) -> str:
         parts.append(f"max b {row.max_batch} ({row.memory_source})")
     if row.time_per_seq_s:
         parts.append(f"{row.time_per_seq_s * 1e3:.2f} ms/seq on {row.time_device}")
+    q = row.quality or {}
+    if "rel_frobenius" in q:
+        parts.append(
+            f"error {q['rel_frobenius']:.4g} (relative Frobenius), cosine {q['cosine']:.4f}"
+        )
+    if "test_accuracy" in q:
+        parts.append(
+            f"accuracy {q['test_accuracy']:.3f} (majority {q['majority_accuracy']:.3f}), "
+            f"{q['steps_per_s']:.1f} steps/s"
+        )
     if row.reason:
         parts.append(str(row.reason))
     return "; ".join(parts)

@@ -1,0 +1,300 @@
+"""Quality beside cost: the report's tables and figures for quality rows (issue #13).
+
+Pure functions of rows, like :mod:`attnbench.report.tables`: ``approx`` rows become error
+tables (rows mechanism, columns budget k, one table per n and input kind), ``listops`` rows an
+accuracy table with the published Long Range Arena figures beside ours (as context, never as
+a target), ``spectrum`` rows the Linformer paper's Figure 1, and any quality row that has a
+cost row of the same mechanism, budget and n in the report (``attnbench report RUN --also
+COST_RUN``), or a cost of its own (ListOps' training speed and peak memory), a point of the
+quality–cost Pareto plot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnbench import cell
+from attnbench.report.tables import label
+from attnbench.row import Row, as_rows
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Long Range Arena (Tay et al. 2021), Table 1, ListOps accuracy (%); Nyströmformer's figure
+# is from its own paper (Xiong et al. 2021), as LRA did not run it. Context, not a target.
+LRA_LISTOPS = {
+    "vanilla": ("Transformer", 36.37),
+    "sdpa": ("Transformer", 36.37),
+    "linformer": ("Linformer", 35.70),
+    "performer": ("Performer", 18.01),
+    "reformer": ("Reformer", 37.27),
+    "local": ("Local Attention", 15.82),
+    "linear": ("Linear Trans.", 16.13),
+    "nystromformer": ("Nyströmformer (its own paper)", 37.15),
+}
+RANDOM_FOOTNOTE = (
+    "Random inputs to freshly initialised layers; every mechanism gets the exact layer's "
+    "q/k/v/out projections. A learned projection at initialisation (linformer "
+    "projection=linear) is itself a random projection: its figure is that of a random "
+    "projection, not of a trained Linformer."
+)
+TRAINED_FOOTNOTE = (
+    "Each layer's real input and own attention weights in the vanilla ListOps model "
+    "trained by task=listops, averaged over layers; the mechanism's own parameters "
+    "(Linformer's E and F, Performer's features) are at initialisation."
+)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table of text every format prints (:func:`attnbench.report.tables.grid_markdown`)."""
+
+    title: str
+    head: list[str]
+    body: list[list[str]]
+    notes: list[str]
+
+
+def _task(rows: Iterable[Row | dict[str, Any]], task: str) -> list[Row]:
+    return [r for r in as_rows(rows) if r.task == task and r.status == "ok" and r.quality]
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
+    """One error table per (input kind, n): rows mechanism, columns k; each cell the relative
+    Frobenius error, with the cosine similarity and the row error beside it."""
+    out = []
+    mine = _task(rows, "approx")
+    for inputs, n in sorted({(r.quality.get("inputs", "random"), r.n) for r in mine}):
+        here = [r for r in mine if r.quality.get("inputs", "random") == inputs and r.n == n]
+        ks = sorted({r.k for r in here if r.k is not None})
+        columns: list[int | None] = [*ks, None] if any(r.k is None for r in here) else ks
+        names = list(dict.fromkeys(label(r) for r in here))
+        at = {(label(r), r.k): r.quality for r in here}
+        body = []
+        for name in names:
+            cells = [name]
+            for k in columns:
+                q = at.get((name, k))
+                cells.append(
+                    "-"
+                    if q is None
+                    else f"{_fmt(q['rel_frobenius'])} / {_fmt(q['cosine'], '.4f')} / "
+                    f"{_fmt(q.get('row_error'))}"
+                )
+            body.append(cells)
+        uniform = next((r.quality.get("uniform_rel_frobenius") for r in here), None)
+        if uniform is not None:
+            body.append(["uniform attention (baseline)", *(_fmt(uniform) for _ in columns)])
+        head = ["mechanism", *(f"k={k}" if k is not None else "no budget" for k in columns)]
+        notes = [
+            "Each cell: relative Frobenius error ‖Y − Ŷ‖/‖Y‖ / mean cosine similarity / mean "
+            "total-variation distance of the attention rows (– where the mechanism defines "
+            "none). k is each mechanism's budget (Linformer's k, Performer's nb_features, "
+            "Nyströmformer's landmarks, local's window).",
+            RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE,
+            "Uniform attention (each query averages every real value) on the same inputs and "
+            "weights: untrained layers on random inputs attend almost uniformly, so an error "
+            "above it approximates softmax worse than ignoring the scores altogether.",
+        ]
+        title = f"Approximation error on the same weights, n={n}, {inputs} inputs"
+        out.append(Grid(title, head, body, notes))
+    return out
+
+
+def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
+    """Accuracy after the fixed training budget, with Long Range Arena's beside it."""
+    mine = _task(rows, "listops")
+    if not mine:
+        return None
+    head = [
+        "mechanism", "test accuracy", "majority class", "LRA Table 1 (n ≤ 2000)", "steps/s",
+        "training peak", "examples (train/test)",
+    ]  # fmt: skip
+    body = []
+    for r in mine:
+        q = r.quality
+        lra = LRA_LISTOPS.get(r.attention)
+        body.append(
+            [
+                label(r) + (f" k={r.k}" if r.k else ""),
+                f"{100 * q['test_accuracy']:.2f} %",
+                f"{100 * q['majority_accuracy']:.2f} %",
+                "-" if lra is None else f"{lra[1]:.2f} % ({lra[0]})",
+                f"{q['steps_per_s']:.2f}",
+                f"{q['peak_bytes'] / 2**20:.1f} MiB",
+                f"{q.get('train_examples')}/{q.get('test_examples')}",
+            ]
+        )
+    first = mine[0]
+    model = ", ".join(f"{k} {v}" for k, v in (first.model or {}).items())
+    notes = [
+        f"ListOps generated as Long Range Arena does (operators MAX, MIN, MED, SM; depth and "
+        f"arguments as LRA), n = {first.n}, model {model}, trained from scratch on "
+        f"{(first.env or {}).get('device_name', 'this CPU')}. LRA's ListOps has sequences up "
+        "to 2000 tokens and 96 000 training examples and a larger model: its figures are "
+        "context, not a target; ours are far smaller runs.",
+        "Training peak: bytes one steady training step allocates on the CPU (profiler).",
+    ]
+    return Grid("ListOps accuracy", head, body, notes)
+
+
+def quality_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
+    rows = as_rows(rows)
+    out = approx_tables(rows)
+    if (t := listops_table(rows)) is not None:
+        out.append(t)
+    return out
+
+
+def _figure() -> tuple[Figure, Any]:
+    from attnbench.report.plots import _figure as figure
+
+    return figure()
+
+
+def _text(value: Any) -> str:
+    from attnbench.report.plots import _text as text
+
+    return text(value)
+
+
+def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
+    """Relative error against the budget k (log–log), one line per mechanism, per (inputs, n)."""
+    out = []
+    mine = [r for r in _task(rows, "approx") if r.k is not None]
+    for inputs, n in sorted({(r.quality.get("inputs", "random"), r.n) for r in mine}):
+        here = [r for r in mine if r.quality.get("inputs", "random") == inputs and r.n == n]
+        fig, ax = _figure()
+        for name in dict.fromkeys(label(r) for r in here):
+            pts = sorted((r.k, r.quality["rel_frobenius"]) for r in here if label(r) == name)
+            pts = [(k, v) for k, v in pts if v and v > 0]
+            if pts:
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                ax.plot(xs, ys, marker="o", ms=3, label=_text(name))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("budget k")
+        ax.set_ylabel("relative error ‖Y − Ŷ‖ / ‖Y‖")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+        ax.set_title(_text(f"error against exact attention, n={n}, {inputs} inputs"), fontsize=9)
+        caption = f"Approximation error against the budget, n = {n}, {inputs} inputs. " + (
+            RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE
+        )
+        out.append((f"approx-{inputs}-n{n}", fig, caption))
+    return out
+
+
+def spectrum_figures(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
+    """Figure 1 of the Linformer paper: the normalised cumulative spectrum of P per layer
+    (left), and the value at the index-th singular value per layer and head (right)."""
+    out = []
+    for r in _task(rows, "spectrum"):
+        q = r.quality
+        inputs = q.get("inputs", "random")
+        what = (
+            "a randomly initialised vanilla model"
+            if inputs == "random"
+            else "the vanilla model trained on ListOps"
+        )
+        note = (
+            f"On {what} (n = {q['n']}). The paper used pretrained RoBERTa; attnbench has no "
+            "pretrained weights offline."
+        )
+        fig, ax = _figure()
+        curves = q["cumulative"]
+        for i, curve in enumerate(curves):
+            ax.plot(range(1, len(curve) + 1), curve, lw=1, label=f"layer {i + 1}")
+        ax.axvline(q["index"], color="grey", lw=0.6, ls="--")
+        ax.set_xlabel("singular value index")
+        ax.set_ylabel("normalised cumulative singular value")
+        ax.legend(fontsize=6, ncol=2)
+        ax.set_title(_text(f"spectrum of P ({inputs})"), fontsize=9)
+        out.append((f"spectrum-{inputs}-n{q['n']}", fig, "Figure 1 (left). " + note))
+        fig, ax = _figure()
+        image = ax.imshow(q["at_index"], aspect="auto", cmap="viridis")
+        fig.colorbar(image, ax=ax, label=f"cumulative at the {q['index']}th singular value")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(_text(f"cumulative value at index {q['index']} ({inputs})"), fontsize=9)
+        out.append((f"spectrum-at-index-{inputs}-n{q['n']}", fig, "Figure 1 (right). " + note))
+    return out
+
+
+def pareto_points(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, float, float, str]]:
+    """(mechanism, cost, quality, what) pairs: a quality row beside the cost row of the same
+    mechanism, parameters, k and n (inference time per sequence), and a ListOps row beside
+    its own training time per step."""
+    rows = as_rows(rows)
+    cost = {
+        (r.attention, cell.label(r.attention, r.params), r.k, r.n): r
+        for r in rows
+        if r.task == "cost" and r.status == "ok" and r.time_per_seq_s
+    }
+    out = []
+    for r in _task(rows, "approx"):
+        c = cost.get((r.attention, cell.label(r.attention, r.params), r.k, r.n))
+        if c is not None and r.quality.get("rel_frobenius") is not None:
+            out.append((label(r), c.time_per_seq_s, r.quality["rel_frobenius"], "approx"))
+    for r in _task(rows, "listops"):
+        q = r.quality
+        if q.get("steps_per_s"):
+            out.append((label(r), 1 / q["steps_per_s"], q["test_accuracy"], "listops"))
+    return out
+
+
+def pareto_figures(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
+    """Quality against cost, one point per mechanism and budget; the front marked."""
+    points = pareto_points(rows)
+    out = []
+    for what, ylabel, better_low in (
+        ("listops", "ListOps test accuracy", False),
+        ("approx", "relative error against exact attention", True),
+    ):
+        pts = [p for p in points if p[3] == what]
+        if not pts:
+            continue
+        fig, ax = _figure()
+        for name, x, y, _ in pts:
+            ax.scatter([x], [y], s=14, label=_text(name))
+        front = _front([(x, y) for _, x, y, _ in pts], better_low)
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds per training step" if what == "listops" else "time per sequence (s)")
+        ax.set_ylabel(ylabel)
+        if better_low:
+            ax.set_yscale("log")
+        ax.legend(fontsize=6)
+        ax.set_title(_text(f"quality against cost ({what}); dashed: the Pareto front"), fontsize=9)
+        out.append(
+            (
+                f"pareto-{what}",
+                fig,
+                f"{ylabel} against cost, per mechanism and budget; the dashed line joins "
+                "the mechanisms no other beats on both.",
+            )
+        )
+    return out
+
+
+def _front(points: list[tuple[float, float]], better_low: bool) -> list[tuple[float, float]]:
+    """The points no other point beats on both cost (lower) and quality, by cost."""
+    front, best = [], math.inf if better_low else -math.inf
+    for x, y in sorted(points):
+        if (y < best) if better_low else (y > best):
+            front.append((x, y))
+            best = y
+    return front
+
+
+def markdown_grids(grids: list[Grid]) -> list[str]:
+    from attnbench.report.tables import grid_markdown
+
+    return [grid_markdown(g.title, g.head, g.body, g.notes) for g in grids]
