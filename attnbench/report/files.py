@@ -171,10 +171,14 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     title = printable(f"attnbench report: {report.run_dir.name}")
     rows_file = printable(str(report.run_dir / "cells.jsonl"))
     intro = [
-        f"Rows: {rows_file} ({len(report.rows)} cells). Time ratio "
-        f"= {report.baseline} time per sequence / mechanism's; memory ratio = mechanism "
-        f"max batch / {report.baseline}'s; each model at its own max batch (Linformer "
-        "paper, section 5.3)."
+        f"Rows: {rows_file} ({len(report.rows)} cells)."
+        + (
+            f" Time ratio = {report.baseline} time per sequence / mechanism's; memory ratio "
+            f"= mechanism max batch / {report.baseline}'s; each model at its own max batch "
+            "(Linformer paper, section 5.3)."
+            if report.tables
+            else " Quality rows: no time or memory ratios."
+        )
     ]
     md = [f"# {markdown(title)}", "", *map(markdown, intro), ""]
     tex = [comment(title), r"% needs \usepackage{booktabs}", ""]
