@@ -1,0 +1,129 @@
+"""Quality tasks through ``attnbench run`` end to end: rows in the store, the report's tables
+and figures, and bad input refused in one line with nothing written (issue #13)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnbench.report.quality import _front, pareto_points
+from attnbench.row import Row
+from attnbench.store import read_rows
+from tests.conftest import run_cli
+
+CPU = ("device=cpu", "dtype=fp32", "batch=1", "progress=false")
+TINY_LISTOPS = (
+    "model=listops",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "quality.listops.steps=6",
+    "quality.listops.batch=8",
+    "quality.listops.train_examples=64",
+    "quality.listops.test_examples=32",
+    "quality.listops.eval_every=3",
+    "quality.listops.max_depth=4",
+    "quality.listops.warmup=2",
+)
+
+
+def _rows(tmp: Path, sweep: str) -> list[Row]:
+    (cells,) = tmp.glob(f"results/{sweep}/*/cells.jsonl")
+    return [Row.from_dict(r) for r in read_rows(cells)]
+
+
+def test_approx_sweep_rows_and_report(tmp_path: Path) -> None:
+    out = run_cli(
+        "run", "-m", "task=approx", "attention=vanilla,performer,linear", "n=64", "k=8,32",
+        "model=tiny", "sweep_name=ap", "quality.approx.seeds=1", *CPU, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = _rows(tmp_path, "ap")
+    # vanilla and linear have no budget: one cell each, not one per k
+    got = sorted((r.attention, r.k) for r in rows)
+    assert got == [("linear", None), ("performer", 8), ("performer", 32), ("vanilla", None)]
+    q = {(r.attention, r.k): r.quality for r in rows}
+    assert all(r.task == "approx" and r.status == "ok" for r in rows)
+    assert q[("vanilla", None)]["rel_frobenius"] < 1e-5  # exact: no error
+    assert q[("performer", 32)]["rel_frobenius"] < q[("performer", 8)]["rel_frobenius"]
+    assert 0 < q[("linear", None)]["rel_frobenius"] < 2
+    report = next(tmp_path.glob("results/ap/*/report/table3.md")).read_text()
+    assert "Approximation error on the same weights, n=64, random inputs" in report
+    assert "random projection" in report  # the footnote says what Linformer's figure is
+    assert "| uniform attention (baseline) |" in report  # what every error is read beside
+    assert 0 < q[("performer", 8)]["uniform_rel_frobenius"] < 1
+    assert "time ratio" not in report  # no cost rows, no cost tables
+    assert (next(tmp_path.glob("results/ap/*/report/plots")) / "approx-random-n64.png").is_file()
+
+
+def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
+    out = run_cli(
+        "run", "-m", "task=listops", "attention=vanilla,local", "n=32", "k=8",
+        "sweep_name=lo", *TINY_LISTOPS, *CPU, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = _rows(tmp_path, "lo")
+    assert sorted(r.attention for r in rows) == ["local", "vanilla"]
+    for r in rows:
+        q = r.quality
+        assert r.status == "ok" and 0 <= q["test_accuracy"] <= 1 and 0 < q["majority_accuracy"]
+        assert q["steps_per_s"] > 0 and q["peak_bytes"] > 0
+        assert [s for s, _ in q["curve"]] == [3, 6]
+    report = next(tmp_path.glob("results/lo/*/report/table3.md")).read_text()
+    assert "ListOps accuracy" in report and "36.37 % (Transformer)" in report
+    assert "15.82 % (Local Attention)" in report
+    plots = next(tmp_path.glob("results/lo/*/report/plots"))
+    assert (plots / "pareto-listops.png").is_file()
+
+    # the spectrum, on the trained model's hidden states (trained again here: deterministic)
+    out = run_cli(
+        "run", "task=spectrum", "n=32", "sweep_name=sp", "quality.spectrum.inputs=listops",
+        "quality.spectrum.index=8", *TINY_LISTOPS, *CPU, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = _rows(tmp_path, "sp")
+    q = row.quality
+    assert q["inputs"] == "listops" and len(q["cumulative"]) == 2 and len(q["at_index"][0]) == 4
+    assert all(abs(curve[-1] - 1) < 1e-9 for curve in q["cumulative"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("task=aprox",), "task: must be one of cost, approx, spectrum, listops; got 'aprox'"),
+        (("task=approx", "attention=linear", "k=16"), "k: attention=linear has no budget"),
+        (("task=approx", "attention=reformer"), "attention: reformer has no exact counterpart"),
+        (("task=listops", "n=8"), "n: must be at least 16 for listops"),
+        (("task=spectrum", "attention=performer"), "task=spectrum reads softmax's own P"),
+        (("task=spectrum", "n=64"), "quality.spectrum.index: must be at most n=64, got 128"),
+        (("task=approx", "quality.approx.inputs=real"), "quality.approx.inputs: must be one of"),
+        (("task=approx", "mode=train"), "mode: task=approx measures a quality"),
+    ],
+)
+def test_bad_quality_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path, args: tuple, needle: str
+) -> None:
+    out = run_cli("run", *args, "model=tiny", "device=cpu", "dtype=fp32", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
+    assert not any(tmp_path.iterdir()), "nothing may be written"
+
+
+def test_pareto_front_and_points_pair_quality_with_cost() -> None:
+    assert _front([(1, 0.5), (2, 0.4), (3, 0.45), (4, 0.1)], better_low=True) == [
+        (1, 0.5),
+        (2, 0.4),
+        (4, 0.1),
+    ]
+    assert _front([(1, 0.2), (2, 0.1), (3, 0.3)], better_low=False) == [(1, 0.2), (3, 0.3)]
+    base = {"n": 64, "dtype": "fp32", "device": "cpu", "k": 8}
+    k16 = {**base, "k": 16}
+    rows = [
+        Row(attention="performer", **base, time_per_seq_s=0.5),
+        Row(attention="performer", **base, task="approx", quality={"rel_frobenius": 0.3}),
+        Row(attention="performer", **k16, task="approx", quality={"rel_frobenius": 0.1}),
+    ]
+    # only the k=8 quality row has a cost row beside it
+    assert pareto_points(rows) == [("performer", 0.5, 0.3, "approx")]
+    assert json.dumps([r.to_dict() for r in rows])  # rows with quality serialise
