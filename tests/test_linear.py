@@ -20,11 +20,10 @@ from attnbench.attention.prefix import (
     causal_linear_flops,
     linear_attention,
 )
-from attnbench.cell import Cell, validate
 from attnbench.measure.flops import count_flops
-from attnbench.measure.memory import module_bytes, profiled_peak, rounded
+from attnbench.measure.memory import profiled_peak
 from attnbench.registry import info
-from attnbench.runner import MemoryModel, _build, _input, modeled_peak, train_step
+from tests.conftest import assert_peaks_match_the_profiler
 
 D_MODEL, N_HEADS, N = 32, 4, 23
 CHUNKS = (1, 5, 8, 23, 64)  # one position, not dividing n, dividing 24 not 23, = n, > n
@@ -260,36 +259,11 @@ def test_sums_run_in_fp32(dtype: torch.dtype) -> None:
 # --- memory --------------------------------------------------------------------------------
 
 
-def _cell(mode: str, **params: object) -> Cell:
-    return Cell(
-        "linear", n=256, k=None, dtype="fp32", device="cpu", layers=2, d_model=128, n_heads=4,
-        d_ff=512, params=tuple(params.items()), mode=mode,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("chunk", [48, 64])
 def test_causal_modeled_peak_equals_the_profilers(chunk: int) -> None:
     """The generic memory tests run linear at its defaults (non-causal); the causal loop here,
     forward and training step, within 1 % of the CPU profiler."""
-    cell = _cell("inference", causal=True, chunk_size=chunk)
-    res = validate(cell)
-    model, meta = _build(cell, res, "cpu", torch.float32), _build(cell, res, "meta", torch.float32)
-    x = torch.randn(2, 256, 128)
-    with torch.inference_mode():
-        model(x)
-        real = profiled_peak(lambda: model(x))
-    modeled = modeled_peak(meta, cell, 2, overhead=0) - module_bytes(meta) - rounded(x.nbytes)
-    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
-
-    cell = _cell("train", causal=True, chunk_size=chunk)
-    res = validate(cell)
-    memory, model = MemoryModel(cell, res), _build(cell, res, "cpu", torch.float32)
-    step = train_step(model, cell, _input(2, cell, "cpu", torch.float32), "cpu", gpu=False)
-    step()
-    step()
-    real = profiled_peak(step)
-    modeled = memory.peak(2) - memory.fixed - rounded(step.x.nbytes)
-    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
+    assert_peaks_match_the_profiler("linear", causal=True, chunk_size=chunk)
 
 
 def test_causal_forward_never_holds_every_prefix_state() -> None:

@@ -17,11 +17,10 @@ import attnbench
 import attnbench.attention.performer
 import attnbench.attention.xformers as xf
 from attnbench.attention.base import blocked_keys
-from attnbench.cell import Cell, validate
 from attnbench.measure.flops import count_flops
-from attnbench.measure.memory import module_bytes, profiled_peak, rounded
+from attnbench.measure.memory import profiled_peak
 from attnbench.registry import info
-from attnbench.runner import MemoryModel, _build, _input, modeled_peak, train_step
+from tests.conftest import assert_peaks_match_the_profiler
 
 D_MODEL, N_HEADS, N = 64, 4, 64
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -217,36 +216,11 @@ def test_performer_causal_leading_padding_gives_zero_and_finite_gradients() -> N
         assert torch.isfinite(p.grad).all(), name
 
 
-def _cell(mode: str, **params: object) -> Cell:
-    return Cell(
-        "performer", n=256, k=None, dtype="fp32", device="cpu", layers=2, d_model=128,
-        n_heads=4, d_ff=512, params=tuple(params.items()), mode=mode,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("kernel", ["softmax", "relu"])
 def test_performer_causal_modeled_peak_equals_the_profilers(kernel: str) -> None:
     """The generic memory tests run performer non-causal; the causal loop here, forward and
     training step, within 1 % of the CPU profiler."""
-    cell = _cell("inference", causal=True, kernel=kernel)
-    res = validate(cell)
-    model, meta = _build(cell, res, "cpu", torch.float32), _build(cell, res, "meta", torch.float32)
-    x = torch.randn(2, 256, 128)
-    with torch.inference_mode():
-        model(x)
-        real = profiled_peak(lambda: model(x))
-    modeled = modeled_peak(meta, cell, 2, overhead=0) - module_bytes(meta) - rounded(x.nbytes)
-    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
-
-    cell = _cell("train", causal=True, kernel=kernel)
-    res = validate(cell)
-    memory, model = MemoryModel(cell, res), _build(cell, res, "cpu", torch.float32)
-    step = train_step(model, cell, _input(2, cell, "cpu", torch.float32), "cpu", gpu=False)
-    step()
-    step()
-    real = profiled_peak(step)
-    modeled = memory.peak(2) - memory.fixed - rounded(step.x.nbytes)
-    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
+    assert_peaks_match_the_profiler("performer", causal=True, kernel=kernel)
 
 
 def test_performer_causal_training_peak_is_far_below_the_fallbacks() -> None:
