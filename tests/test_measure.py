@@ -271,8 +271,10 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "| linformer k=32 | inference | 128 |" in done.stdout
     assert "| sdpa | train checkpoint | 128 |" in done.stdout
+    assert "| local causal | inference | 128 |" in done.stdout  # the zoo (issue #12)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 11 and all(r["status"] == "ok" for r in rows), rows
+    # 11 Table 3 and training cells, and the zoo's 10 mechanisms at n = 64 and 128
+    assert len(rows) == 11 + 2 * 10 and all(r["status"] == "ok" for r in rows), rows
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:
