@@ -102,7 +102,7 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
     ("args", "needle"),
     [
         (("attention=foo",), "attention: unknown option 'foo'; allowed: linear, linformer"),
-        (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: batches"),
+        (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: approx, batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
         (("n=-1",), "n: must be an integer >= 1, got -1"),
@@ -136,7 +136,7 @@ def test_help_helps(tmp_path: Path) -> None:
     for word in (
         "+sweep=table3",
         "attention:",
-        "sweep: batches, ceilings, compare",
+        "sweep: approx, batches, ceilings, compare",
         "device: a100_40gb",
     ):
         assert word in out.stdout
