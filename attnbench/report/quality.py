@@ -178,6 +178,9 @@ def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Fi
             if pts:
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 ax.plot(xs, ys, marker="o", ms=3, label=_text(name))
+        uniform = next((r.quality.get("uniform_rel_frobenius") for r in here), None)
+        if uniform:
+            ax.axhline(uniform, color="grey", lw=0.8, ls=":", label="uniform attention")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("budget k")
