@@ -87,6 +87,18 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     assert q["inputs"] == "listops" and len(q["cumulative"]) == 2 and len(q["at_index"][0]) == 4
     assert all(abs(curve[-1] - 1) < 1e-9 for curve in q["cumulative"])
 
+    # the approximation error on the same trained model's hidden states, layer by layer
+    out = run_cli(
+        "run", "-m", "task=approx", "attention=vanilla,performer", "n=32", "k=8",
+        "sweep_name=at", "quality.approx.inputs=listops", *TINY_LISTOPS, *CPU, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    q = {r.attention: r.quality for r in _rows(tmp_path, "at")}
+    assert q["vanilla"]["inputs"] == "listops" and len(q["vanilla"]["layers"]) == 2
+    assert q["vanilla"]["rel_frobenius"] < 1e-5 < q["performer"]["rel_frobenius"]
+    report = next(tmp_path.glob("results/at/*/report/table3.md")).read_text()
+    assert "n=32, listops inputs" in report and "trained by task=listops" in report
+
 
 @pytest.mark.parametrize(
     ("args", "needle"),
