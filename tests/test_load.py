@@ -81,9 +81,10 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     assert df.drop(columns="run_dir").equals(reference.drop(columns="run_dir"))
     by_file = attnbench.load(REFERENCE / "cells.jsonl")
     assert by_file.equals(df)
-    # a directory of runs: the inference and training Table 3 runs and the zoo beside them
+    # a directory of runs: the inference and training Table 3 runs, the zoo and quality runs
     both = attnbench.load("results/reference")
-    assert len(both) == 42 + 42 + 111 and set(both["mode"]) == {"inference", "train"}
+    # + the approximation-error (32 rows) and ListOps (8) reference runs
+    assert len(both) == 42 + 42 + 111 + 32 + 8 and set(both["mode"]) == {"inference", "train"}
     ours = both[both.run_dir == str(REFERENCE)]
     assert ours.key.tolist() == df.key.tolist()
     assert ours.max_batch.tolist() == df.max_batch.tolist()
