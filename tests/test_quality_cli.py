@@ -139,3 +139,21 @@ def test_pareto_front_and_points_pair_quality_with_cost() -> None:
     # only the k=8 quality row has a cost row beside it
     assert pareto_points(rows) == [("performer", 0.5, 0.3, "approx")]
     assert json.dumps([r.to_dict() for r in rows])  # rows with quality serialise
+
+
+@pytest.mark.parametrize("sweep", ["approx", "spectrum"])
+def test_trained_model_sweeps_take_the_listops_model_shape(sweep: str) -> None:
+    """``+sweep=approx|spectrum model=listops`` must measure the model ``+sweep=listops``
+    trains: the command line's model group wins over the sweep file's own choice (a sweep
+    that set ``model.*`` values instead silently kept d_model 256, one layer)."""
+    from attnbench.sweep.config import expand_jobs
+
+    extra = ["model=listops", "n=256", f"quality.{sweep}.inputs=listops"]
+    jobs, multirun = expand_jobs([f"+sweep={sweep}", *extra])
+    assert multirun and jobs
+    for job in jobs:
+        assert (job.model.layers, job.model.d_model, job.model.d_ff) == (2, 64, 128)
+        assert job.n == 256 and job.quality[sweep].inputs == "listops"
+    plain, _ = expand_jobs([f"+sweep={sweep}"])
+    want = (1, 256) if sweep == "approx" else (12, 768)
+    assert {(j.model.layers, j.model.d_model) for j in plain} == {want}
