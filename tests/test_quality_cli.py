@@ -78,7 +78,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
 
     # the spectrum, on the trained model's hidden states (trained again here: deterministic)
     out = run_cli(
-        "run", "task=spectrum", "n=32", "sweep_name=sp", "quality.spectrum.inputs=listops",
+        "run", "-m", "task=spectrum", "n=32", "sweep_name=sp", "quality.spectrum.inputs=listops",
         "quality.spectrum.index=8", *TINY_LISTOPS, *CPU, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -86,6 +86,14 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     q = row.quality
     assert q["inputs"] == "listops" and len(q["cumulative"]) == 2 and len(q["at_index"][0]) == 4
     assert all(abs(curve[-1] - 1) < 1e-9 for curve in q["cumulative"])
+    # the very model task=listops trained (deterministic on the CPU): the same test accuracy
+    trained = {r.attention: r.quality["test_accuracy"] for r in rows}["vanilla"]
+    assert q["model_accuracy"] == trained
+    report = next(tmp_path.glob("results/sp/*/report/table3.md")).read_text()
+    assert "Spectrum of P, n=32, listops model" in report
+    at_8 = [line.split("|")[2].strip() for line in report.splitlines() if line.startswith("| 2 |")]
+    assert at_8 == [f"{q['cumulative'][1][7]:.3f}"]  # layer 2's curve at the index
+    assert f"test accuracy: {100 * trained:.2f} %" in report
 
     # the approximation error on the same trained model's hidden states, layer by layer
     out = run_cli(
@@ -98,6 +106,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     assert q["vanilla"]["rel_frobenius"] < 1e-5 < q["performer"]["rel_frobenius"]
     report = next(tmp_path.glob("results/at/*/report/table3.md")).read_text()
     assert "n=32, listops inputs" in report and "trained by task=listops" in report
+    assert f"test accuracy: {100 * trained:.2f} %" in report
 
 
 @pytest.mark.parametrize(

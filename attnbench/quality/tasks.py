@@ -109,7 +109,9 @@ def _train_kwargs(cell: Cell, settings: dict[str, Any]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=2)
 def _trained_vanilla(frozen: tuple[tuple[str, Any], ...]) -> Any:
-    """The vanilla ListOps classifier (and its test inputs), trained once per process."""
+    """The vanilla ListOps classifier, its test inputs and its test accuracy (which ties a
+    row measured on it to the task=listops row of the same settings), trained once per
+    process."""
     from attnbench.tasks import classify, listops
 
     kwargs = dict(frozen)
@@ -121,11 +123,12 @@ def _trained_vanilla(frozen: tuple[tuple[str, Any], ...]) -> Any:
         max_depth=kwargs.get("max_depth", 10), max_args=kwargs.get("max_args", 10),
     )  # fmt: skip
     ids, mask, _ = listops.encode(test, n)
-    return result["model"], ids, mask
+    return result["model"], ids, mask, result["test_accuracy"]
 
 
-def _trained_inputs(cell: Cell, batch: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """(the trained vanilla model's encoder, the embedded test inputs, their padding mask):
+def _trained_inputs(cell: Cell, batch: int) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
+    """(the trained vanilla model's encoder, the embedded test inputs, their padding mask,
+    the model's test accuracy):
     the model task=listops trains at this cell's n and model shape and the ``quality.listops``
     settings the sweep carried in (classify's defaults where it carried none)."""
     from attnbench.tasks.classify import DEFAULTS
@@ -134,10 +137,10 @@ def _trained_inputs(cell: Cell, batch: int) -> tuple[Any, torch.Tensor, torch.Te
     settings = {k: v for k, v in DEFAULTS.items() if k in SETTINGS["listops"]}
     settings.update({k: v for k, v in carried.items() if k in SETTINGS["listops"]})
     frozen = tuple(sorted(_train_kwargs(cell, settings).items()))
-    model, ids, mask = _trained_vanilla(frozen)
+    model, ids, mask, accuracy = _trained_vanilla(frozen)
     with torch.no_grad():
         x = model.embed(ids[:batch])
-    return model.encoder, x, mask[:batch]
+    return model.encoder, x, mask[:batch], accuracy
 
 
 # uniform attention (every query averages every real value): Linformer with one mean-pooled
@@ -173,11 +176,11 @@ def _approx_of(cell: Cell) -> dict[str, Any]:
             seeds=tuple(range(seed, seed + s.get("seeds", 3))),
         )
         return {"inputs": "random", **out}
-    encoder, x, mask = _trained_inputs(cell, s.get("batch", 8))
+    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 8))
     layers = approx.layerwise_error(
         encoder, attention, params, x=x, key_padding_mask=mask, seed=s.get("seed", 0)
     )
-    out: dict[str, Any] = {"inputs": "listops", "layers": layers}
+    out: dict[str, Any] = {"inputs": "listops", "model_accuracy": accuracy, "layers": layers}
     for key in approx.METRICS:
         values = [layer[key] for layer in layers]
         out[key] = None if any(v is None for v in values) else sum(values) / len(values)
@@ -202,8 +205,9 @@ def _spectrum(cell: Cell) -> dict[str, Any]:
             )
             x = torch.randn(s.get("batch", 2), cell.n, cell.d_model)
         return {"inputs": "random", **spectrum.spectrum(model, x, index=index)}
-    encoder, x, mask = _trained_inputs(cell, s.get("batch", 8))
-    return {"inputs": "listops", **spectrum.spectrum(encoder, x, mask, index=index)}
+    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 8))
+    out = spectrum.spectrum(encoder, x, mask, index=index)
+    return {"inputs": "listops", "model_accuracy": accuracy, **out}
 
 
 def _listops(cell: Cell) -> dict[str, Any]:
