@@ -42,3 +42,21 @@ def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str)
             real = profiled_peak(lambda: model(x))  # noqa: B023 (called at once)
         modeled = modeled_peak(meta, cell, b, overhead=0) - module_bytes(meta) - rounded(x.nbytes)
         assert abs(modeled - real) <= 0.01 * real, (b, modeled, real)
+
+
+def test_the_profiler_leaves_stderr_quiet() -> None:
+    """kineto's per-use "USDT: ... profiler_start" lines would fill a sweep's log."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\nfrom attnbench.measure.memory import profiled_peak\n"
+        "print(profiled_peak(lambda: torch.ones(64, 64) @ torch.ones(64, 64)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert int(done.stdout) >= 64 * 64 * 4  # it did profile: the product's bytes
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -171,6 +172,9 @@ def profiled_peak(fn: Callable[[], Any]) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto (torch 2.13) prints two "USDT: ... profiler_start/stop" lines on stderr per use,
+    # hundreds in a sweep's log; level 6 quiets them. A user's own setting wins
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
         del out
