@@ -166,3 +166,25 @@ def test_trained_model_sweeps_take_the_listops_model_shape(sweep: str) -> None:
     plain, _ = expand_jobs([f"+sweep={sweep}"])
     want = (1, 256) if sweep == "approx" else (12, 768)
     assert {(j.model.layers, j.model.d_model) for j in plain} == {want}
+
+
+def test_listops_over_seeds_is_tabulated_with_its_spread() -> None:
+    from attnbench.report.quality import listops_seeds_table, listops_table
+
+    def row(attention: str, seed: int, accuracy: float) -> Row:
+        q = {"test_accuracy": accuracy, "majority_accuracy": 0.2, "steps_per_s": 1.0}
+        q |= {"peak_bytes": 2**20, "curve": [[1, accuracy]]}
+        cell = {"quality": [["seed", seed], ["steps", 1]]}
+        return Row(attention=attention, n=64, dtype="fp32", device="cpu", task="listops",
+                   quality=q, cell=cell)  # fmt: skip
+
+    one = [row("vanilla", 0, 0.3), row("local", 0, 0.25)]
+    assert listops_seeds_table(one) is None  # one seed each: no spread to show
+    assert "seed" not in listops_table(one).head
+    rows = [*one, row("vanilla", 1, 0.34), row("vanilla", 2, 0.32)]
+    grid = listops_seeds_table(rows)
+    assert [b[:5] for b in grid.body] == [
+        ["vanilla", "0, 1, 2", "32.00 %", "2.00", "30.00 – 34.00 %"]
+    ]
+    table = listops_table(rows)
+    assert table.head[1] == "seed" and [b[1] for b in table.body] == ["0", "0", "1", "2"]

@@ -157,9 +157,10 @@ def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     mine = _task(rows, "listops")
     if not mine:
         return None
+    seeds = len({_seed(r) for r in mine}) > 1  # a column for it only where it tells rows apart
     head = [
-        "mechanism", "test accuracy", "majority class", "LRA Table 1 (n ≤ 2000)", "steps/s",
-        "training peak", "examples (train/test)",
+        "mechanism", *(["seed"] if seeds else []), "test accuracy", "majority class",
+        "LRA Table 1 (n ≤ 2000)", "steps/s", "training peak", "examples (train/test)",
     ]  # fmt: skip
     body = []
     for r in mine:
@@ -167,7 +168,8 @@ def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
         lra = LRA_LISTOPS.get(r.attention)
         body.append(
             [
-                label(r) + (f" k={r.k}" if r.k else ""),
+                _listops_label(r),
+                *([str(_seed(r))] if seeds else []),
                 f"{100 * q['test_accuracy']:.2f} %",
                 f"{100 * q['majority_accuracy']:.2f} %",
                 "-" if lra is None else f"{lra[1]:.2f} % ({lra[0]})",
@@ -189,10 +191,55 @@ def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     return Grid("ListOps accuracy", head, body, notes)
 
 
+def _seed(r: Row) -> int:
+    """The seed a ListOps row was trained from (its cell's ``quality.seed``; 0 by default)."""
+    return dict((r.cell or {}).get("quality") or ()).get("seed", 0)
+
+
+def _listops_label(r: Row) -> str:
+    return label(r) + (f" k={r.k}" if r.k else "")
+
+
+def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
+    """Accuracy over seeds, per mechanism trained from more than one: the spread that a
+    difference between mechanisms must exceed before it means anything."""
+    by: dict[str, dict[int, Row]] = {}
+    for r in _task(rows, "listops"):
+        by.setdefault(_listops_label(r), {})[_seed(r)] = r
+    many = {name: runs for name, runs in by.items() if len(runs) > 1}
+    if not many:
+        return None
+    head = ["mechanism", "seeds", "mean", "sd", "min – max", "majority class (mean)"]
+    body = []
+    for name, runs in many.items():
+        acc = [100 * r.quality["test_accuracy"] for r in runs.values()]
+        majority = [100 * r.quality["majority_accuracy"] for r in runs.values()]
+        mean = sum(acc) / len(acc)
+        sd = math.sqrt(sum((a - mean) ** 2 for a in acc) / (len(acc) - 1))
+        body.append(
+            [
+                name,
+                ", ".join(str(seed) for seed in sorted(runs)),
+                f"{mean:.2f} %",
+                f"{sd:.2f}",
+                f"{min(acc):.2f} – {max(acc):.2f} %",
+                f"{sum(majority) / len(majority):.2f} %",
+            ]
+        )
+    notes = [
+        "Test accuracy over training seeds; a seed draws the data (train and test sets) and "
+        "the initialisation. sd is the sample standard deviation. A difference between "
+        "mechanisms smaller than this spread is not a result."
+    ]
+    return Grid("ListOps accuracy over seeds", head, body, notes)
+
+
 def quality_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     rows = as_rows(rows)
     out = approx_tables(rows) + spectrum_tables(rows)
     if (t := listops_table(rows)) is not None:
+        out.append(t)
+    if (t := listops_seeds_table(rows)) is not None:
         out.append(t)
     return out
 
