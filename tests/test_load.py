@@ -83,8 +83,13 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     assert by_file.equals(df)
     # a directory of runs: the inference and training Table 3 runs, the zoo and quality runs
     both = attnbench.load("results/reference")
-    # + the approximation-error (32 rows) and ListOps (8) reference runs
-    assert len(both) == 42 + 42 + 111 + 32 + 8 and set(both["mode"]) == {"inference", "train"}
+    # + the approximation-error run (32 rows on random inputs, 30 on the trained ListOps
+    # model's states), ListOps (8, and 10 over five seeds) and the spectrum (a random model
+    # and the trained one)
+    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2
+    assert set(both["mode"]) == {"inference", "train"}
+    tasks = both.task.value_counts().to_dict()
+    assert tasks == {"cost": 195, "approx": 62, "listops": 18, "spectrum": 2}
     ours = both[both.run_dir == str(REFERENCE)]
     assert ours.key.tolist() == df.key.tolist()
     assert ours.max_batch.tolist() == df.max_batch.tolist()
