@@ -309,3 +309,20 @@ def test_the_progress_display_runs_and_the_report_follows(tmp_path: Path) -> Non
     assert "finished cells (last 8)" in out.stdout
     assert "Error" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     assert "time ratio: linformer" in out.stdout  # the report's tables, printed
+
+
+def test_sweep_files_choose_config_groups_never_set_their_values() -> None:
+    """A ``@package _global_`` sweep that sets ``model.*`` (or ``attention``, ``device``)
+    values applies them after the command line's group choice, so ``+sweep=X model=listops``
+    silently measured the sweep's shape; ``override /group: option`` lets the command line
+    win (``+sweep=approx`` had this bug)."""
+    import yaml
+
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    groups = {p.name for p in conf.iterdir() if p.is_dir() and p.name != "sweep"}
+    assert {"attention", "model", "device"} <= groups
+    sweeps = sorted((conf / "sweep").glob("*.yaml"))
+    assert len(sweeps) >= 10
+    for path in sweeps:
+        keys = set(yaml.safe_load(path.read_text()) or {})
+        assert not keys & groups, f"{path.name} sets {sorted(keys & groups)}: use an override"
