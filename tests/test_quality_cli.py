@@ -171,10 +171,10 @@ def test_trained_model_sweeps_take_the_listops_model_shape(sweep: str) -> None:
 def test_listops_over_seeds_is_tabulated_with_its_spread() -> None:
     from attnbench.report.quality import listops_seeds_table, listops_table
 
-    def row(attention: str, seed: int, accuracy: float) -> Row:
+    def row(attention: str, seed: int, accuracy: float, steps: int = 1) -> Row:
         q = {"test_accuracy": accuracy, "majority_accuracy": 0.2, "steps_per_s": 1.0}
         q |= {"peak_bytes": 2**20, "curve": [[1, accuracy]]}
-        cell = {"quality": [["seed", seed], ["steps", 1]]}
+        cell = {"quality": [["seed", seed], ["steps", steps]]}
         return Row(attention=attention, n=64, dtype="fp32", device="cpu", task="listops",
                    quality=q, cell=cell)  # fmt: skip
 
@@ -188,3 +188,16 @@ def test_listops_over_seeds_is_tabulated_with_its_spread() -> None:
     ]
     table = listops_table(rows)
     assert table.head[1] == "seed" and [b[1] for b in table.body] == ["0", "0", "1", "2"]
+
+    # another setup of the same mechanism is another experiment, never pooled; a repeated
+    # row (the same setup and seed, e.g. a run given twice with --also) counts once
+    longer = [row("vanilla", 0, 0.5, steps=9), row("vanilla", 1, 0.7, steps=9)]
+    grid = listops_seeds_table([*rows, *longer, row("vanilla", 1, 0.34)])
+    assert [b[:3] for b in grid.body] == [
+        ["vanilla (steps=1)", "0, 1, 2", "32.00 %"],
+        ["vanilla (steps=9)", "0, 1", "60.00 %"],
+    ]
+    assert "1 repeated row(s)" in grid.notes[-1]
+    names = [b[0] for b in listops_table([*rows, *longer]).body]
+    assert names == ["vanilla (steps=1)", "local", *["vanilla (steps=1)"] * 2,
+                     *["vanilla (steps=9)"] * 2]  # fmt: skip

@@ -173,7 +173,10 @@ def profiled_peak(fn: Callable[[], Any]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     # kineto (torch 2.13) prints two "USDT: ... profiler_start/stop" lines on stderr per use,
-    # hundreds in a sweep's log; level 6 quiets them. A user's own setting wins
+    # hundreds in a sweep's log. Level 6 (above USDT = 5, ERROR = 4) quiets them, and kineto's
+    # own error lines with them: this profiler only counts CPU allocations, and a failure
+    # still raises. Kineto reads the variable at its first use in the process, so it works
+    # where attnbench profiles first (every attnbench command). A user's own setting wins
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()

@@ -176,7 +176,7 @@ def _approx_of(cell: Cell) -> dict[str, Any]:
             seeds=tuple(range(seed, seed + s.get("seeds", 3))),
         )
         return {"inputs": "random", **out}
-    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 8))
+    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 2))
     layers = approx.layerwise_error(
         encoder, attention, params, x=x, key_padding_mask=mask, seed=s.get("seed", 0)
     )
@@ -205,7 +205,7 @@ def _spectrum(cell: Cell) -> dict[str, Any]:
             )
             x = torch.randn(s.get("batch", 2), cell.n, cell.d_model)
         return {"inputs": "random", **spectrum.spectrum(model, x, index=index)}
-    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 8))
+    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 2))
     out = spectrum.spectrum(encoder, x, mask, index=index)
     return {"inputs": "listops", "model_accuracy": accuracy, **out}
 

@@ -148,7 +148,9 @@ def spectrum_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
                 "1 by L (ListOps lengths run from n/4 to n). " + _trained_accuracy([r])
             ),
         ]  # fmt: skip
-        out.append(Grid(f"Spectrum of P, n={n}, {inputs} model", head, body, notes))
+        shape = r.model or {}
+        model = f"{shape.get('layers')} layers, d_model {shape.get('d_model')}"
+        out.append(Grid(f"Spectrum of P, n={n}, {inputs} model ({model})", head, body, notes))
     return out
 
 
@@ -163,12 +165,12 @@ def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
         "LRA Table 1 (n ≤ 2000)", "steps/s", "training peak", "examples (train/test)",
     ]  # fmt: skip
     body = []
-    for r in mine:
+    for name, r in zip(_listops_names(mine), mine, strict=True):
         q = r.quality
         lra = LRA_LISTOPS.get(r.attention)
         body.append(
             [
-                _listops_label(r),
+                name,
                 *([str(_seed(r))] if seeds else []),
                 f"{100 * q['test_accuracy']:.2f} %",
                 f"{100 * q['majority_accuracy']:.2f} %",
@@ -196,16 +198,45 @@ def _seed(r: Row) -> int:
     return dict((r.cell or {}).get("quality") or ()).get("seed", 0)
 
 
-def _listops_label(r: Row) -> str:
-    return label(r) + (f" k={r.k}" if r.k else "")
+def _setup(r: Row) -> tuple[tuple[str, Any], ...]:
+    """What a ListOps training run was, but for its seed: n, the model's shape and every
+    ``quality.listops`` setting. Rows that differ here are different experiments."""
+    settings = dict((r.cell or {}).get("quality") or ())
+    settings.pop("seed", None)
+    model = {f"model.{k}": v for k, v in (r.model or {}).items()}
+    return tuple(sorted({"n": r.n, **model, **settings}.items(), key=lambda kv: kv[0]))
+
+
+def _listops_names(rows: list[Row]) -> list[str]:
+    """Each row's mechanism label, with the setup values that tell it apart from another
+    setup of the same mechanism (e.g. ``steps=400``) where the rows hold more than one."""
+    base = [label(r) + (f" k={r.k}" if r.k else "") for r in rows]
+    setups: dict[str, set[tuple[tuple[str, Any], ...]]] = {}
+    for name, r in zip(base, rows, strict=True):
+        setups.setdefault(name, set()).add(_setup(r))
+    out = []
+    for name, r in zip(base, rows, strict=True):
+        if len(setups[name]) > 1:
+            differ = {k for setup in setups[name] for k, v in setup if (k, v) not in _setup(r)}
+            name += " (" + ", ".join(f"{k}={v}" for k, v in _setup(r) if k in differ) + ")"
+        out.append(name)
+    return out
 
 
 def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
-    """Accuracy over seeds, per mechanism trained from more than one: the spread that a
-    difference between mechanisms must exceed before it means anything."""
+    """Accuracy over seeds, per mechanism and setup trained from more than one seed: the
+    spread that a difference between mechanisms must exceed before it means anything. A
+    row repeated (the same setup and seed, e.g. a run passed twice with ``--also``) counts
+    once: training is deterministic, so it is the same measurement."""
+    mine = _task(rows, "listops")
     by: dict[str, dict[int, Row]] = {}
-    for r in _task(rows, "listops"):
-        by.setdefault(_listops_label(r), {})[_seed(r)] = r
+    repeated = 0
+    for name, r in zip(_listops_names(mine), mine, strict=True):
+        runs = by.setdefault(name, {})
+        if _seed(r) in runs:
+            repeated += 1
+            continue
+        runs[_seed(r)] = r
     many = {name: runs for name, runs in by.items() if len(runs) > 1}
     if not many:
         return None
@@ -231,6 +262,8 @@ def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
         "the initialisation. sd is the sample standard deviation. A difference between "
         "mechanisms smaller than this spread is not a result."
     ]
+    if repeated:
+        notes.append(f"{repeated} repeated row(s) (the same setup and seed) counted once.")
     return Grid("ListOps accuracy over seeds", head, body, notes)
 
 
