@@ -126,9 +126,9 @@ def test_linformer_with_identity_e_and_f_at_k_n_is_exact(
 # --- errors fall as the budget grows --------------------------------------------------------
 
 
-def seed_mean(name: str, params: dict, key: str, n: int = 64) -> float:
+def seed_mean(name: str, params: dict, key: str, n: int = 64, scale: float = 1.0) -> float:
     runs = [
-        approximation_error(name, params, x=inputs(s, n=n), n_heads=H, seed=s)[key]
+        approximation_error(name, params, x=inputs(s, n=n, scale=scale), n_heads=H, seed=s)[key]
         for s in range(3)
     ]
     return sum(runs) / len(runs)
@@ -394,11 +394,7 @@ def test_performer_error_does_not_fall_on_sharp_attention(monkeypatch: pytest.Mo
     from attnbench.attention import performer
 
     def error(scale: float, name: str = "performer", **params: object) -> float:
-        runs = [
-            approximation_error(name, params, x=inputs(s, n=64, scale=scale), n_heads=H, seed=s)
-            for s in range(3)
-        ]
-        return sum(r["rel_frobenius"] for r in runs) / len(runs)
+        return seed_mean(name, params, "rel_frobenius", scale=scale)
 
     assert error(1, nb_features=1024) < 0.5 * error(1, nb_features=16)  # 0.257 -> 0.063
     uniform = error(4, "linformer", k=1, projection="mean", sharing="none")  # 0.975

@@ -202,17 +202,17 @@ def test_tiny_run_end_to_end(attention: str, params: dict) -> None:
     r = train(attention, params, seed=1, **TINY)
     assert 0 <= r["test_accuracy"] <= 1
     assert r["curve"] == [(3, r["curve"][0][1]), (6, r["test_accuracy"])]
-    labels = Counter(
-        label
-        for _, label in listops.generate(
-            40,
-            seed=3,
-            min_len=8,
-            max_len=32,
-            exclude=(t for t, _ in listops.generate(64, seed=2, min_len=8, max_len=32)),
-        )
-    )  # fmt: skip  (the test stream of seed 1, recounted here)
+    test_set = listops.generate(
+        40,
+        seed=3,
+        min_len=8,
+        max_len=32,
+        exclude=(t for t, _ in listops.generate(64, seed=2, min_len=8, max_len=32)),
+    )  # (the test stream of seed 1, recounted here)
+    labels = Counter(label for _, label in test_set)
     assert r["majority_accuracy"] == max(labels.values()) / 40
+    ids, mask, _ = listops.encode(test_set, 32)  # what the hidden-state studies are given
+    assert all(torch.equal(a, b) for a, b in zip(r["test_inputs"], (ids, mask), strict=True))
     assert r["steps_per_s"] > 0 and r["peak_bytes"] > 0
     assert (r["train_examples"], r["test_examples"]) == (64, 40)
     model = r["model"]

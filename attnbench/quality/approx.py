@@ -290,13 +290,17 @@ def check_inputs(x: Any, mask: Any) -> None:
         raise ValueError("key_padding_mask: every position is padding; nothing to compare")
 
 
-def _exact_layer(layer: Any, d_model: int, n_heads: int, causal: bool) -> MultiHeadAttention:
-    exact = tuple(mechanism_class(n) for n in EXACT)
-    if not isinstance(layer, exact):
+def check_softmax_layer(name: str, layer: Any, what: str = "softmax attention") -> None:
+    """One ``ValueError`` line unless ``layer`` is softmax attention itself (:data:`EXACT`):
+    the reference of an error, and the only layer with a context matrix P."""
+    if not isinstance(layer, tuple(mechanism_class(n) for n in EXACT)):
         raise ValueError(
-            f"exact_layer: must be a {' or '.join(EXACT)} layer (softmax attention), "
-            f"got {type(layer).__name__}"
+            f"{name}: must be a {' or '.join(EXACT)} layer ({what}), got {type(layer).__name__}"
         )
+
+
+def _exact_layer(layer: Any, d_model: int, n_heads: int, causal: bool) -> MultiHeadAttention:
+    check_softmax_layer("exact_layer", layer)
     if layer.d_model != d_model or layer.n_heads != n_heads:
         raise ValueError(
             f"exact_layer: has d_model={layer.d_model}, n_heads={layer.n_heads}; x and "
@@ -445,6 +449,12 @@ def random_inputs_error(
         g = torch.Generator().manual_seed(check_int("seed", seed, low=0))
         x = scale * torch.randn(batch, n, d_model, generator=g)
         runs.append(approximation_error(attention, params, x=x, n_heads=n_heads, seed=seed))
+    return mean_metrics(runs)
+
+
+def mean_metrics(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Each of :data:`METRICS` averaged over ``runs`` (seeds, or a model's layers); None
+    where any run has none (a mechanism without rows has none in every run)."""
     out: dict[str, float | None] = {}
     for key in METRICS:
         values = [r[key] for r in runs]

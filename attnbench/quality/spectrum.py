@@ -21,16 +21,14 @@ from torch import Tensor, nn
 
 from attnbench.checks import check_int
 from attnbench.model import Encoder
-from attnbench.quality.approx import EXACT, check_inputs, layer_inputs, softmax_reference
-from attnbench.registry import mechanism_class
+from attnbench.quality.approx import (
+    check_inputs,
+    check_softmax_layer,
+    layer_inputs,
+    softmax_reference,
+)
 
-
-def _check_softmax(layer: nn.Module) -> None:
-    if not isinstance(layer, tuple(mechanism_class(n) for n in EXACT)):
-        raise ValueError(
-            f"layer: must be a {' or '.join(EXACT)} layer (softmax attention has the context "
-            f"matrix P), got {type(layer).__name__}"
-        )
+HAS_P = "softmax attention has the context matrix P"  # why another layer is refused
 
 
 @torch.no_grad()
@@ -40,7 +38,7 @@ def context_matrices(layer: nn.Module, x: Tensor, key_padding_mask: Tensor | Non
 
     Another mechanism has no such P (or not this one), so it is refused in one line.
     """
-    _check_softmax(layer)
+    check_softmax_layer("layer", layer, HAS_P)
     check_inputs(x, key_padding_mask)
     if x.shape[-1] != layer.d_model:
         raise ValueError(f"x: must be (batch, n, {layer.d_model}), got {tuple(x.shape)}")
@@ -76,7 +74,7 @@ def spectrum(
         raise ValueError(f"model: must be an attnbench Encoder, got {type(model).__name__}")
     check_inputs(x, key_padding_mask)
     for layer in model.layers:  # before any work: a model of another mechanism has no P
-        _check_softmax(layer.attn)
+        check_softmax_layer("layer", layer.attn, HAS_P)
     n = x.shape[1]
     index = check_int("index", index, high=n)
     if key_padding_mask is not None and bool(key_padding_mask.all(-1).any()):

@@ -112,17 +112,10 @@ def _trained_vanilla(frozen: tuple[tuple[str, Any], ...]) -> Any:
     """The vanilla ListOps classifier, its test inputs and its test accuracy (which ties a
     row measured on it to the task=listops row of the same settings), trained once per
     process."""
-    from attnbench.tasks import classify, listops
+    from attnbench.tasks import classify
 
-    kwargs = dict(frozen)
-    result = classify.train("vanilla", {}, **kwargs)
-    n = kwargs["n"]
-    seed = kwargs.get("seed", 0)
-    test = listops.generate(
-        64, seed=2 * seed + 1, min_len=max(1, n // 4), max_len=n,
-        max_depth=kwargs.get("max_depth", 10), max_args=kwargs.get("max_args", 10),
-    )  # fmt: skip
-    ids, mask, _ = listops.encode(test, n)
+    result = classify.train("vanilla", {}, **dict(frozen))
+    ids, mask = result["test_inputs"]
     return result["model"], ids, mask, result["test_accuracy"]
 
 
@@ -180,11 +173,8 @@ def _approx_of(cell: Cell) -> dict[str, Any]:
     layers = approx.layerwise_error(
         encoder, attention, params, x=x, key_padding_mask=mask, seed=s.get("seed", 0)
     )
-    out: dict[str, Any] = {"inputs": "listops", "model_accuracy": accuracy, "layers": layers}
-    for key in approx.METRICS:
-        values = [layer[key] for layer in layers]
-        out[key] = None if any(v is None for v in values) else sum(values) / len(values)
-    return out
+    mean = approx.mean_metrics(layers)
+    return {"inputs": "listops", "model_accuracy": accuracy, "layers": layers, **mean}
 
 
 def _spectrum(cell: Cell) -> dict[str, Any]:
@@ -216,6 +206,7 @@ def _listops(cell: Cell) -> dict[str, Any]:
     out = classify.train(
         cell.attention, cell.mechanism_params(), **_train_kwargs(cell, _settings(cell))
     )
-    out.pop("model")
+    for name in classify.OBJECTS:
+        out.pop(name)
     out["curve"] = [list(point) for point in out["curve"]]
     return out

@@ -30,6 +30,7 @@ from attnbench.report.replace import write as write
 from attnbench.report.tables import (
     RatioTable,
     comment,
+    grid_markdown,
     heading,
     markdown,
     ratio_tables,
@@ -120,6 +121,16 @@ def slug(text: str) -> str:
     return name
 
 
+def _plain_grids(report: Report) -> list[tuple[str, quality.Grid]]:
+    """The tables of plain text, each with its HTML section's name: the efficiency lengths,
+    then the quality tables. Every format prints them the same way, from here."""
+    out = []
+    if report.lengths:
+        grid = quality.Grid(efficiency.TITLE, *efficiency.grid(report.lengths))
+        out.append(("efficiency length", grid))
+    return out + [(g.title, g) for g in report.quality]
+
+
 def _figures(report: Report) -> list[tuple[str, Any, str]]:
     """(file stem, figure, caption) for each plot the rows hold data for."""
     out = []
@@ -183,20 +194,11 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     md = [f"# {markdown(title)}", "", *map(markdown, intro), ""]
     tex = [comment(title), r"% needs \usepackage{booktabs}", ""]
     sections: list[tuple[str, list[str]]] = []
-    if report.lengths:
-        md += [efficiency.to_markdown(report.lengths), ""]
-        tex += [comment(line) for line in efficiency.to_markdown(report.lengths).splitlines()]
-        tex += [""]
-        sections.append(
-            (
-                "efficiency length",
-                [html.plain_table_html(efficiency.TITLE, *efficiency.grid(report.lengths))],
-            )
-        )
-    for g, text in zip(report.quality, quality.markdown_grids(report.quality), strict=True):
+    for section, g in _plain_grids(report):
+        text = grid_markdown(g.title, g.head, g.body, g.notes)
         md += [text, ""]
         tex += [*(comment(line) for line in text.splitlines()), ""]
-        sections.append((g.title, [html.plain_table_html(g.title, g.head, g.body, g.notes)]))
+        sections.append((section, [html.plain_table_html(g.title, g.head, g.body, g.notes)]))
     for t, stem in zip(report.tables, _stems(report.tables), strict=True):
         files[f"{stem}-{t.kind}.csv"] = to_csv(t).encode()
         md += [to_markdown(t), ""]
@@ -299,13 +301,7 @@ def print_tables(report: Report, console: Any) -> None:
             sep="\n",
         )
 
-    if report.lengths:
-        head, body, notes = efficiency.grid(report.lengths)
-        table = Table(*head)
-        for r in body:
-            table.add_row(*r)
-        console.print(f"[bold]{escape(efficiency.TITLE)}[/bold]", table, *map(escape, notes), "")
-    for g in report.quality:
+    for _, g in _plain_grids(report):
         table = Table(*g.head)
         for r in g.body:
             table.add_row(*r)

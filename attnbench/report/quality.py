@@ -12,11 +12,13 @@ quality–cost Pareto plot.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench import cell
+from attnbench.report.plots import _figure, _text
 from attnbench.report.tables import label
 from attnbench.row import Row, as_rows
 
@@ -245,16 +247,14 @@ def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     for name, runs in many.items():
         acc = [100 * r.quality["test_accuracy"] for r in runs.values()]
         majority = [100 * r.quality["majority_accuracy"] for r in runs.values()]
-        mean = sum(acc) / len(acc)
-        sd = math.sqrt(sum((a - mean) ** 2 for a in acc) / (len(acc) - 1))
         body.append(
             [
                 name,
                 ", ".join(str(seed) for seed in sorted(runs)),
-                f"{mean:.2f} %",
-                f"{sd:.2f}",
+                f"{statistics.fmean(acc):.2f} %",
+                f"{statistics.stdev(acc):.2f}",
                 f"{min(acc):.2f} – {max(acc):.2f} %",
-                f"{sum(majority) / len(majority):.2f} %",
+                f"{statistics.fmean(majority):.2f} %",
             ]
         )
     notes = [
@@ -275,18 +275,6 @@ def quality_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     if (t := listops_seeds_table(rows)) is not None:
         out.append(t)
     return out
-
-
-def _figure() -> tuple[Figure, Any]:
-    from attnbench.report.plots import _figure as figure
-
-    return figure()
-
-
-def _text(value: Any) -> str:
-    from attnbench.report.plots import _text as text
-
-    return text(value)
 
 
 def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
@@ -419,9 +407,3 @@ def _front(points: list[tuple[float, float]], better_low: bool) -> list[tuple[fl
             front.append((x, y))
             best = y
     return front
-
-
-def markdown_grids(grids: list[Grid]) -> list[str]:
-    from attnbench.report.tables import grid_markdown
-
-    return [grid_markdown(g.title, g.head, g.body, g.notes) for g in grids]

@@ -37,6 +37,8 @@ from attnbench.tasks import listops
 # steps/s (49 s); local (window 64) 33.7 % at 19.8 steps/s (56 s). n = 256 rather than LRA's
 # 2000 because vanilla's eager n × n attention trains at ~3.7 steps/s here already; 800 steps
 # because the test accuracy plateaus after ~200-400 (LRA: 5000 steps at batch 32).
+# what :func:`train` returns beside its figures: objects, not JSON (a row stores neither)
+OBJECTS = ("model", "test_inputs")
 DEFAULTS: dict[str, Any] = {
     "n": 256,  # LRA: 2000; expressions of n/4..n tokens as LRA's 500..2000
     "steps": 800,
@@ -171,9 +173,11 @@ def train(
     step allocates above what lives before it, weights and AdamW state included in that: its
     activations, gradients and temporaries, from :func:`profiled_peak` around the second
     step), ``curve`` ([(step, test accuracy)] every ``eval_every`` steps and at the end),
-    ``train_examples``, ``test_examples``, ``seconds`` (the whole call) and ``model`` (the
-    trained :class:`Classifier`, in eval mode). ``progress(step, accuracy)`` is called after
-    each evaluation (a progress bar, a log line).
+    ``train_examples``, ``test_examples``, ``seconds`` (the whole call), and two objects
+    (:data:`OBJECTS`, not figures): ``model`` (the trained :class:`Classifier`, in eval
+    mode) and ``test_inputs`` (the test set's ids and padding mask as the model took them,
+    for studies of its hidden states). ``progress(step, accuracy)`` is called after each
+    evaluation (a progress bar, a log line).
 
     Figures measured at :data:`DEFAULTS` are beside it, above.
     """
@@ -255,4 +259,5 @@ def train(
         "test_examples": len(test_set),
         "seconds": time.perf_counter() - started,
         "model": model,
+        "test_inputs": (x_test, m_test),
     }
