@@ -19,7 +19,6 @@ from attnbench.results import ENV
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = Path("results/reference/table3-v100_16gb-cpu")  # relative: run from ROOT
 FIXTURE = ROOT / "tests/data/cells_fixture.jsonl"
-README = ROOT / "README.md"
 
 
 @pytest.fixture(autouse=True)
@@ -289,18 +288,18 @@ def test_a_path_without_rows_is_one_line_naming_it(tmp_path: Path) -> None:
 
 
 def test_readme_results_in_pandas_example_runs(reference: pd.DataFrame) -> None:
-    """The README's block, run as it stands on the committed reference run."""
+    """docs/reports.md's block, run as it stands on the committed reference run."""
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    text = README.read_text()
+    text = (ROOT / "docs" / "reports.md").read_text()
     start = text.index("## Results in pandas")
     section = text[start : text.find("\n## ", start + 1)]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope: dict = {}
     try:
-        exec(compile(code, "README:results-in-pandas", "exec"), scope)
+        exec(compile(code, "docs/reports.md:results-in-pandas", "exec"), scope)
         ax = scope["ratio"].plot(logx=True)  # the block's last line drew the same figure
         assert len(ax.get_lines()) == len(scope["ratio"].columns)
     finally:
@@ -314,7 +313,7 @@ def test_readme_results_in_pandas_example_runs(reference: pd.DataFrame) -> None:
     for (attention, n, k), seconds in t.items():
         if attention == "linformer" and seconds is not None and t["vanilla", n, None]:
             assert ratio.loc[n, k] == pytest.approx(t["vanilla", n, None] / seconds)
-    # and agrees with the README's table of the reference run
+    # and agrees with docs/running.md's table of the reference run
     assert ratio.round(2).loc[512, 128] == 1.27 and ratio.round(2).loc[2048, 1024] == 1.63
 
 

@@ -15,11 +15,12 @@ from attnbench.cli import markdown_table
 from tests.conftest import run_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+MEASUREMENT = README.parent / "docs" / "measurement.md"
 
 
-def _section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"## {title}")
+def _section(title: str, page: Path = README) -> str:
+    text = page.read_text()
+    start = re.search(rf"^#{{1,2}} {re.escape(title)}$", text, re.M).start()
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else None]
 
@@ -80,9 +81,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str
 
 
 def test_readme_measurement_example_runs() -> None:
-    code = re.search(r"```python\n(.*?)```", _section("Measurement"), re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", _section("Measurement", MEASUREMENT), re.S).group(1)
     scope: dict = {}
-    exec(compile(code, "README:measurement", "exec"), scope)
+    exec(compile(code, "docs/measurement.md", "exec"), scope)
     row = scope["row"]
     assert row["status"] == "ok" and row["max_batch"] > 0
     assert row["memory_source"] == ("measured" if torch.cuda.is_available() else "modeled")
