@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 import attnbench
-from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.measure import presets
-from attnbench.row_fields import TASKS
+from attnbench.quality import tasks
+from attnbench.quality.tasks import TASKS
 from attnbench.train import OPTIMIZERS
+from attnbench.validators import check_bool, check_choice, check_int
+from attnbench.workload import DEFAULT as DEFAULT_MODE
+from attnbench.workload import Workload
+from attnbench.workload import get as get_workload
 
-MODES = ("inference", "train")
-TRAIN_FIELDS = ("optimizer", "checkpoint")  # what a train cell adds to its key
 KEY_FIELDS = (
     "attention",
     "params",
@@ -41,18 +42,6 @@ KEY_FIELDS = (
     "model",
 )
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
-SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 
 
 @dataclass(frozen=True)
@@ -75,7 +64,7 @@ class Cell:
     time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
     flush_l2: bool = False
     model_only: bool = False  # memory from the model alone, no real probes, no timing
-    mode: str = "inference"  # or "train": one training step (attnbench.train)
+    mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload): inference, train
     optimizer: str = "adamw"  # train only: adamw | sgd | none
     checkpoint: bool = False  # train only: activation checkpointing per layer
     task: str = "cost"  # or a quality task: approx, spectrum, listops (attnbench.quality.tasks)
@@ -94,6 +83,16 @@ class Cell:
         return params
 
     @property
+    def workload(self) -> Workload:
+        """What the cell measures (``mode``); an unknown mode is a one-line ``ValueError``."""
+        return get_workload(self.mode)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The cell's values of the settings its workload owns (train: optimizer, checkpoint)."""
+        return {name: getattr(self, name) for name in self.workload.settings}
+
+    @property
     def model(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in MODEL_FIELDS}
 
@@ -103,7 +102,7 @@ class Cell:
         return " ".join(
             [label(self.attention, dict(self.params)), f"n={self.n}"]
             + ([f"k={self.k}"] if self.k is not None else [])
-            + ([train_label(self.optimizer, self.checkpoint)] if self.mode == "train" else [])
+            + [w for w in [self.workload.label(self)] if w]
             + ([f"task={self.task}"] if self.task != "cost" else [])
         )
 
@@ -127,25 +126,6 @@ def label(attention: str, params: dict[str, Any] | None = None) -> str:
     return f"{attention} ({inner})" if inner else attention
 
 
-def train_label(optimizer: str | None, checkpoint: bool | None) -> str:
-    """``train(adamw)``, ``train(sgd, checkpoint)``: how a training cell is named."""
-    return f"train({optimizer}{', checkpoint' if checkpoint else ''})"
-
-
-def parse_size(value: Any) -> int | None:
-    """Bytes from ``16GB`` (10⁹), ``15.5GiB`` (2³⁰) or a plain number; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    m = SIZE.match(str(value))
-    if not m:
-        raise ValueError(
-            f"ceiling: must be a number of bytes or a size like 16GB or 15.5GiB, got {value!r}"
-        )
-    return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])
-
-
 def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
     """The bytes a cell may use: its own ceiling, or the preset's whole memory; refused
     when it is above the device's memory or leaves nothing after the fixed overhead."""
@@ -156,6 +136,16 @@ def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
             f"overhead of {preset.overhead_bytes} bytes"
         )
     return ceiling
+
+
+def kept_k(attention: str, k: int | None, task: str, *, in_sweep: bool) -> int | None:
+    """The ``k`` a cell keeps: a mechanism's budget where it has one. A mechanism without a
+    budget ignores ``k`` (None: the same cell, so a sweep over k measures it once), except in
+    a single quality cell, where it is kept so that :mod:`attnbench.quality.tasks` refuses
+    it: a quality figure labelled with a k that changed nothing would mislead."""
+    if attnbench.info(attention).budget or (task != "cost" and not in_sweep):
+        return k
+    return None
 
 
 def check_k(attention: str, n: int, k: int | None) -> None:
@@ -239,12 +229,26 @@ class Resolved:
         return self.ceiling - self.preset.overhead_bytes
 
 
+_VALIDATED: dict[tuple[Cell, str], Resolved] = {}
+
+
 def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     """One ``ValueError`` line naming the first bad parameter; nothing is run.
 
     ``preset`` is the device as composed by Hydra (so a user's own preset from
-    ``--config-dir`` works); by default it is read from conf/device/ by name.
+    ``--config-dir`` works); by default it is read from conf/device/ by name. A cell is
+    validated once per process: the sweep checks every cell before Hydra starts, and each
+    job that then measures one in the same process gets that answer again.
     """
+    if preset is None:
+        return _validate(cell, None)
+    memo = (cell, repr(preset))
+    if memo not in _VALIDATED:
+        _VALIDATED[memo] = _validate(cell, preset)
+    return _VALIDATED[memo]
+
+
+def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     attnbench.info(cell.attention)  # unknown mechanism
     check_int("n", cell.n)
     if isinstance(cell.batch, str) and cell.batch != "max":
@@ -254,15 +258,18 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
     check_causal(cell)
-    check_choice("mode", cell.mode, MODES)
+    work = cell.workload  # an unknown mode: one line naming the workloads
+    # every workload's settings are checked on every cell: a typo never passes silently
     check_choice("optimizer", cell.optimizer, OPTIMIZERS)
     check_bool("checkpoint", cell.checkpoint)
-    if cell.mode == "train" and (why := attnbench.info(cell.attention).cannot_train):
-        raise ValueError(f"mode: attention={cell.attention} cannot train: {why}")
+    if why := work.refuses(attnbench.info(cell.attention)):
+        raise ValueError(f"mode: attention={cell.attention} {why}")
     check_choice("task", cell.task, TASKS)
+    if cell.task != "cost" and cell.mode != DEFAULT_MODE:
+        raise ValueError(
+            f"mode: task={cell.task} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
+        )
     if cell.task != "cost":
-        from attnbench.quality import tasks  # the quality tasks' own rules
-
         tasks.validate(cell)
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
@@ -295,19 +302,20 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
 def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
     """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
     out = asdict(cell)
-    out["ceiling_bytes"] = preset.total_bytes if cell.ceiling_bytes is None else cell.ceiling_bytes
+    out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
     out["model"] = cell.model
     return out
 
 
 def key(cell: Cell, preset: presets.Preset) -> str:
-    """A stable id of what a cell measures (not of how long it is timed). Inference cells
-    keep the keys they had before ``mode`` existed, so older run directories resume."""
+    """A stable id of what a cell measures (not of how long it is timed): its workload and
+    that workload's settings enter it, except for the default workload's cells, which keep
+    the keys they had before ``mode`` existed, so older run directories resume."""
     s = spec(cell, preset)
     fields = {f: s[f] for f in KEY_FIELDS}
-    if cell.mode != "inference":
+    if cell.mode != DEFAULT_MODE:
         fields["mode"] = cell.mode
-        fields.update({f: s[f] for f in TRAIN_FIELDS})
+        fields.update(cell.settings)
     if cell.task != "cost":  # cost cells keep the keys they had before quality tasks
         fields.update(task=cell.task, quality=s["quality"])
     canonical = json.dumps(fields, sort_keys=True, default=str)

@@ -10,15 +10,16 @@ import argparse
 import signal
 import sys
 from pathlib import Path
-
-import torch
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 import attnbench
-from attnbench.checks import argtype, parse_fraction, parse_int
-from attnbench.env import fix_malloc
-from attnbench.measure.timing import time_forward
+from attnbench.validators import argtype, parse_fraction, parse_int
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# torch, rich and the measuring code are imported by the commands that use them, so that
+# `attnbench --help` and a typo's one line come back without loading torch
 
 
 def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str, str]]:
@@ -54,6 +55,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table())
         return 0
+    from rich.table import Table
+
     table = Table(*HEADERS, "available here", title="attnbench mechanisms")
     table.columns[0].no_wrap = True
     for row in mechanism_rows():
@@ -65,11 +68,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _console() -> Console:
     """Rich console; piped output (logs, CI) gets a wide page rather than 80 wrapped columns."""
+    from rich.console import Console
+
     console = Console()
     return console if console.is_terminal else Console(width=200)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnbench.env import fix_malloc
+    from attnbench.measure.timing import time_forward
+
     if args.k >= args.n:
         print(
             f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}", file=sys.stderr
@@ -130,8 +140,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return error(f"cannot write the report to {out}: {files.os_error(e)}")
     print(
         f"attnbench: report of {len(report.rows)} cells in {printable(str(out))}/ "
-        f"(index.html, table3.md, table3.tex, {sum(f.endswith('.csv') for f in written)} CSV, "
-        f"{sum(f.endswith('.png') for f in written)} plots)"
+        f"({files.summary(written)})"
     )
     return 0
 

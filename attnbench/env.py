@@ -87,8 +87,8 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
 # glibc serves big blocks (vanilla's (12, 512, 512) scores are 12.6 MB) by mmap and gives
 # freed memory back by trimming, at thresholds that adapt to each process's history, so one
 # process faults its pages in on every forward and the next does not: the same layer at
-# n=512 ran 46-74 ms in six fresh processes, 46-49 ms with these fixed (README, "Quieter
-# timings"). Fixed thresholds (set by variable or by mallopt) switch the adaptation off.
+# n=512 ran 46-74 ms in six fresh processes, 46-49 ms with these fixed (docs/measurement.md,
+# "Quieter timings"). Fixed thresholds (set by variable or by mallopt) switch the adaptation off.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 MALLOC_SWITCH = "ATTNBENCH_MALLOC_FIX"  # "0": leave glibc's adaptive thresholds alone
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # M_TRIM_/M_MMAP_

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnbench.checks import check_int
 from attnbench.registry import make_config, mechanism_class
+from attnbench.validators import check_int
 
 
 class EncoderLayer(nn.Module):

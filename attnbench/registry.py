@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from attnbench.attention import BUILTINS
 from attnbench.attention.base import MultiHeadAttention
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -119,8 +120,8 @@ def register(
     return decorate
 
 
-def _load_plugins() -> None:
-    """Import user mechanisms named by entry points or by ``$ATTNBENCH_PLUGINS``.
+def load_plugins() -> None:
+    """Import user mechanisms (and workloads) named by entry points or by ``$ATTNBENCH_PLUGINS``.
 
     Done lazily, once, so that ``import attnbench`` stays cheap and a plugin can itself
     ``import attnbench`` to use the decorator.
@@ -139,15 +140,17 @@ def _load_plugins() -> None:
 
 
 def names() -> list[str]:
-    """Every registered mechanism, in registration order (built-ins first)."""
-    _load_plugins()
-    return list(_REGISTRY)
+    """Every registered mechanism: the built-ins in :data:`BUILTINS` order (whichever module
+    was imported first), then the others in the order they registered."""
+    load_plugins()
+    rank = {name: i for i, name in enumerate(BUILTINS)}
+    return sorted(_REGISTRY, key=lambda name: rank.get(name, len(rank)))
 
 
 def _spec(name: str) -> _Spec:
-    _load_plugins()
+    load_plugins()
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"attention: unknown mechanism {name!r}; allowed: {', '.join(_REGISTRY)}")
+        raise ValueError(f"attention: unknown mechanism {name!r}; allowed: {', '.join(names())}")
     return _REGISTRY[name]
 
 
@@ -182,3 +185,9 @@ def create(name: str, *, d_model: int, n_heads: int, max_seq_len: int, **params:
     """
     cfg = make_config(name, params)
     return _spec(name).cls(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+
+
+# the built-ins register themselves when their modules are imported; the registry imports
+# them once it is defined, so that any way into attnbench finds every built-in registered
+for _name in BUILTINS:
+    importlib.import_module(f"attnbench.attention.{_name}")

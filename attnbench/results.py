@@ -42,31 +42,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import typing
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.row import MEMORY_SOURCES, STATUSES, Row, printable, read
+from attnbench.row import Row, printable, read
+from attnbench.row_fields import ENV_FIELDS, FIELDS, Field
 
 if TYPE_CHECKING:
     import pandas as pd
 
 CELLS = "cells.jsonl"
-# a row's env (attnbench.env.environment()): the columns every DataFrame has, empty or not
-ENV = {
-    "device_name": "string",
-    "torch": "string",
-    "cuda": "string",
-    "attnbench": "string",
-    "git_revision": "string",
-    "threads": "Int64",
-    "python": "string",
-}
-FIXED_CATEGORIES = {"status": STATUSES, "memory_source": MEMORY_SOURCES}
-SEEN_CATEGORIES = ("attention", "dtype", "device", "mode", "time_device")
 OBJECT = "object"
 _PLAIN = {"int": "Int64", "float": "float64", "str": "string", "bool": "boolean"}
 _INFERRED = ("boolean", "Int64", "float64", "string")  # the first that fits every value
+# a row's env (attnbench.env.environment()): the columns every DataFrame has, empty or not
+ENV = {key: _PLAIN[t.__name__] for key, t in ENV_FIELDS.items()}
 
 
 def load(
@@ -138,48 +130,46 @@ def _files(paths: Iterable[Any]) -> list[Path]:
 
 
 def _kind(annotation: Any) -> str | None:
-    """The column type of a dataclass field annotated ``int``, ``float | None``, ..."""
+    """The column type of a type (``int``, ``float | None``) or of its name, as a dataclass
+    of ``from __future__ import annotations`` holds it (``"float | None"``)."""
+    args = [t for t in typing.get_args(annotation) or (annotation,) if t is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type):
+        return _PLAIN.get(args[0].__name__)
     return _PLAIN.get(str(annotation).replace(" | None", "").strip())
+
+
+def _column(f: Field) -> Any:
+    """A fixed column's kind: a dtype name, the tuple of a field's fixed categories, "seen"
+    (a categorical of the values found) or, for a nested field, a dict of its keys' kinds."""
+    if f.column == "category":
+        return f.choices
+    if f.column != "nested":
+        return f.column or _kind(f.type) or OBJECT
+    from attnbench.cell import MODEL_FIELDS, Cell
+
+    if f.name == "model":
+        return dict.fromkeys(MODEL_FIELDS, "Int64")
+    if f.name == "env":
+        return dict(ENV)
+    if f.name == "cell":  # only how it was timed: the rest repeats the row's fields
+        dup = {*(g.name for g in FIELDS), *MODEL_FIELDS}
+        return {
+            g.name: _kind(g.type) or OBJECT for g in dataclasses.fields(Cell) if g.name not in dup
+        }
+    return {}  # params: each mechanism's own, as found in the rows
 
 
 @functools.cache
 def _schema() -> dict[str, Any]:
-    """Every fixed column and its kind: a dtype name, a tuple of fixed categories, "seen"
-    (a categorical of the values found), or a dict (a nested field: its keys' kinds)."""
-    from attnbench.cell import MODEL_FIELDS, Cell
-
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(Row):
-        if f.name == "schema":
-            continue
-        if f.name == "params":
-            out[f.name] = {}
-        elif f.name == "model":
-            out[f.name] = dict.fromkeys(MODEL_FIELDS, "Int64")
-        elif f.name == "env":
-            out[f.name] = dict(ENV)
-        elif f.name == "cell":  # only how it was timed: the rest repeats the row's fields
-            dup = {*(g.name for g in dataclasses.fields(Row)), *MODEL_FIELDS}
-            out[f.name] = {
-                g.name: _kind(g.type) or OBJECT
-                for g in dataclasses.fields(Cell)
-                if g.name not in dup
-            }
-        elif f.name in FIXED_CATEGORIES:
-            out[f.name] = FIXED_CATEGORIES[f.name]
-        elif f.name in SEEN_CATEGORIES:
-            out[f.name] = "seen"
-        elif f.name == "batch_asked":
-            out[f.name] = "string"
-        else:
-            out[f.name] = _kind(f.type) or OBJECT
-    return out
+    """Every fixed column and its kind, in the row's order; the row's ``schema`` is left out
+    (after reading it is always the current one)."""
+    return {f.name: _column(f) for f in FIELDS if f.name != "schema"}
 
 
 def _flatten(row: Row, run_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, kind in _schema().items():
-        value = row[name]
+        value = getattr(row, name)
         if isinstance(kind, dict):
             for key, v in (value or {}).items():
                 if name != "cell" or key in kind:

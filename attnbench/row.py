@@ -1,9 +1,10 @@
-"""The row: what one measured cell leaves in ``cells.jsonl``, and the one owner of its schema.
+"""The row: what one measured cell leaves in ``cells.jsonl``, read and upgraded here.
 
-:class:`Row` is a typed record. The runner starts one with :meth:`Row.new` and fills it in;
-the sweep adds where and when it was stored; :mod:`attnbench.store` writes it as one JSON
-line; :func:`read` turns lines back into rows, checking every field against the schema and
-upgrading rows of older schemas; reports and :func:`attnbench.load` read only rows.
+:class:`Row` is a typed record whose fields are the table :data:`attnbench.row_fields.FIELDS`.
+The runner starts one with :meth:`Row.new` and fills it in; the sweep adds where and when it
+was stored; :mod:`attnbench.store` writes it as one JSON line; :func:`read` turns lines back
+into rows, checking every field against the schema and upgrading rows of older schemas;
+reports and :func:`attnbench.load` read only rows.
 
 Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
 
@@ -27,7 +28,7 @@ wrong type is refused with the file, the line and the field, in one line however
 the value (it is quoted with ``repr`` and cut short); keys this version does not know are
 ignored. Free text (``device``, ``mode``, ``reason``, ``time_device``, the strings of
 ``env`` and the values of ``params``, ...) is read as it is, newlines, markup and all:
-a report escapes it for each format it writes (:mod:`attnbench.report.tables`).
+a report escapes it for each format it writes (:mod:`attnbench.report.text`).
 """
 
 from __future__ import annotations
@@ -35,79 +36,32 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.row_fields import CHECKS, MEMORY_SOURCES, STATUSES, shorten  # noqa: F401
+from attnbench.quality.tasks import check_figures
+from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the row's words)
+    BY_NAME,
+    FIELDS,
+    MEMORY_SOURCES,
+    REQUIRED,
+    SCHEMA,
+    STATUSES,
+    shorten,
+)
+from attnbench.store import numbered_lines
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
-SCHEMA = 2
 # a timing whose interquartile range exceeds this fraction of its median is footnoted in a
 # report as noisy: the machine was busy, or the process was unlucky (README, "Quieter timings")
 NOISY = 0.10
+NAMES = frozenset(BY_NAME)
 
 
-@dataclass
-class Row:
-    """One cell's figures. Read with ``row.max_batch`` or, like the JSON it is stored as,
-    ``row["max_batch"]`` / ``row.get("max_batch")``."""
-
-    # what was measured (the cell, resolved)
-    attention: str
-    n: int
-    dtype: str
-    device: str
-    params: dict[str, Any] = field(default_factory=dict)
-    k: int | None = None
-    budget: str | None = None
-    mode: str = "inference"
-    task: str = "cost"  # cost, or a quality task (approx, spectrum, listops): issue #13
-    optimizer: str | None = None  # train rows: adamw | sgd | none
-    checkpoint: bool | None = None  # train rows: activation checkpointing
-    batch_asked: int | str = "max"
-    ceiling_bytes: int | None = None
-    overhead_bytes: int | None = None
-    model: dict[str, int] = field(default_factory=dict)
-    # the outcome
-    status: str | None = "ok"
-    reason: str | None = None
-    # memory
-    max_batch: int | None = None
-    batch: int | None = None
-    predicted_max_batch: int | None = None
-    probes: int | None = 0
-    model_error: int | None = None
-    peak_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    memory_source: str | None = None
-    # time
-    time_median_s: float | None = None
-    time_iqr_s: float | None = None
-    repeats: int | None = 0
-    time_per_seq_s: float | None = None
-    time_batch: int | None = None
-    time_device: str | None = None
-    time_dtype: str | None = None
-    time_method: str | None = None
-    time_samples_s: list[float] | None = None
-    flops: int | None = None
-    flops_backward: int | None = None
-    time_parts: dict[str, dict[str, Any]] | None = None
-    quality: dict[str, Any] | None = None  # a quality task's figures (attnbench.quality.tasks)
-    flops_per_s: float | None = None
-    pct_of_peak: float | None = None
-    env: dict[str, Any] = field(default_factory=dict)
-    # where and when it was stored (set by the sweep)
-    key: str | None = None
-    sweep: str | None = None
-    wall_s: float | None = None
-    finished_at: float | None = None
-    invocation: str | None = None
-    cell: dict[str, Any] | None = None
-    schema: int = SCHEMA
+class _Record:
+    """What a :class:`Row` does beside holding its fields (which come from the table)."""
 
     @classmethod
     def new(cls, cell: Cell, ceiling: int, overhead: int, env: dict[str, Any]) -> Row:
@@ -122,8 +76,7 @@ class Row:
             budget=cell.budget,
             mode=cell.mode,
             task=cell.task,
-            optimizer=cell.optimizer if cell.mode == "train" else None,
-            checkpoint=cell.checkpoint if cell.mode == "train" else None,
+            **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
             batch_asked=cell.batch,
             ceiling_bytes=ceiling,
             overhead_bytes=overhead,
@@ -134,33 +87,20 @@ class Row:
     def update(self, **values: Any) -> None:
         """Set several fields; a name that is not a field is a bug, not a new key."""
         for name, value in values.items():
-            self[name] = value
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in FIELDS:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        if name not in FIELDS:
-            raise KeyError(f"Row has no field {name!r}")
-        setattr(self, name, value)
-
-    def __contains__(self, name: object) -> bool:
-        return name in FIELDS
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name) if name in FIELDS else default
+            if name not in NAMES:
+                raise KeyError(f"Row has no field {name!r}")
+            setattr(self, name, value)
 
     def spread(self) -> float | None:
         """The timing's IQR over its median: above :data:`NOISY` a report flags the time."""
-        if not self.time_median_s or self.time_iqr_s is None:
+        median, iqr = self.time_median_s, self.time_iqr_s  # type: ignore[attr-defined]
+        if not median or iqr is None:
             return None
-        return self.time_iqr_s / self.time_median_s
+        return iqr / median
 
     def to_dict(self) -> dict[str, Any]:
         """The row as stored: ``schema`` first, then every field."""
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
         return {"schema": d.pop("schema"), **d}
 
     def to_json(self) -> str:
@@ -171,32 +111,49 @@ class Row:
         """A row from its stored form, checked field by field (``ValueError``, one line
         naming the field, the value quoted and cut short) and upgraded from older schemas."""
         try:
-            return cls._checked(data)
+            return cls(**_checked(data))
         except (ValueError, OverflowError) as e:
             # the messages quote the value: a 100 kB string would be a 100 kB error line
             raise ValueError(shorten(str(e))) from None
 
-    @classmethod
-    def _checked(cls, data: dict[str, Any]) -> Row:
-        schema = data.get("schema", 1)
-        if type(schema) is not int or schema not in (1, SCHEMA):
-            raise ValueError(
-                f"schema: this attnbench reads schemas 1 and {SCHEMA}, got {schema!r}"
-                " (a newer attnbench wrote it?)"
-            )
-        values = {k: v for k, v in data.items() if k in FIELDS}
-        if schema == 1:
-            values.update(_upgrade_1(data))
-        for name in REQUIRED:
-            if name not in values:
-                raise ValueError(f"{name}: missing")
-        for name in SCALARS - values.keys():  # a figure not stored is unknown, not 0 or "ok"
-            values[name] = None
-        values.setdefault("task", "cost")  # every row before quality tasks measured cost
-        values["schema"] = SCHEMA
-        for name, value in values.items():
-            CHECKS[name](name, value)
-        return cls(**values)
+
+def _field(f: Any) -> tuple[str, Any, Any]:
+    if f.default is REQUIRED:
+        return f.name, f.type, dataclasses.field()
+    if isinstance(f.default, dict):
+        return f.name, f.type, dataclasses.field(default_factory=dict)
+    return f.name, f.type, dataclasses.field(default=f.default)
+
+
+Row = dataclasses.make_dataclass("Row", [_field(f) for f in FIELDS], bases=(_Record,))
+Row.__module__ = __name__
+Row.__doc__ = """One cell's figures, a field per entry of :data:`attnbench.row_fields.FIELDS`
+(``row.max_batch``)."""
+
+
+def _checked(data: dict[str, Any]) -> dict[str, Any]:
+    """The stored fields of ``data``, checked, upgraded and completed: a field not stored
+    reads as its table's ``missing`` (None: unknown); keys no field names are dropped."""
+    schema = data.get("schema", 1)
+    if type(schema) is not int or schema not in (1, SCHEMA):
+        raise ValueError(
+            f"schema: this attnbench reads schemas 1 and {SCHEMA}, got {schema!r}"
+            " (a newer attnbench wrote it?)"
+        )
+    values = {k: v for k, v in data.items() if k in NAMES}
+    if schema == 1:
+        values.update(_upgrade_1(data))
+    values["schema"] = SCHEMA
+    for f in FIELDS:
+        if f.name in values:
+            continue
+        if f.default is REQUIRED:
+            raise ValueError(f"{f.name}: missing")
+        values[f.name] = dict(f.missing) if isinstance(f.missing, dict) else f.missing
+    for name, value in values.items():
+        BY_NAME[name].read_check(name, value)
+    check_figures(values["task"], values["quality"])
+    return values
 
 
 def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
@@ -213,15 +170,6 @@ def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
         except ValueError:  # a plugin's rows, the plugin not loaded here: unknown
             out["budget"] = None
     return out
-
-
-FIELDS = frozenset(f.name for f in dataclasses.fields(Row))
-REQUIRED = ("attention", "n", "dtype", "device")
-SCALARS = FIELDS - {
-    "params", "model", "env", "schema", "mode", "batch_asked", "optimizer", "checkpoint",
-    "time_parts", "task",
-}  # fmt: skip
-assert set(CHECKS) == FIELDS, set(CHECKS) ^ FIELDS  # every field has its check
 
 
 class BadRow(ValueError):
@@ -255,8 +203,6 @@ def read(path: Path, *, strict: bool = True) -> list[Row]:
     raises :class:`BadRow` (a ``ValueError``) naming the file, the line and the field.
     With ``strict=False`` only a last line without its newline (a writer killed mid-line)
     is left out."""
-    from attnbench.store import numbered_lines
-
     if not Path(path).is_file():  # a FIFO would block, a directory or a symlink loop raise
         raise ValueError(f"{printable(str(path))}: no such file (or not a regular file)")
     rows = []

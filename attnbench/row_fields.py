@@ -1,31 +1,46 @@
-"""The row's schema, field by field: what each stored value may be.
+"""The row's schema, declared once: :data:`FIELDS`, a table of :class:`Field` entries.
 
-:class:`attnbench.row.Row` says which fields a row has; this module says, for each, what a
-stored value must be to be read — a type, a range, a finite number, an identifier — and
-phrases the one line that refuses it. Kept apart from the record so that the rules can be
-read (and extended by the training issue's fields) in one table, :data:`CHECKS`.
+From the table come the :class:`attnbench.row.Row` record's fields (name, type, default),
+the check reading applies to each stored value (:func:`attnbench.row.read`: a type, a range, a
+finite number, an identifier, one of a few choices; the one line that refuses it), what a
+field not stored reads as, the pandas column of :func:`attnbench.load`, and the schema table
+of docs/architecture.md (:func:`markdown_table`; a test keeps the page in step). A quality
+task's figures are declared by the task (:mod:`attnbench.quality.tasks`) and checked here too.
 """
 
 from __future__ import annotations
 
 import math
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from attnbench.checks import check_bool, check_choice, check_int, check_number
+from attnbench.quality.tasks import TASKS
 from attnbench.registry import DTYPES
+from attnbench.validators import check_bool, check_choice, check_int, check_number
 
+__all__ = ["FIELDS", "MEMORY_SOURCES", "SCHEMA", "STATUSES", "TASKS", "Field", "shorten"]
+
+SCHEMA = 2
 STATUSES = ("ok", "oom", "skipped", "error")
-# what a row measures: cost (time and memory: every row before issue #13), or a quality of
-# the mechanism beside it (attnbench.quality.tasks)
-TASKS = ("cost", "approx", "spectrum", "listops")
 MEMORY_SOURCES = ("measured", "modeled")
-
-# --- the schema, field by field ------------------------------------------------------------
-
+# the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
+ENV_FIELDS = {
+    "device_name": str,
+    "torch": str,
+    "cuda": str,
+    "attnbench": str,
+    "git_revision": str,
+    "threads": int,
+    "python": str,
+}
 # a message quotes the bad value; past this many characters it is cut (one readable line)
 MESSAGE_CHARS = 300
 # no run finished after the year 9999: datetime (the report's date) cannot show a later one
 LAST_TIME = 253402300799.0
+REQUIRED = object()  # the default of a field every stored row must have
 
 
 def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -34,12 +49,7 @@ def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _optional(check: Any) -> Any:
-    def run(name: str, value: Any) -> None:
-        if value is not None:
-            check(name, value)
-
-    return run
+# --- the checks ------------------------------------------------------------------------------
 
 
 def _str(name: str, value: Any) -> None:
@@ -78,24 +88,13 @@ def _model(name: str, value: Any) -> None:
         _positive(f"{name}.{key}", v)
 
 
-# the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
-ENV_CHECKS: dict[str, Any] = {
-    "device_name": _str,
-    "torch": _str,
-    "cuda": _str,
-    "attnbench": _str,
-    "git_revision": _str,
-    "python": _str,
-}
-
-
 def _env(name: str, value: Any) -> None:
     _dict(name, value)
     for key, v in value.items():
-        if v is not None and key == "threads":
+        if v is not None and ENV_FIELDS.get(key) is int:
             _positive(f"{name}.{key}", v)
-        elif v is not None and key in ENV_CHECKS:
-            ENV_CHECKS[key](f"{name}.{key}", v)
+        elif v is not None and key in ENV_FIELDS:
+            _str(f"{name}.{key}", v)
 
 
 def _count(name: str, value: Any, low: int = 0) -> None:
@@ -157,10 +156,9 @@ def _parts(name: str, value: Any) -> None:
         _samples(f"{name}.{part}.samples_s", figures["samples_s"])
 
 
-def _quality(name: str, value: Any) -> None:
-    """A quality task's figures: names are identifiers; values are numbers, text, lists or
-    mappings of them as JSON holds them (a report shows them escaped); a number is finite."""
-    _dict(name, value)
+def _json(name: str, value: Any) -> None:
+    """Numbers, text, lists or mappings of them as JSON holds them (a report shows them
+    escaped): names are identifiers, a number is finite."""
     stack = [(name, value)]
     while stack:
         where, v = stack.pop()
@@ -177,53 +175,143 @@ def _quality(name: str, value: Any) -> None:
             raise ValueError(f"{where}: must be a JSON value, got {shorten(repr(v))}")
 
 
-CHECKS: dict[str, Any] = {
-    "schema": _count,
-    "attention": _identifier,
-    "n": _positive,
-    "dtype": lambda n, v: check_choice(n, v, DTYPES),
-    "device": _str,
-    "params": _params,
-    "k": _optional(_positive),
-    "budget": _optional(_identifier),
-    "mode": _str,
-    "task": lambda n, v: check_choice(n, v, TASKS),
-    "quality": _optional(_quality),
-    "optimizer": _optional(_str),
-    "checkpoint": _optional(check_bool),
-    "batch_asked": _batch_asked,
-    "ceiling_bytes": _optional(_positive),
-    "overhead_bytes": _optional(_count),
-    "model": _model,
-    "status": _optional(lambda n, v: check_choice(n, v, STATUSES)),
-    "reason": _optional(_str),
-    "max_batch": _optional(_count),
-    "batch": _optional(_count),
-    "predicted_max_batch": _optional(_count),
-    "probes": _optional(_count),
-    "model_error": _optional(_model_error),
-    "peak_bytes": _optional(_count),
-    "peak_reserved_bytes": _optional(_count),
-    "memory_source": _optional(lambda n, v: check_choice(n, v, MEMORY_SOURCES)),
-    "time_median_s": _optional(_seconds),
-    "time_iqr_s": _optional(_seconds),
-    "repeats": _optional(_count),
-    "time_per_seq_s": _optional(_seconds),
-    "time_batch": _optional(_count),
-    "time_device": _optional(_str),
-    "time_dtype": _optional(_str),
-    "time_method": _optional(_str),
-    "time_samples_s": _optional(_samples),
-    "flops": _optional(_count),
-    "flops_backward": _optional(_count),
-    "time_parts": _optional(_parts),
-    "flops_per_s": _optional(_seconds),
-    "pct_of_peak": _optional(_seconds),
-    "env": _env,
-    "key": _optional(_str),
-    "sweep": _optional(_str),
-    "wall_s": _optional(_seconds),
-    "finished_at": _optional(_timestamp),
-    "invocation": _optional(_str),
-    "cell": _optional(_dict),
-}
+def _quality(name: str, value: Any) -> None:
+    """A quality task's figures: any JSON (:func:`_json`); those its task declares are
+    checked again with the row's task (:func:`attnbench.quality.tasks.check_figures`)."""
+    _dict(name, value)
+    _json(name, value)
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    """One stored field. ``check`` refuses a bad stored value (None is allowed where the
+    type allows it; ``choices`` add a check_choice); ``missing`` is what a row that does not
+    store it reads as (None: unknown, never a made-up 0 or ``ok``); ``column`` overrides the
+    pandas column the type gives (``seen``: a categorical of the values found, ``category``:
+    one of ``choices``, ``nested``: a column per key)."""
+
+    name: str
+    type: Any
+    check: Callable[[str, Any], None] | None
+    unit: str
+    group: str
+    doc: str
+    default: Any = None
+    missing: Any = None
+    choices: tuple[str, ...] = ()
+    column: str | None = None
+
+    def read_check(self, name: str, value: Any) -> None:
+        if value is None and type(None) in typing.get_args(self.type):
+            return
+        if self.choices:
+            check_choice(name, value, self.choices)
+        if self.check is not None:
+            self.check(name, value)
+
+    def type_text(self) -> str:
+        """The type as the docs say it: ``int or null``, ``object``, ``list of float``."""
+        union = isinstance(self.type, types.UnionType)
+        return " or ".join(
+            _type_text(t) for t in (typing.get_args(self.type) if union else (self.type,))
+        )
+
+
+def _type_text(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if t is type(None):
+        return "null"
+    if origin is dict or t is dict:
+        return "object"
+    if origin is list:
+        return f"list of {typing.get_args(t)[0].__name__}"
+    return t.__name__
+
+
+def _f(name: str, type_: Any, check: Any, unit: str, group: str, doc: str, **kw: Any) -> Field:
+    return Field(name, type_, check, unit, group, doc, **kw)
+
+
+# the schema: every field a row has, in the order a row stores it (``schema`` is moved first)
+FIELDS: tuple[Field, ...] = (
+    _f("attention", str, _identifier, "", "cell", "the mechanism", default=REQUIRED, column="seen"),
+    _f("n", int, _positive, "", "cell", "sequence length", default=REQUIRED),
+    _f("dtype", str, None, "", "cell", "the cell's dtype", default=REQUIRED, choices=DTYPES,
+       column="seen"),
+    _f("device", str, _str, "", "cell", "the cell's device preset", default=REQUIRED,
+       column="seen"),
+    _f("params", dict[str, Any], _params, "", "cell", "the mechanism's own parameters",
+       default={}, missing={}, column="nested"),
+    _f("k", int | None, _positive, "", "cell", "the budget's value"),
+    _f("budget", str | None, _identifier, "", "cell",
+       "the name of the parameter k sets (`k`, `nb_features`)"),
+    _f("mode", str, _str, "", "cell", "`inference` or `train`", default="inference",
+       missing="inference", column="seen"),
+    _f("task", str, None, "", "cell", "`cost`, or the quality task whose figures `quality` holds",
+       default="cost", missing="cost", choices=TASKS),
+    _f("optimizer", str | None, _str, "", "cell", "train rows: `adamw`, `sgd`, `none`"),
+    _f("checkpoint", bool | None, check_bool, "", "cell", "train rows: activation checkpointing"),
+    _f("batch_asked", int | str, _batch_asked, "", "cell", "the batch the cell asked: `max` or a"
+       " number", default="max", missing="max", column="string"),
+    _f("ceiling_bytes", int | None, _positive, "bytes", "cell", "the resolved memory ceiling"),
+    _f("overhead_bytes", int | None, _count, "bytes", "cell", "the preset's fixed overhead"),
+    _f("model", dict[str, int], _model, "", "cell", "layers, d_model, n_heads, d_ff", default={},
+       missing={}, column="nested"),
+    _f("status", str | None, None, "", "outcome", "`ok`, `oom`, `skipped` or `error`",
+       default="ok", choices=STATUSES, column="category"),
+    _f("reason", str | None, _str, "", "outcome", "why it is not ok, or a note on it"),
+    _f("max_batch", int | None, _count, "", "memory", "the largest batch under the ceiling"),
+    _f("batch", int | None, _count, "", "memory", "the batch the memory figures were taken at"),
+    _f("predicted_max_batch", int | None, _count, "", "memory", "the modeled max batch"),
+    _f("probes", int | None, _count, "", "memory", "real probes (CUDA) confirming it", default=0),
+    _f("model_error", int | None, _model_error, "", "memory", "prediction less the max batch"),
+    _f("peak_bytes", int | None, _count, "bytes", "memory", "peak allocated memory at `batch`"),
+    _f("peak_reserved_bytes", int | None, _count, "bytes", "memory", "peak reserved memory"),
+    _f("memory_source", str | None, None, "", "memory", "`measured` (CUDA) or `modeled`",
+       choices=MEMORY_SOURCES, column="category"),
+    _f("time_median_s", float | None, _seconds, "s", "time", "median time of a forward (step)"),
+    _f("time_iqr_s", float | None, _seconds, "s", "time", "its interquartile range"),
+    _f("repeats", int | None, _count, "", "time", "samples taken", default=0),
+    _f("time_per_seq_s", float | None, _seconds, "s", "time", "time per sequence"),
+    _f("time_batch", int | None, _count, "", "time", "the batch it was timed at"),
+    _f("time_device", str | None, _str, "", "time", "where it was timed", column="seen"),
+    _f("time_dtype", str | None, _str, "", "time", "the dtype it was timed in"),
+    _f("time_method", str | None, _str, "", "time", "how it was timed"),
+    _f("time_samples_s", list[float] | None, _samples, "s", "time", "every sample kept"),
+    _f("flops", int | None, _count, "FLOP", "time", "forward matmul FLOPs per sequence"),
+    _f("flops_backward", int | None, _count, "FLOP", "time", "train rows: backward FLOPs per"
+       " sequence"),
+    _f("time_parts", dict[str, dict[str, Any]] | None, _parts, "s", "time", "train rows:"
+       " `forward`, `backward`, `optimizer`, each `median_s`, `iqr_s`, `samples_s`; their"
+       " per-repeat sum is `time_samples_s`"),
+    _f("quality", dict[str, Any] | None, _quality, "", "quality", "a quality task's figures"
+       " (declared by the task: attnbench/quality/tasks.py)"),
+    _f("flops_per_s", float | None, _seconds, "FLOP/s", "time", "achieved rate over forward and"
+       " backward"),
+    _f("pct_of_peak", float | None, _seconds, "%", "time", "of the preset's peak (on its own GPU"
+       " only)"),
+    _f("env", dict[str, Any], _env, "", "stored", "device name, torch, CUDA, attnbench, git"
+       " revision, threads, python", default={}, missing={}, column="nested"),
+    _f("key", str | None, _str, "", "stored", "the cell's key"),
+    _f("sweep", str | None, _str, "", "stored", "the sweep's name"),
+    _f("wall_s", float | None, _seconds, "s", "stored", "the cell's wall time"),
+    _f("finished_at", float | None, _timestamp, "s", "stored", "when it was stored (Unix time)"),
+    _f("invocation", str | None, _str, "", "stored", "the command that stored it"),
+    _f("cell", dict[str, Any] | None, _dict, "", "stored", "the full cell spec",
+       column="nested"),
+    _f("schema", int, _count, "", "stored", f"{SCHEMA} (a row without it is schema 1, upgraded on"
+       " reading)", default=SCHEMA),
+)  # fmt: skip
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+def markdown_table() -> str:
+    """The schema as docs/architecture.md shows it, ``schema`` first as a row stores it."""
+    order = [BY_NAME["schema"], *(f for f in FIELDS if f.name != "schema")]
+    lines = ["| field | type | unit | group | meaning |", "| --- | --- | --- | --- | --- |"]
+    for f in order:
+        lines.append(f"| `{f.name}` | {f.type_text()} | {f.unit} | {f.group} | {f.doc} |")
+    return "\n".join(lines)

@@ -15,167 +15,79 @@ sequence is measured on this CPU in fp32 at ``cpu_batch``, if its estimated cost
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
 
 import torch
 
 import attnbench
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import environment
-from attnbench.measure.autocast import emulated_autocast
-from attnbench.measure.fused import device_kernels
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward, time_parts
+from attnbench.quality import tasks
 from attnbench.row import Row
-from attnbench.train import PARTS, TrainStep
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
+from attnbench.workload import DTYPES, Work, random_input
 
 GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
 
 
-def _build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The encoder in ``dtype`` on ``device``, weights from a fixed seed.
-
-    On meta it is built in place (no memory at any size). Otherwise it is built on the CPU
-    and moved and cast in one step: building in fp32 on the GPU and casting there would
-    leave the freed fp32 blocks stranded in the caching allocator, under the ceiling.
-    """
-    torch.manual_seed(0)
-    with torch.device("meta" if device == "meta" else "cpu"):
-        model = attnbench.build_model(
-            cell.attention,
-            layers=cell.layers,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            d_ff=cell.d_ff,
-            max_seq_len=cell.n,
-            **res.params,
-        )
-    if cell.mode == "inference":
-        return model.to(device=device, dtype=dtype).eval()
-    model.checkpoint = cell.checkpoint
-    return model.to(device=device, dtype=torch.float32).train()  # fp32 master weights
+def build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The cell's encoder as its workload builds it, on ``device`` in ``dtype``."""
+    return cell.workload.build(cell, res.params, device, dtype)
 
 
-def _input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
-    """Random (never zero) embeddings from a fixed seed; fp32 for training (an embedding's
-    output under mixed precision: autocast casts it where an op asks)."""
-    dtype = torch.float32 if cell.mode == "train" else dtype
-    if device == "meta":
-        return torch.empty(b, cell.n, cell.d_model, device="meta", dtype=dtype)
-    gen = torch.Generator(device=device).manual_seed(0)
-    return torch.randn(b, cell.n, cell.d_model, generator=gen, device=device, dtype=dtype)
-
-
-def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
-    """Peak bytes of a forward at batch b on the preset: meta forward + weights + input +
-    the preset's fixed overhead."""
-    dtype = DTYPES[cell.dtype]
-    x = _input(b, cell, "meta", dtype)
-    base = module_bytes(model) + rounded(x.nbytes) + overhead
-    return tracked_peak(lambda: model(x), base)
-
-
-def train_step(
-    model: torch.nn.Module, cell: Cell, x: torch.Tensor, device: str, *, gpu: bool
-) -> TrainStep:
-    """The cell's training step on ``device`` (``meta``, ``cpu`` or the GPU).
-
-    Mixed precision on the GPU: ``torch.autocast`` (and a GradScaler for fp16); on meta,
-    the emulation of the GPU's autocast (:class:`MemoryModel` enters it around a
-    checkpointed layer's recompute too). The CPU times fp32, no autocast. ``gpu``: the step
-    is (or models) one on a GPU, where PyTorch's optimizers default to ``foreach`` and the
-    fused attention kernels run.
-    """
-    low = DTYPES[cell.dtype]
-    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
-    scaler = None
-    if low != torch.float32 and device == "meta":
-        autocast = functools.partial(emulated_autocast, "cuda", low)
-    elif low != torch.float32 and device != "cpu":
-        autocast = functools.partial(torch.autocast, "cuda", dtype=low)
-        scaler = torch.amp.GradScaler("cuda") if low == torch.float16 else None
-    return TrainStep(model, x, cell.optimizer, foreach=gpu, autocast=autocast, scaler=scaler)
-
-
-@contextlib.contextmanager
-def _entered(*contexts: AbstractContextManager[Any]) -> Any:
-    with contextlib.ExitStack() as stack:
-        for c in contexts:
-            stack.enter_context(c)
-        yield
+def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random (never zero) inputs of batch b, as the cell's workload takes them."""
+    return random_input(cell.workload, cell, b, device, dtype)
 
 
 class MemoryModel:
-    """The modeled peak of one cell at any batch: a meta forward (inference) or a meta
-    training step, plus what is live before it: weights, the optimizer's state (made by one
-    first step, as in a real run after step one), the input and the preset's overhead."""
+    """The modeled peak of one cell at any batch: its workload's step on meta tensors, plus
+    what is live before it: weights, what a first step leaves (an optimizer's state, as in a
+    real run after step one), the input and the preset's overhead."""
 
     def __init__(self, cell: Cell, res: Resolved) -> None:
         self.cell, self.overhead = cell, res.preset.overhead_bytes
-        self.model = _build(cell, res, "meta", DTYPES[cell.dtype])
+        dtype = DTYPES[cell.dtype]
+        self.model = build(cell, res, "meta", dtype)
         self.fixed = module_bytes(self.model) + self.overhead
-        self.step: TrainStep | None = None
-        self.kernels = "cuda" if res.preset.is_gpu else "cpu"
-        if cell.mode == "train":
-            self.step = train_step(self.model, cell, self._x(1), "meta", gpu=res.preset.is_gpu)
-            # a checkpointed layer's second run, in the backward: the same kernels and casts
-            self.model.recompute_context = lambda: _entered(
-                device_kernels(self.kernels), self.step.autocast()
-            )
-            with device_kernels(self.kernels):
-                self.step()  # makes the optimizer's state
-            on_host = res.preset.is_gpu  # Adam's step counters live on the host
-            state = self.step.state_tensors(host_steps=on_host)
+        x = make_input(1, cell, "meta", dtype)
+        self.work = cell.workload.work(self.model, cell, x, "meta", gpu=res.preset.is_gpu)
+        if cell.workload.primes:
+            self.work()  # makes the state every later step keeps
+            state = self.work.state_tensors()
             self.fixed += sum(rounded(t.untyped_storage().nbytes()) for t in state)
-
-    def _x(self, b: int) -> torch.Tensor:
-        return _input(b, self.cell, "meta", DTYPES[self.cell.dtype])
 
     @functools.cache  # noqa: B019 (one model per cell, dropped with it)
     def peak(self, b: int) -> int:
-        if self.step is None:
-            return modeled_peak(self.model, self.cell, b, self.overhead)
-        self.step.x = self._x(b).requires_grad_(True)
-        with device_kernels(self.kernels):
-            return tracked_peak(self.step, self.fixed + rounded(self.step.x.nbytes), grad=True)
+        self.work.x = make_input(b, self.cell, "meta", DTYPES[self.cell.dtype])
+        base = self.fixed + rounded(self.work.x.nbytes)
+        return tracked_peak(self.work, base, grad=self.cell.workload.grad)
 
 
-def _gpu_work(
-    model: torch.nn.Module, step: TrainStep | None, cell: Cell, b: int
-) -> Callable[[], Any]:
-    """What one GPU probe runs at batch b: the forward, or the training step (whose
-    optimizer state is already there) on a new input."""
-    x = _input(b, cell, GPU, DTYPES[cell.dtype])
-    if step is None:
-        return lambda: model(x)
-    step.x = x.requires_grad_(True)
-    return step
+def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
+    """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
+    + input + the preset's fixed overhead (a workload that primes: without its state)."""
+    x = make_input(b, cell, "meta", DTYPES[cell.dtype])
+    work = cell.workload.work(model, cell, x, "meta", gpu=False)
+    base = module_bytes(model) + rounded(x.nbytes) + overhead
+    return tracked_peak(work, base, grad=cell.workload.grad)
 
 
-def _cuda_fits(
-    model: torch.nn.Module, step: TrainStep | None, cell: Cell, res: Resolved, b: int
-) -> bool:
-    """A real forward (or training step) at b under the ceiling less the fixed overhead;
-    OOM is caught, the input's allocation included."""
+def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
+    """A real step at b under the ceiling less the fixed overhead; OOM is caught, the
+    input's allocation included."""
     dev = torch.device(GPU)
-    work = None
     try:
-        work = _gpu_work(model, step, cell, b)
-        measured_peak_cuda(work, dev, res.usable, grad=step is not None)
+        work.x = make_input(b, cell, GPU, DTYPES[cell.dtype])
+        measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
         return True
     except torch.OutOfMemoryError:
         return False
     finally:
-        work = None
+        work.x = None
         gc.collect()
         torch.cuda.empty_cache()
 
@@ -197,9 +109,7 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
         row.update(status="skipped", reason=why)
         return row
     try:
-        if cell.task != "cost":  # a quality beside the cost (issue #13)
-            from attnbench.quality import tasks
-
+        if cell.task != "cost":  # a quality beside the cost
             row.update(quality=tasks.run(cell))
         else:
             _measure(cell, res, row)
@@ -216,9 +126,7 @@ def _first_line(e: BaseException) -> str:
 
 def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     memory = MemoryModel(cell, res)
-    row.flops = memory.model.flops(1, cell.n)  # per sequence; per forward below
-    if cell.mode == "train":
-        row.flops_backward = memory.model.flops_backward(1, cell.n)
+    row.flops, row.flops_backward = cell.workload.flops(memory.model, cell.n)  # per sequence
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak
         predicted, _ = solve_affine(memory.peak, res.ceiling, memory.fixed)
@@ -251,21 +159,17 @@ def _measure(cell: Cell, res: Resolved, row: Row) -> None:
 
 def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> None:
     """Real probes confirm or correct the model's max batch; then peak memory and time at
-    that batch, on the GPU. A training step's optimizer state is made first, by one step
-    at b = 1, as it exists in every step after a real run's first."""
-    dtype, dev, train = DTYPES[cell.dtype], torch.device(GPU), cell.mode == "train"
+    that batch, on the GPU. A workload that primes (a training step's optimizer state) runs
+    one step at b = 1 first, as that state exists in every step after a real run's first."""
+    dtype, dev, workload = DTYPES[cell.dtype], torch.device(GPU), cell.workload
     overhead = res.preset.overhead_bytes
-    model = _build(cell, res, GPU, dtype)
-    step = None
-    if train:
-        step = train_step(model, cell, _input(1, cell, GPU, dtype), GPU, gpu=True)
-        if not _cuda_fits(model, step, cell, res, 1):
-            row.update(status="oom", reason="b=1 does not fit", memory_source="measured")
-            return
+    model = build(cell, res, GPU, dtype)
+    work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)
+    if workload.primes and not _cuda_fits(work, cell, res, 1):
+        row.update(status="oom", reason="b=1 does not fit", memory_source="measured")
+        return
     if cell.batch == "max":
-        b, probes = largest_fitting(
-            lambda b: _cuda_fits(model, step, cell, res, b), max(predicted, 1)
-        )
+        b, probes = largest_fitting(lambda b: _cuda_fits(work, cell, res, b), max(predicted, 1))
         row.update(max_batch=b, probes=probes, model_error=predicted - b)
     else:
         b = cell.batch
@@ -277,9 +181,9 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
             memory_source="measured",
         )
         return
-    work = _gpu_work(model, step, cell, b)
+    work.x = make_input(b, cell, GPU, dtype)
     try:
-        peak = measured_peak_cuda(work, dev, res.usable, grad=train)
+        peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
         why = (
             "passed its probe but ran out of memory when run again (allocator fragmentation)"
@@ -294,11 +198,10 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         memory_source="measured",
         peak_reserved_bytes=None if peak.reserved is None else peak.reserved + overhead,
     )
-    parts = work.parts if train else [work]
     timings = time_parts(
-        parts,
+        work.parts,
         dev,
-        grad=train,
+        grad=workload.grad,
         min_repeats=cell.min_repeats,
         min_seconds=cell.min_seconds,
         flush_l2=cell.flush_l2,
@@ -307,26 +210,23 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
 
 
 def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
-    b = cell.cpu_batch
+    b, workload = cell.cpu_batch, cell.workload
     flops = row.flops + (row.flops_backward or 0)
     estimate = flops * b / cpu_matmul_rate()  # seconds per step, at the GEMM rate
     work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
-    what = "training step" if cell.mode == "train" else "forward"
     if work > cell.time_budget_s:
         row.reason = (
-            f"time skipped: ~{estimate:.1f} s per {what} at b={b} on this CPU; "
-            f"{2 + cell.min_repeats} {what}s exceed time_budget_s="
+            f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "
+            f"{2 + cell.min_repeats} {workload.what}s exceed time_budget_s="
             f"{cell.time_budget_s:g}"
         )
         return
-    model = _build(cell, res, "cpu", torch.float32)
-    x = _input(b, cell, "cpu", torch.float32)
-    train = cell.mode == "train"
-    parts = train_step(model, cell, x, "cpu", gpu=False).parts if train else [lambda: model(x)]
+    model = build(cell, res, "cpu", torch.float32)
+    x = make_input(b, cell, "cpu", torch.float32)
     timings = time_parts(
-        parts,
+        workload.work(model, cell, x, "cpu", gpu=False).parts,
         torch.device("cpu"),
-        grad=train,
+        grad=workload.grad,
         min_repeats=cell.min_repeats,
         min_seconds=min(cell.min_seconds, cell.time_budget_s / 2),
     )
@@ -337,7 +237,7 @@ def _put_timing(
     row: Row, timings: list[Timing], b: int, device: str, dtype: str, cell: Cell, res: Resolved
 ) -> None:
     """The step's figures from :func:`time_parts`' timings (the last is the whole step's);
-    a training step's parts go to ``time_parts`` by name."""
+    a workload's named parts go to ``time_parts`` by name."""
     timing = timings[-1]
     flops_per_step = (row.flops + (row.flops_backward or 0)) * b  # row.flops is per sequence
     rate = flops_per_step / timing.median
@@ -357,12 +257,12 @@ def _put_timing(
         flops_per_s=rate,
         pct_of_peak=None if peak is None else 100 * rate / peak,
     )
-    if cell.mode == "train":
+    if cell.workload.parts:
         row.time_parts = {
             name: {"median_s": t.median, "iqr_s": t.iqr, "samples_s": list(t.samples)}
-            for name, t in zip(PARTS, timings[:-1], strict=True)
+            for name, t in zip(cell.workload.parts, timings[:-1], strict=True)
         }
     row.env = {**row.env, "threads": timing.threads}
 
 
-__all__ = ["Cell", "modeled_peak", "run_cell", "validate"]
+__all__ = ["Cell", "MemoryModel", "modeled_peak", "run_cell", "validate"]

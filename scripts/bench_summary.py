@@ -1,4 +1,4 @@
-"""Turn a pytest-benchmark JSON of tests/benchmarks into the README's table.
+"""Turn a pytest-benchmark JSON of tests/benchmarks into the table quoted in docs/speed.md.
 
 Pure: reads the JSON, prints Markdown. Ratios are of medians taken in the same run; the floor
 of a mechanism is its counted FLOPs divided by the fp32 matmul rate measured in that run.

@@ -24,6 +24,7 @@ import torch
 
 from attnbench.cell import Cell
 from attnbench.env import fix_malloc
+from attnbench.row import Row
 from attnbench.runner import run_cell
 
 NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -37,7 +38,7 @@ MECHANISMS = (
     ("linformer", 256, EAGER),
     ("linformer", 256, LAYERWISE),
 )
-# the other mechanisms at their default budgets, inference only (issue #12): each one's first
+# the other mechanisms at their default budgets, inference only: each one's first
 # real CUDA forward, its memory model against the device, and its time beside vanilla's
 ZOO = tuple(
     (name, None, params)
@@ -75,35 +76,35 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
     )
 
 
-def table(rows: list[dict]) -> str:
-    def work(r: dict) -> tuple:
-        return (r["mode"], r.get("checkpoint"), bool(dict(r["params"]).get("causal")))
+def table(rows: list[Row]) -> str:
+    def work(r: Row) -> tuple:
+        return (r.mode, r.checkpoint, bool(dict(r.params).get("causal")))
 
-    base = {(r["n"], work(r)): r for r in rows if r["attention"] == "vanilla"}
+    base = {(r.n, work(r)): r for r in rows if r.attention == "vanilla"}
     lines = [
         "| mechanism | mode | n | max b | memory | modeled max b | probes | model error | "
         "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla | status |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        kernel = dict(r["params"]).get("kernel")
+        kernel = dict(r.params).get("kernel")
         name = (
-            r["attention"]
-            + (f" k={r['k']}" if r["k"] else "")
+            r.attention
+            + (f" k={r.k}" if r.k else "")
             + (f" {kernel}" if kernel else "")
             + (" causal" if work(r)[2] else "")
         )
-        v = base.get((r["n"], work(r)), {})
-        mode = r["mode"] + (" checkpoint" if r.get("checkpoint") else "")
-        t, tv = r.get("time_per_seq_s"), v.get("time_per_seq_s")
-        mb, mbv = r.get("max_batch"), v.get("max_batch")
+        v = base.get((r.n, work(r)))
+        mode = r.mode + (" checkpoint" if r.checkpoint else "")
+        t, tv = r.time_per_seq_s, v and v.time_per_seq_s
+        mb, mbv = r.max_batch, v and v.max_batch
         lines.append(
-            f"| {name} | {mode} | {r['n']} | {mb} | {r.get('memory_source')} | "
-            f"{r.get('predicted_max_batch')} | {r.get('probes')} | "
-            f"{r.get('model_error')} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
+            f"| {name} | {mode} | {r.n} | {mb} | {r.memory_source} | "
+            f"{r.predicted_max_batch} | {r.probes} | "
+            f"{r.model_error} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
             f"{'-' if not (t and tv) else f'{tv / t:.2f}'} | "
             f"{'-' if not (mb and mbv) else f'{mb / mbv:.2f}'} | "
-            f"{r['status'] if r['status'] == 'ok' else r['status'] + ': ' + str(r['reason'])} |"
+            f"{r.status if r.status == 'ok' else r.status + ': ' + str(r.reason)} |"
         )
     return "\n".join(lines)
 
@@ -166,16 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         for i, cell in enumerate(todo, 1):
             start = time.perf_counter()
             row = run_cell(cell)
-            row["wall_s"] = time.perf_counter() - start
+            row.wall_s = time.perf_counter() - start
             rows.append(row)
             f.write(row.to_json() + "\n")
             f.flush()
             print(
-                f"[{i}/{len(todo)}] {cell.label}: {row['status']} "
-                f"b={row['max_batch']} ({row['wall_s']:.1f} s)",
+                f"[{i}/{len(todo)}] {cell.label}: {row.status} "
+                f"b={row.max_batch} ({row.wall_s:.1f} s)",
                 flush=True,
             )
-    device = rows[0]["env"]["device_name"] if rows else "?"
+    device = rows[0].env["device_name"] if rows else "?"
     print(
         f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
         f"rows in {args.out}\n"

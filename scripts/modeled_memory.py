@@ -30,9 +30,9 @@ def paper_memory_ratios() -> dict[tuple[int, int], float]:
 def max_batch(attention: str, n: int, k: int | None = None, kernel: str | None = None) -> int:
     params = () if kernel is None else (("kernel", kernel), ("sharing", "layerwise"))
     row = run_cell(Cell(attention, n=n, k=k, params=params, model_only=True))
-    if row["status"] not in ("ok", "oom"):
-        raise RuntimeError(f"{attention} n={n} k={k}: {row['status']}: {row['reason']}")
-    return row["max_batch"]
+    if row.status not in ("ok", "oom"):
+        raise RuntimeError(f"{attention} n={n} k={k}: {row.status}: {row.reason}")
+    return row.max_batch
 
 
 def main() -> int:

@@ -46,7 +46,8 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
     such as the causal prefix-sum loops of linear and performer."""
     from attnbench.cell import Cell, validate
     from attnbench.measure.memory import module_bytes, profiled_peak, rounded
-    from attnbench.runner import MemoryModel, _build, _input, modeled_peak, train_step
+    from attnbench.runner import MemoryModel, build, make_input, modeled_peak
+    from attnbench.workload.train import train_step
 
     def cell(mode: str) -> Cell:
         return Cell(
@@ -56,7 +57,7 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
 
     c = cell("inference")
     res = validate(c)
-    model, meta = _build(c, res, "cpu", torch.float32), _build(c, res, "meta", torch.float32)
+    model, meta = build(c, res, "cpu", torch.float32), build(c, res, "meta", torch.float32)
     x = torch.randn(2, 256, 128)
     with torch.inference_mode():
         model(x)
@@ -66,8 +67,8 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
 
     c = cell("train")
     res = validate(c)
-    memory, model = MemoryModel(c, res), _build(c, res, "cpu", torch.float32)
-    step = train_step(model, c, _input(2, c, "cpu", torch.float32), "cpu", gpu=False)
+    memory, model = MemoryModel(c, res), build(c, res, "cpu", torch.float32)
+    step = train_step(model, c, make_input(2, c, "cpu", torch.float32), "cpu", gpu=False)
     step()
     step()
     real = profiled_peak(step)

@@ -13,7 +13,6 @@ import attnbench
 from attnbench.quality import approx
 from attnbench.quality.approx import (
     approximation_error,
-    budget_params,
     copy_projections,
     exact_counterpart,
     implied_rows,
@@ -312,18 +311,6 @@ def test_mechanisms_without_an_exact_counterpart_are_refused() -> None:
         exact_counterpart("nope")
 
 
-def test_budget() -> None:
-    assert budget_params("performer", 64) == {"nb_features": 64}
-    assert budget_params("linformer", 32, {"sharing": "kv"}) == {"sharing": "kv", "k": 32}
-    with pytest.raises(ValueError) as e:
-        budget_params("linear", 64)
-    assert one_line(e).startswith("k: attention=linear has no budget; allowed: linformer (k)")
-    with pytest.raises(ValueError, match=r"^k: sets nb_features"):
-        budget_params("performer", 64, {"nb_features": 32})
-    with pytest.raises(ValueError, match=r"^k: must be an integer >= 1"):
-        budget_params("performer", 0)
-
-
 @pytest.mark.parametrize(
     "kwargs,starts",
     [
@@ -388,7 +375,7 @@ def test_performer_error_does_not_fall_on_sharp_attention(monkeypatch: pytest.Mo
     fall below its eps (1e-4, added to every feature), so the estimate collapses to uniform
     attention; without the eps it is the estimator's variance, which grows like
     exp(‖q‖² + ‖k‖²), that keeps the error up. This is what the trained ListOps states show
-    (README, "Quality beside cost")."""
+    (docs/quality.md)."""
     import functools
 
     from attnbench.attention import performer

@@ -3,21 +3,26 @@ against something outside them: the keys and rows the committed reference run st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 
 from attnbench import row as rows
 from attnbench.cell import Cell, check_k, key, label, left_out, resolve_ceiling, validate
-from attnbench.checks import check_number
 from attnbench.env import environment
 from attnbench.measure import presets
+from attnbench.quality import tasks
 from attnbench.row import Row
+from attnbench.row_fields import FIELDS, markdown_table
 from attnbench.store import CorruptLine
+from attnbench.validators import check_number
 
 REFERENCE = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
+ARCHITECTURE = Path(__file__).parent.parent / "docs/architecture.md"
 
 
 def _reference() -> list[dict]:
@@ -165,3 +170,38 @@ def test_check_number_says_what_is_allowed() -> None:
         check_number("x", 1, low=0, high=1, open_low=True, open_high=True)
     with pytest.raises(ValueError, match="x: must be a number >= 0, got True"):
         check_number("x", True, low=0)
+
+
+def test_the_row_record_is_the_schema_table() -> None:
+    fields = dataclasses.fields(Row)
+    assert [(f.name, f.type) for f in fields] == [(f.name, f.type) for f in FIELDS]
+    row = Row(attention="vanilla", n=8, dtype="fp32", device="cpu")
+    assert next(iter(row.to_dict())) == "schema" and set(row.to_dict()) == {f.name for f in FIELDS}
+    assert row.params == {} and row.params is not Row(**GOOD).params  # no shared default
+
+
+@pytest.mark.parametrize(
+    ("marker", "table"), [("row-schema", markdown_table), ("quality-tasks", tasks.markdown_table)]
+)
+def test_architecture_tables_are_generated_from_the_declarations(marker: str, table) -> None:
+    block = re.search(
+        rf"<!-- {marker}:begin -->\n(.*?)\n<!-- {marker}:end -->", ARCHITECTURE.read_text(), re.S
+    )
+    assert block, f"docs/architecture.md lost its {marker} markers"
+    assert block.group(1).strip() == table(), (
+        f"docs/architecture.md's {marker} table is stale: paste in {table.__module__}."
+        f"{table.__name__}()"
+    )
+
+
+def test_a_declared_quality_figure_of_the_wrong_kind_is_refused() -> None:
+    approx = {**GOOD, "task": "approx"}
+    with pytest.raises(ValueError, match=r"^quality.rel_frobenius: must be a number, got 'low'$"):
+        Row.from_dict({**approx, "quality": {"rel_frobenius": "low"}})
+    with pytest.raises(ValueError, match=r"^quality.peak_bytes: must be a count, got -1$"):
+        Row.from_dict({**GOOD, "task": "listops", "quality": {"peak_bytes": -1}})
+    with pytest.raises(ValueError, match=r"^quality.cosine: must be a finite number, got nan$"):
+        Row.from_dict({**approx, "quality": {"cosine": math.nan}})
+    # undefined (None) and undeclared figures are kept as they are
+    row = Row.from_dict({**approx, "quality": {"row_error": None, "later": [1, "x"]}})
+    assert row.quality == {"row_error": None, "later": [1, "x"]}

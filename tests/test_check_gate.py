@@ -3,7 +3,7 @@
 The repository under test is a user's: a plugin mechanism (``ATTNBENCH_PLUGINS``) committed
 once, then changed in the working tree. A slowdown planted there is large (3x) so that these
 tests decide on a handful of short samples; the gate's power at 15 % and its false-alarm rate
-are measured by scripts/gate_power.py, with figures in the README, not asserted here.
+are measured by scripts/gate_power.py, with figures in docs/gate.md, not asserted here.
 
 Measured ratios are only ever bounded on the side that noise cannot reach: a loaded machine
 has read a planted 3x as 5.41x, so a planted slowdown is asserted to be caught (its verdict,

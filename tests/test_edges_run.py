@@ -1,4 +1,4 @@
-"""Issue #14, hardening ``attnbench run`` at its edges: names that would write outside
+"""Hardening ``attnbench run`` at its edges: names that would write outside
 ``out_dir``, disks that are full or read-only, and messages that named the wrong thing.
 
 Every refusal is one line and exit code 2 with nothing written; a failed write of the store
@@ -22,10 +22,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from attnbench.cell import Cell, validate
-from attnbench.checks import check_name
 from attnbench.measure import presets
 from attnbench.store import RunStore, StoreError, check_writable, read_rows, replace_file
 from attnbench.sweep.config import prevalidate, run_dir
+from attnbench.validators import check_name
 from tests.conftest import run_cli
 
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from attnbench.report.efficiency import crossing, efficiency_lengths, to_markdown
+from attnbench.report.efficiency import crossing, efficiency_lengths, grid
+from attnbench.report.text import grid_markdown
 from attnbench.row import Row
 
 
@@ -40,8 +39,8 @@ def test_crossing_at_the_edges_claims_no_more_than_measured() -> None:
     assert crossing([(256, 1.3), (512, 2.0)])[1] == "≤ 256"
     assert crossing([(256, 0.3), (512, 0.9)])[1] == "> 512"
     assert crossing([])[1] == "–"
-    # the baseline stops fitting: infinitely ahead, no ratio to interpolate towards
-    n, text, between, _ = crossing([(1024, 0.8), (2048, math.inf)])
+    # the baseline stops fitting: ahead with no ratio (None), nothing to interpolate towards
+    n, text, between, _ = crossing([(1024, 0.8), (2048, None)])
     assert (n, text, between) == (None, "1024–2048", (1024, 2048))
     # ahead, then behind again: said, not hidden
     assert crossing([(256, 0.5), (512, 2.0), (1024, 0.9)])[3] == "behind again at n = 1024"
@@ -84,6 +83,6 @@ def test_oom_baseline_counts_as_behind_for_memory() -> None:
 def test_markdown_table_has_a_row_per_mechanism_and_the_legend() -> None:
     rows = [_row("vanilla", n, 1e-6 * n * n, 8) for n in (256, 1024)]
     rows += [_row("linear", n, 1e-3 * n, 8) for n in (256, 1024)]
-    md = to_markdown(efficiency_lengths(rows))
+    md = grid_markdown(grid(efficiency_lengths(rows)))
     assert "| linear | ≈ 1000 | \\> 1024 |" in md  # Markdown's > escaped
     assert "interpolated" in md and md.count("\n| ") == 2

@@ -1,6 +1,6 @@
 """Hostile ``cells.jsonl``: every field of real rows replaced in turn by hostile values.
 
-Each case must end one of two ways (README, "Hostile rows"):
+Each case must end one of two ways (docs/reliability.md, "Hostile rows"):
 
 * refused: ``attnbench report`` exits 2 with one line on stderr and no traceback, and
   writes nothing; :func:`attnbench.load` raises a one-line ``ValueError``;
@@ -32,7 +32,7 @@ import pytest
 import attnbench
 from attnbench import cli
 from attnbench.report import files
-from attnbench.report.tables import latex, markdown
+from attnbench.report.text import latex, markdown
 from attnbench.row import printable
 from tests.conftest import run_cli
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import attnbench
-from attnbench.tasks import listops
-from attnbench.tasks.classify import DEFAULTS, Classifier, train
+from attnbench.quality import listops
+from attnbench.quality.classify import DEFAULTS, Classifier, train
 
 OPS = {"[MAX": "mx(", "[MIN": "mn(", "[MED": "md(", "[SM": "sm("}
 

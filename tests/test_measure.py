@@ -15,7 +15,8 @@ from attnbench.measure import presets
 from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import time_forward
-from attnbench.runner import _build, modeled_peak, run_cell
+from attnbench.row import Row
+from attnbench.runner import build, modeled_peak, run_cell
 from tests.conftest import runnable_here
 
 D, H = 64, 4
@@ -123,8 +124,8 @@ def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
         )
     )
     model = _model("vanilla", n)
-    b = row["max_batch"]
-    assert row["status"] == "ok" and row["memory_source"] == "modeled"
+    b = row.max_batch
+    assert row.status == "ok" and row.memory_source == "modeled"
     assert _real_peak(model, b, n) <= ceiling < _real_peak(model, b + 1, n)
 
 
@@ -182,20 +183,20 @@ def test_row_without_a_gpu_is_modeled_and_timed_on_cpu() -> None:
         "pct_of_peak",
         "env",
     ):
-        assert key in row
+        assert hasattr(row, key)
     if torch.cuda.is_available():
         pytest.skip("with CUDA the row is measured")
-    assert row["status"] == "ok" and row["memory_source"] == "modeled"
-    assert row["device"] == "v100_16gb" and row["max_batch"] > 1000
-    assert row["peak_bytes"] <= row["ceiling_bytes"]
-    assert (row["time_device"], row["time_dtype"], row["time_batch"]) == ("cpu", "fp32", 1)
-    assert row["time_per_seq_s"] > 0 and row["repeats"] >= 2
-    assert row["pct_of_peak"] is None  # a CPU time against a V100's peak would mean nothing
-    assert row["flops"] == _model_flops(row)
-    assert set(row["env"]) >= {"device_name", "torch", "cuda", "attnbench", "git_revision"}
+    assert row.status == "ok" and row.memory_source == "modeled"
+    assert row.device == "v100_16gb" and row.max_batch > 1000
+    assert row.peak_bytes <= row.ceiling_bytes
+    assert (row.time_device, row.time_dtype, row.time_batch) == ("cpu", "fp32", 1)
+    assert row.time_per_seq_s > 0 and row.repeats >= 2
+    assert row.pct_of_peak is None  # a CPU time against a V100's peak would mean nothing
+    assert row.flops == _model_flops(row)
+    assert set(row.env) >= {"device_name", "torch", "cuda", "attnbench", "git_revision"}
 
 
-def _model_flops(row: dict) -> int:
+def _model_flops(row: Row) -> int:
     with torch.device("meta"):
         model = attnbench.build_model(
             "linformer",
@@ -203,19 +204,19 @@ def _model_flops(row: dict) -> int:
             d_model=D,
             n_heads=H,
             d_ff=128,
-            max_seq_len=row["n"],
-            k=row["k"],
+            max_seq_len=row.n,
+            k=row.k,
             sharing="layerwise",
         )
-    return model.flops(1, row["n"])
+    return model.flops(1, row.n)
 
 
 def test_oom_at_b1_and_over_budget_time_are_rows_with_reasons() -> None:
     row = run_cell(Cell("vanilla", n=65536, min_repeats=1))
-    assert row["status"] == "oom" and "b=1 does not fit" in row["reason"]
+    assert row.status == "oom" and "b=1 does not fit" in row.reason
     row = run_cell(Cell("vanilla", n=1024, time_budget_s=0.001))
-    assert row["status"] == "ok" and row["reason"].startswith("time skipped:")
-    assert row["time_per_seq_s"] is None and row["max_batch"] > 0
+    assert row.status == "ok" and row.reason.startswith("time skipped:")
+    assert row.time_per_seq_s is None and row.max_batch > 0
 
 
 def test_unavailable_mechanism_is_skipped_with_its_reason() -> None:
@@ -223,7 +224,7 @@ def test_unavailable_mechanism_is_skipped_with_its_reason() -> None:
     if why is None:
         pytest.skip("xformers can run here")
     row = run_cell(Cell("xformers", n=512))
-    assert row["status"] == "skipped" and row["reason"] == why
+    assert row.status == "skipped" and row.reason == why
 
 
 @pytest.mark.parametrize(
@@ -271,7 +272,7 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "| linformer k=32 | inference | 128 |" in done.stdout
     assert "| sdpa | train checkpoint | 128 |" in done.stdout
-    assert "| local causal | inference | 128 |" in done.stdout  # the zoo (issue #12)
+    assert "| local causal | inference | 128 |" in done.stdout  # the zoo
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # 11 Table 3 and training cells, and the zoo's 10 mechanisms at n = 64 and 128
     assert len(rows) == 11 + 2 * 10 and all(r["status"] == "ok" for r in rows), rows
@@ -298,20 +299,12 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
     would enforce it."""
     from attnbench import runner
     from attnbench.measure.memory import Peak
-    from attnbench.train import TrainStep
 
-    def fake_measured_peak(forward, device, ceiling, grad=False):
-        if isinstance(forward, TrainStep):  # weights, the optimizer's state and the input
-            model, x = forward.model, forward.x
-            state = forward.state_tensors(host_steps=True)
-            base = module_bytes(model) + sum(rounded(t.nbytes) for t in state)
-        else:
-            model, x = sorted(
-                (c.cell_contents for c in forward.__closure__),
-                key=lambda v: isinstance(v, torch.Tensor),
-            )
-            base = module_bytes(model)
-        peak = tracked_peak(forward, base + rounded(x.nbytes), ceiling, grad=grad)
+    def fake_measured_peak(work, device, ceiling, grad=False):
+        # weights, what a first step left (the optimizer's state) and the input
+        state = work.state_tensors()
+        base = module_bytes(work.model) + sum(rounded(t.nbytes) for t in state)
+        peak = tracked_peak(work, base + rounded(work.x.nbytes), ceiling, grad=grad)
         return Peak(peak, "measured", None)
 
     monkeypatch.setattr(runner, "GPU", "cpu")
@@ -335,11 +328,11 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
     plan = validate(cell)
     plan.on_gpu = True
     row = run_cell(cell, plan)
-    assert row["status"] == "ok" and row["memory_source"] == "measured", row["reason"]
-    assert row["max_batch"] == row["predicted_max_batch"] > 1 and row["model_error"] == 0
-    assert row["probes"] == 2 and row["time_batch"] == row["max_batch"]
-    assert row["peak_bytes"] <= row["ceiling_bytes"]
-    assert row["pct_of_peak"] is None  # this is not the preset's A100
+    assert row.status == "ok" and row.memory_source == "measured", row.reason
+    assert row.max_batch == row.predicted_max_batch > 1 and row.model_error == 0
+    assert row.probes == 2 and row.time_batch == row.max_batch
+    assert row.peak_bytes <= row.ceiling_bytes
+    assert row.pct_of_peak is None  # this is not the preset's A100
 
 
 @pytest.mark.parametrize(
@@ -356,7 +349,7 @@ def test_affine_solve_finds_the_searchs_answer_in_four_meta_forwards(cell: Cell)
     """The model's max batch from :func:`solve_affine` is exactly the galloping search's
     answer, in at most four meta forwards (two to solve, two to confirm b and b + 1)."""
     res = validate(cell)
-    meta = _build(cell, res, "meta", torch.float16 if cell.dtype == "fp16" else torch.bfloat16)
+    meta = build(cell, res, "meta", torch.float16 if cell.dtype == "fp16" else torch.bfloat16)
     overhead = res.preset.overhead_bytes
     calls: list[int] = []
 

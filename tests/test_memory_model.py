@@ -13,7 +13,7 @@ import torch
 
 from attnbench.cell import Cell, validate
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
-from attnbench.runner import _build, modeled_peak
+from attnbench.runner import build, modeled_peak
 from tests.conftest import mechanism_variants, param_ids
 
 VARIANTS = mechanism_variants((("kernel", "sdpa"),), (("projection", "conv"),))
@@ -33,8 +33,8 @@ def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str)
         d_ff=ff, params=params,
     )  # fmt: skip
     res = validate(cell)
-    model = _build(cell, res, "cpu", torch.float32)
-    meta = _build(cell, res, "meta", torch.float32)
+    model = build(cell, res, "cpu", torch.float32)
+    meta = build(cell, res, "meta", torch.float32)
     for b in (1, 2, 3):
         x = torch.randn(b, n, d)
         with torch.inference_mode():

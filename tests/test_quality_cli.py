@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.quality import tasks
 from attnbench.report.quality import _front, pareto_points
 from attnbench.row import Row
 from attnbench.store import read_rows
 from tests.conftest import run_cli
+
+CONFIG = Path(__file__).parent.parent / "conf/config.yaml"
 
 CPU = ("device=cpu", "dtype=fp32", "batch=1", "progress=false")
 TINY_LISTOPS = (
@@ -48,7 +51,7 @@ def test_approx_sweep_rows_and_report(tmp_path: Path) -> None:
     assert q[("vanilla", None)]["rel_frobenius"] < 1e-5  # exact: no error
     assert q[("performer", 32)]["rel_frobenius"] < q[("performer", 8)]["rel_frobenius"]
     assert 0 < q[("linear", None)]["rel_frobenius"] < 2
-    report = next(tmp_path.glob("results/ap/*/report/table3.md")).read_text()
+    report = next(tmp_path.glob("results/ap/*/report/quality.md")).read_text()
     assert "Approximation error on the same weights, n=64, random inputs" in report
     assert "random projection" in report  # the footnote says what Linformer's figure is
     assert "| uniform attention (baseline) |" in report  # what every error is read beside
@@ -70,7 +73,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
         assert r.status == "ok" and 0 <= q["test_accuracy"] <= 1 and 0 < q["majority_accuracy"]
         assert q["steps_per_s"] > 0 and q["peak_bytes"] > 0
         assert [s for s, _ in q["curve"]] == [3, 6]
-    report = next(tmp_path.glob("results/lo/*/report/table3.md")).read_text()
+    report = next(tmp_path.glob("results/lo/*/report/quality.md")).read_text()
     assert "ListOps accuracy" in report and "36.37 % (Transformer)" in report
     assert "15.82 % (Local Attention)" in report
     plots = next(tmp_path.glob("results/lo/*/report/plots"))
@@ -89,7 +92,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     # the very model task=listops trained (deterministic on the CPU): the same test accuracy
     trained = {r.attention: r.quality["test_accuracy"] for r in rows}["vanilla"]
     assert q["model_accuracy"] == trained
-    report = next(tmp_path.glob("results/sp/*/report/table3.md")).read_text()
+    report = next(tmp_path.glob("results/sp/*/report/quality.md")).read_text()
     assert "Spectrum of P, n=32, listops model" in report
     at_8 = [line.split("|")[2].strip() for line in report.splitlines() if line.startswith("| 2 |")]
     assert at_8 == [f"{q['cumulative'][1][7]:.3f}"]  # layer 2's curve at the index
@@ -104,7 +107,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     q = {r.attention: r.quality for r in _rows(tmp_path, "at")}
     assert q["vanilla"]["inputs"] == "listops" and len(q["vanilla"]["layers"]) == 2
     assert q["vanilla"]["rel_frobenius"] < 1e-5 < q["performer"]["rel_frobenius"]
-    report = next(tmp_path.glob("results/at/*/report/table3.md")).read_text()
+    report = next(tmp_path.glob("results/at/*/report/quality.md")).read_text()
     assert "n=32, listops inputs" in report and "trained by task=listops" in report
     assert f"test accuracy: {100 * trained:.2f} %" in report
 
@@ -201,3 +204,39 @@ def test_listops_over_seeds_is_tabulated_with_its_spread() -> None:
     names = [b[0] for b in listops_table([*rows, *longer]).body]
     assert names == ["vanilla (steps=1)", "local", *["vanilla (steps=1)"] * 2,
                      *["vanilla (steps=9)"] * 2]  # fmt: skip
+
+
+def test_the_config_and_the_library_take_the_registry_defaults() -> None:
+    """conf/config.yaml's ``quality`` block (Hydra's defaults) is the registry's, and the
+    classifier's own defaults (a call without a cell) are the listops task's."""
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    from attnbench.quality import classify
+    from attnbench.row_fields import TASKS
+
+    config = OmegaConf.to_container(OmegaConf.load(CONFIG).quality)
+    assert config == {name: task.defaults() for name, task in tasks.REGISTRY.items()}
+    assert TASKS == ("cost", "approx", "spectrum", "listops") == ("cost", *tasks.REGISTRY)
+    listops = tasks.REGISTRY["listops"].defaults()
+    assert {k: classify.DEFAULTS[k] for k in listops if k != "seed"} == {
+        k: v for k, v in listops.items() if k != "seed"
+    }
+    assert inspect.signature(classify.train).parameters["seed"].default == listops["seed"]
+    for task in tasks.REGISTRY.values():
+        assert {f.kind for f in task.figures} <= set(tasks._FIGURES), task.name
+
+
+def test_the_quality_tasks_import_no_cell() -> None:
+    """cell.py imports the registry to validate a quality cell: the registry must not need
+    the cell back (no import circle, not even a lazy one)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnbench.quality.tasks, attnbench.row_fields;"
+        " assert 'attnbench.cell' not in sys.modules, 'cell imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,8 @@ def test_readme_measurement_example_runs() -> None:
     scope: dict = {}
     exec(compile(code, "docs/measurement.md", "exec"), scope)
     row = scope["row"]
-    assert row["status"] == "ok" and row["max_batch"] > 0
-    assert row["memory_source"] == ("measured" if torch.cuda.is_available() else "modeled")
+    assert row.status == "ok" and row.max_batch > 0
+    assert row.memory_source == ("measured" if torch.cuda.is_available() else "modeled")
 
 
 def test_no_committed_run_sits_where_the_readme_commands_write() -> None:
@@ -116,3 +117,16 @@ def test_every_package_of_attnbench_ships_in_the_wheel() -> None:
         for p in (root / "attnbench").rglob("__init__.py")
     }
     assert found <= listed, sorted(found - listed)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["lst"], ["report", "--bogus"]])
+def test_help_and_a_typo_do_not_load_torch(args: list[str]) -> None:
+    """`attnbench --help` and a typo's one line answer before torch is imported (seconds on
+    a loaded machine): checked by what the process imported, not by a clock."""
+    code = (
+        "import sys\nfrom attnbench.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('torch' in sys.modules, code)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split()[-2:] == ["False", "0" if args == ["--help"] else "2"], out.stderr

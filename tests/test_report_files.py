@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.report import files, plots
+from attnbench.report.sections import SECTIONS
 from attnbench.store import read_rows
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
@@ -243,3 +244,48 @@ def test_committed_reports_are_those_of_the_committed_reference_runs(
         for rel, data in fresh.items():
             if rel != "index.html":  # the committed page also holds the plots
                 assert (root / "reports" / name / rel).read_bytes() == data, (name, rel)
+
+
+def _quality_rows(n: int = 3) -> list[str]:
+    """The first approx rows of the committed reference run, as stored."""
+    path = Path(__file__).parent.parent / "results/reference/approx-cpu-cpu/cells.jsonl"
+    return path.read_text().splitlines()[:n]
+
+
+def test_documents_are_named_after_what_they_hold(tmp_path: Path) -> None:
+    """``table3.*`` only where the rows have Table 3's ratios, ``quality.*`` for the quality
+    tables; a report of both writes both, each holding only its own tables."""
+    quality_only, both = tmp_path / "q", tmp_path / "both"
+    for d, lines in (
+        (quality_only, _quality_rows()),
+        (both, FIXTURE.read_text().splitlines() + _quality_rows()),
+    ):
+        d.mkdir()
+        (d / "cells.jsonl").write_text("\n".join(lines) + "\n")
+    q = files.render(files.build(quality_only), with_plots=False)
+    assert {"quality.md", "quality.tex"} <= set(q) and not any(f.startswith("table3") for f in q)
+    assert "Approximation error on the same weights" in q["quality.md"].decode()
+    assert "Quality rows: no time or memory ratios." in q["quality.md"].decode()
+    assert files.summary(q) == "index.html, quality.md, quality.tex, 0 CSV, 0 plots"
+    b = files.render(files.build(both), with_plots=False)
+    table3, quality = b["table3.md"].decode(), b["quality.md"].decode()
+    assert "**time ratio: linformer" in table3 and "Approximation error" not in table3
+    assert "Approximation error" in quality and "time ratio" not in quality
+    assert "Time ratio = vanilla time per sequence" in table3
+    assert files.summary(b).startswith("index.html, quality.md, quality.tex, table3.md")
+
+
+def test_report_json_is_what_the_sections_record(run_dir: Path) -> None:
+    """Every ratio table (not the paper's, nor the quotient) and every efficiency length,
+    as the sections made them, under the keys report.json has always had."""
+    report = files.build(run_dir)
+    data = json.loads(files.render(report, with_plots=False)["report.json"])
+    assert list(data) == ["run_dir", "baseline", "rows", "tables", "efficiency_lengths", "quality"]
+    assert [(t["mechanism"], t["kind"]) for t in data["tables"]] == [
+        (t.mechanism, t.kind) for t in report.tables
+    ]
+    time = data["tables"][0]
+    assert {"n": 2048, "k": 128, "text": "OOM³", "value": None} in time["cells"]
+    assert data["efficiency_lengths"] and data["quality"] == []
+    assert {s.record for s in SECTIONS} - {None} == set(files.RECORDS)
+    assert len({s.name for s in SECTIONS}) == len(SECTIONS)

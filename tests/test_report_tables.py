@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from attnbench.report.efficiency import efficiency_lengths
 from attnbench.report.paper import load_paper, paper_table, quotient
-from attnbench.report.tables import (
-    ratio_tables,
-    to_csv,
-    to_latex,
-    to_markdown,
-)
+from attnbench.report.ratio import ratio
+from attnbench.report.tables import ratio_tables
+from attnbench.report.text import to_csv, to_latex, to_markdown
+from attnbench.row import Row
 from attnbench.store import CorruptLine, read_rows
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
@@ -188,3 +188,47 @@ def test_fixed_batch_rows_pair_with_the_same_batch_and_have_no_memory_ratio() ->
     assert by[("time", "8")].value[(512, 128)] == pytest.approx(1.25 / 2)
     assert by[("memory", "8")].text[(512, 128)] == "–¹"
     assert by[("memory", "8")].footnotes[0] == "¹ fixed batch: no max batch was searched"
+
+
+def _oom_baseline_rows() -> list[Row]:
+    """vanilla fits at n = 1024 and not at 2048; linformer fits at both."""
+    shape = {"layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072}
+    at = {"dtype": "fp16", "device": "v100_16gb", "model": shape, "time_device": "cuda"}
+    return [
+        Row(attention="vanilla", n=1024, time_per_seq_s=0.04, max_batch=20, **at),
+        Row(attention="vanilla", n=2048, status="oom", memory_source="measured", **at),
+        Row(attention="linformer", n=1024, k=128, time_per_seq_s=0.016, max_batch=60, **at),
+        Row(attention="linformer", n=2048, k=128, time_per_seq_s=0.03, max_batch=30, **at),
+    ]
+
+
+def test_an_oom_baseline_has_no_ratio_but_its_status() -> None:
+    """The one rule: where the baseline does not fit one sequence the ratio is undefined,
+    shown as the baseline's status with its footnote, never a number or an infinity."""
+    vanilla, oom, _, linformer = _oom_baseline_rows()
+    for kind in ("time", "memory"):
+        got = ratio(kind, linformer, oom)
+        assert (got.value, got.text, got.outgrown) == (None, "OOM", True)
+        assert got.notes == ("the baseline does not fit at b = 1 under the ceiling (measured)",)
+    # the mechanism out of memory too: still undefined, and not "outgrown"
+    assert not ratio("memory", dataclasses.replace(linformer, status="oom"), oom).outgrown
+    assert ratio("memory", linformer, vanilla).value == pytest.approx(30 / 20)
+    # in a ratio table: the status and its footnote, no value, nothing for a CSV
+    time, memory = ratio_tables(_oom_baseline_rows())
+    for t in (time, memory):
+        assert t.text[(2048, 128)] == "OOM¹" and t.value[(2048, 128)] is None
+        assert t.footnotes == ("¹ the baseline does not fit at b = 1 under the ceiling (measured)",)
+    assert memory.text[(1024, 128)] == "3.0x" and to_csv(memory).endswith("2048,\n")
+
+
+def test_an_oom_baseline_in_an_efficiency_length_is_read_from_the_same_rule() -> None:
+    """The lengths take each n's ratio from the tables' rule: the memory length crosses where
+    the baseline stops fitting (no ratio to interpolate), the time length has no point
+    there, and no length claims a figure the table does not show."""
+    rows = _oom_baseline_rows()
+    rows[2].max_batch = 10  # behind at 1024 (10 < 20), so the crossing is the OOM
+    got = {x.kind: x for x in efficiency_lengths(rows, ("vanilla",))}
+    memory, time = got["memory"], got["time"]
+    assert (memory.n, memory.text, memory.between) == (None, "1024–2048", (1024, 2048))
+    assert memory.compared == (1024, 2048)
+    assert (time.text, time.compared) == ("≤ 1024", (1024,))

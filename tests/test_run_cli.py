@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.cell import parse_size
 from attnbench.store import CorruptLine, RunStore, read_rows
+from attnbench.validators import parse_size
 from tests.conftest import run_cli
 
 SMOKE = ("+sweep=smoke", "progress=false")
@@ -279,6 +279,15 @@ def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
     assert {"max_batch", "time_per_seq_s", "peak_bytes", "memory_source"} <= set(rows[0])
 
 
+def test_a_single_cell_says_where_it_stored_its_row(tmp_path: Path) -> None:
+    args = ("attention=vanilla", "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB")
+    out = run(*args, "timing.min_seconds=0", "progress=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (cells,) = tmp_path.glob("results/single/*/cells.jsonl")
+    assert f"attnbench: row stored in {cells.relative_to(tmp_path)}" in out.stdout
+    assert len(read_rows(cells)) == 1
+
+
 def test_command_line_sweep_duplicates_run_once_and_config_is_kept(tmp_path: Path) -> None:
     """Vanilla ignores k: three jobs, one cell, measured once even with rerun=true."""
     args = (
@@ -292,7 +301,11 @@ def test_command_line_sweep_duplicates_run_once_and_config_is_kept(tmp_path: Pat
         "timing.min_seconds=0",
         "progress=false",
     )
-    assert run(*args, cwd=tmp_path).returncode == 0
+    first = run(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    # said once, before it runs; a fresh run has nothing "done before"
+    assert first.stderr.count("attnbench run: vanilla ignores k: measured once") == 1
+    assert "done before" not in first.stdout
     out = run(*args, "rerun=true", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.count("  ok ") == 1
     (cells,) = tmp_path.glob("results/single/*/cells.jsonl")

@@ -1,6 +1,7 @@
-"""Issue #14, sweeps of thousands of cells: the start-up and the per-cell store work must not
+"""Sweeps of thousands of cells: the start-up and the per-cell store work must not
 grow with the sweep. Nothing here times anything: the work is counted (Hydra composes, bytes
-the store reads), so the tests hold on a loaded machine. The figures are in the issue.
+the store reads), so the tests hold on a loaded machine. The figures are in docs/running.md
+("Large sweeps").
 
 * ``expand_jobs`` composes once per distinct choice of config groups, not once per job, and
   gives exactly the configs Hydra's own compose gives job by job (checked here against it,

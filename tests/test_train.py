@@ -17,7 +17,8 @@ from attnbench.cell import Cell, validate
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.row import Row
-from attnbench.runner import MemoryModel, _build, _input, run_cell, train_step
+from attnbench.runner import MemoryModel, build, make_input, run_cell
+from attnbench.workload.train import train_step
 from tests.conftest import mechanism_variants, param_ids, run_cli
 
 VARIANTS = mechanism_variants((("kernel", "eager"),))
@@ -39,10 +40,10 @@ def _cell(name: str, params: tuple = (), shape: str = "layer", **kw: object) -> 
 def _real_and_modeled(cell: Cell, bs: tuple[int, ...]) -> list[tuple[int, int, int]]:
     res = validate(cell)
     memory = MemoryModel(cell, res)
-    model = _build(cell, res, "cpu", torch.float32)
+    model = build(cell, res, "cpu", torch.float32)
     out = []
     for b in bs:
-        step = train_step(model, cell, _input(b, cell, "cpu", torch.float32), "cpu", gpu=False)
+        step = train_step(model, cell, make_input(b, cell, "cpu", torch.float32), "cpu", gpu=False)
         step()
         step()  # steady state: the optimizer's state exists, as after any real first step
         real = profiled_peak(step)
@@ -102,7 +103,7 @@ def test_the_optimizers_state_is_counted_exactly() -> None:
             steps = len(params) * rounded(4) if opt == "adamw" and device == "cpu" else 0
             assert state == moments + steps, (opt, device)
     # and a real AdamW holds the same: two moments per parameter
-    model = _build(_cell("vanilla", shape="encoder3"), validate(_cell("vanilla")), "cpu", None)
+    model = build(_cell("vanilla", shape="encoder3"), validate(_cell("vanilla")), "cpu", None)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(1, 8, 128)).pow(2).mean().backward()
     opt.step()

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 # mechanisms written against attnbench 0.1 import the validators from here
-from attnbench.checks import check_bool, check_choice, check_int  # noqa: F401
+from attnbench.validators import check_bool, check_choice, check_int  # noqa: F401
 
 
 def blocked_keys(

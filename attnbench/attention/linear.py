@@ -35,8 +35,8 @@ from attnbench.attention.prefix import (
     linear_attention,
     linear_flops,
 )
-from attnbench.checks import check_bool, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_int
 
 
 @dataclass

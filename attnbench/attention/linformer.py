@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_choice, check_int
 
 SHARING = ("none", "headwise", "kv", "layerwise")
 PROJECTIONS = ("linear", "random", "mean", "max", "conv")

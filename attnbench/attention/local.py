@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.checks import check_bool, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_int
 
 MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
 

@@ -30,7 +30,8 @@ Choices of ours where the paper is silent:
   padded ones, so the landmarks equal those of the sequence with its padding taken out. For
   L < m (and n < m without padding) each real token is its own landmark and the m − L empty
   segments are masked out of every softmax and of A (whose pseudo-inverse then is that of its
-  non-empty block): Nyströmformer with a landmark per token is exact softmax attention.
+  non-empty block): Nyströmformer with a landmark per token is exact softmax attention, given
+  enough pseudo-inverse iterations (relative error 4.2e-2 at the default 6, 7e-14 at 40).
 * Padded keys are masked out of softmax(Q̃ Kᵀ) and padded rows of the input are zeroed
   before the projections (so a non-finite value there reaches nothing); V is zeroed at padded
   positions before the convolution, which therefore sees padding as zeros in place: with right
@@ -61,8 +62,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.checks import check_bool, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_int
 
 
 @dataclass

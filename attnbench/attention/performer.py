@@ -41,8 +41,8 @@ from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.prefix import DEFAULT_CHUNK, causal_linear_attention, causal_linear_flops
-from attnbench.checks import check_bool, check_choice, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_choice, check_int
 
 KERNELS = ("softmax", "relu")
 # positions per block of the causal prefix sums: at m = 256 features and d_h = 64 a block's

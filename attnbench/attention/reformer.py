@@ -53,8 +53,8 @@ from reformer_pytorch.reformer_pytorch import TOKEN_SELF_ATTN_VALUE, max_neg_val
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.checks import check_bool, check_int
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_int
 
 
 @dataclass

@@ -15,8 +15,8 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.checks import check_bool, check_choice
 from attnbench.registry import register
+from attnbench.validators import check_bool, check_choice
 
 BACKENDS = {
     "auto": None,

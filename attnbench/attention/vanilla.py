@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.checks import check_bool
 from attnbench.registry import register
+from attnbench.validators import check_bool
 
 
 @dataclass

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.checks import check_bool
 from attnbench.registry import register
+from attnbench.validators import check_bool
 
 NOT_INSTALLED = "xformers is not installed (pip install 'attnbench[xformers]')"
 NO_GPU = "xformers has no CPU kernels and no CUDA GPU is visible"

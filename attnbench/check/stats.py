@@ -147,7 +147,7 @@ def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     Why not median(b) / median(a): on this project's 2-core CI machine (per-sample noise
     around 8 %), the ratio of medians of 30 samples put a planted 15 % slowdown under the 10 %
     threshold in about 9 % of replays; the Hodges–Lehmann estimate, which uses every pair
-    rather than two middle values, in under 1 % (scripts/gate_power.py, README).
+    rather than two middle values, in under 1 % (scripts/gate_power.py, docs/gate.md).
     """
     la = [math.log(x) for x in _sample("a", a, positive=True)]
     lb = [math.log(y) for y in _sample("b", b, positive=True)]

@@ -17,7 +17,7 @@ from typing import Any
 from attnbench.cell import label
 from attnbench.check import Misuse
 from attnbench.check.stats import min_samples
-from attnbench.checks import check_choice, check_int, check_number
+from attnbench.validators import check_choice, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ def load_suite(
     from attnbench.cell import left_out
     from attnbench.registry import info
     from attnbench.sweep.config import cell_from_cfg, expand_jobs
+    from attnbench.workload import refuses
 
     # Hydra ignores a search path that does not exist: the suite would silently come from
     # the shipped configs, or be "unknown", instead of naming the real mistake
@@ -116,8 +117,8 @@ def load_suite(
             why = info_.unavailable
             if why is None and settings["device"] not in info_.devices:
                 why = f"runs on {', '.join(info_.devices)}, not {settings['device']}"
-            if why is None and sc.mode == "train" and info_.cannot_train:
-                why = f"cannot train: {info_.cannot_train}"
+            if why is None:
+                why = refuses(sc.mode, cell.attention)
             if why is not None:
                 skipped.append((sc.name, why))
             else:

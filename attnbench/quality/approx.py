@@ -67,9 +67,9 @@ from torch import Tensor, nn
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
 from attnbench.attention.linformer import LinformerAttention
-from attnbench.checks import check_int, check_number
 from attnbench.model import Encoder
 from attnbench.registry import create, info, mechanism_class, names
+from attnbench.validators import check_int, check_number
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 EXACT = ("vanilla", "sdpa")  # softmax attention itself: what an exact_layer may be
@@ -107,25 +107,6 @@ def exact_counterpart(name: str) -> None:
         raise ValueError(
             f"attention: {name} has no exact counterpart: {why}; allowed: {', '.join(allowed)}"
         )
-
-
-def budget_params(attention: str, k: int, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``params`` with the sweep's ``k`` set on ``attention``'s budget field (``info().budget``).
-
-    A mechanism without a budget raises ``k: attention=linear has no budget; ...`` so a sweep
-    over k refuses it in one line rather than silently repeating one configuration.
-    """
-    budget = info(attention).budget
-    if budget is None:
-        having = ", ".join(f"{n} ({info(n).budget})" for n in names() if info(n).budget)
-        raise ValueError(f"k: attention={attention} has no budget; allowed: {having}")
-    params = dict(params or {})
-    if budget in params and params[budget] != k:
-        raise ValueError(
-            f"k: sets {budget} of attention={attention}, which params also give "
-            f"({params[budget]!r}); give one of them"
-        )
-    return {**params, budget: check_int("k", k)}
 
 
 @torch.no_grad()

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnbench.checks import check_int
 from attnbench.model import Encoder
 from attnbench.quality.approx import (
     check_inputs,
@@ -27,6 +26,7 @@ from attnbench.quality.approx import (
     layer_inputs,
     softmax_reference,
 )
+from attnbench.validators import check_int
 
 HAS_P = "softmax attention has the context matrix P"  # why another layer is refused
 

@@ -1,212 +1,241 @@
-"""Quality tasks as cells: what ``attnbench run task=approx|spectrum|listops`` measures.
+"""Quality tasks as cells: the one registry of what ``attnbench run task=...`` measures.
 
 A cost cell (``task=cost``, the default) measures time and memory. A quality cell measures the
 same mechanism at the same n and budget from another side, and its row carries the figures in
-``quality`` (a mapping), beside the cost rows of the same store:
+``quality`` (a mapping), beside the cost rows of the same store. Each quality task is one
+:class:`Task` of :data:`REGISTRY`, which declares
 
-* ``approx`` — the error against exact softmax attention on the same weights
-  (:mod:`attnbench.quality.approx`): on random inputs to fresh seeded layers, averaged over
-  ``seeds``, or on each layer's real hidden states in the trained ListOps model
-  (``inputs=listops``), averaged over layers (each layer's figures kept too);
-* ``spectrum`` — the singular values of each head's P = softmax(QKᵀ/√d) in a vanilla model
-  (:mod:`attnbench.quality.spectrum`, the Linformer paper's Figure 1), random or trained;
-* ``listops`` — test accuracy on ListOps after a fixed budget of training steps
-  (:mod:`attnbench.tasks.classify`), beside the majority class, with steps per second, the
-  training peak memory and the accuracy curve.
+* its settings, with their defaults (conf/config.yaml's ``quality.<task>`` block holds the
+  same, for Hydra; a test keeps the two equal): a key of a cell's settings not declared is a
+  typo, refused in one line;
+* its figures: the keys its run puts in the row's ``quality``, each with the JSON type a
+  stored row must hold there (:mod:`attnbench.row_fields` checks them on reading);
+* its rules (``validate``) and its measurement (``run``, in :mod:`attnbench.quality.runs`).
 
-"The trained ListOps model" is the vanilla classifier that ``task=listops`` trains at the
-same settings and seed (training is deterministic on the CPU), trained once per process and
-kept: an ``approx`` or ``spectrum`` sweep over it pays for one training run, not one per cell.
-This module only adapts cells to those libraries; each rule of a task lives here
-(:func:`validate`) and nowhere else.
+:data:`TASKS` (``cost`` and every quality task) is what a cell's ``task`` may be.
+This module imports no cell: :mod:`attnbench.cell` imports it to validate a quality cell.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-import attnbench
-from attnbench.checks import check_choice, check_int
+from attnbench.quality import listops, runs
+from attnbench.registry import info
+from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
 INPUTS = ("random", "listops")
-# the settings each task takes (conf/config.yaml's quality.<task> block): a key not here is
-# a typo, refused in one line
-SETTINGS = {
-    "approx": ("inputs", "seed", "seeds", "batch", "listops"),
-    "spectrum": ("inputs", "seed", "batch", "index", "listops"),
-    "listops": (
-        "seed", "steps", "batch", "lr", "warmup", "weight_decay", "train_examples",
-        "test_examples", "max_depth", "max_args", "eval_every",
-    ),
-}  # fmt: skip
 
 
-def _settings(cell: Cell) -> dict[str, Any]:
-    return dict(cell.quality)
+@dataclass(frozen=True)
+class Setting:
+    """A key of ``quality.<task>``. A ``carried`` one is not in the config: the sweep fills it
+    in (``listops``: the ``quality.listops`` block of the model that ``inputs=listops`` reads)."""
+
+    name: str
+    default: Any
+    doc: str
+    carried: bool = False
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A key of a row's ``quality``; ``kind`` is what its stored value is (None is allowed
+    wherever a figure may be undefined: a mechanism without rows has no ``row_error``)."""
+
+    name: str
+    kind: str  # number | count | text | list
+    doc: str
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    doc: str
+    settings: tuple[Setting, ...]
+    figures: tuple[Figure, ...]
+    # the task's own rules and run, each given the cell and its resolved settings
+    check: Callable[[Cell, dict[str, Any]], None]
+    run: Callable[[Cell, dict[str, Any]], dict[str, Any]]
+
+    def defaults(self) -> dict[str, Any]:
+        """The settings a cell that names none gets: the config's ``quality.<task>`` block."""
+        return {s.name: s.default for s in self.settings if not s.carried}
+
+
+def _check_inputs(task: str, cell: Cell, s: dict[str, Any]) -> None:
+    check_choice(f"quality.{task}.inputs", s["inputs"], INPUTS)
+    check_int(f"quality.{task}.batch", s["batch"])
+    if s["inputs"] == "listops":
+        listops.check_n(cell.n)
+
+
+def _check_approx(cell: Cell, s: dict[str, Any]) -> None:
+    from attnbench.quality.approx import exact_counterpart
+
+    _check_inputs("approx", cell, s)
+    exact_counterpart(cell.attention)
+    check_int("quality.approx.seeds", s["seeds"])
+
+
+def _check_spectrum(cell: Cell, s: dict[str, Any]) -> None:
+    _check_inputs("spectrum", cell, s)
+    if cell.attention != "vanilla":
+        raise ValueError(
+            f"attention: task=spectrum reads softmax's own P: needs vanilla, got {cell.attention}"
+        )
+    index = check_int("quality.spectrum.index", s["index"])
+    if index > cell.n:
+        raise ValueError(f"quality.spectrum.index: must be at most n={cell.n}, got {index}")
+
+
+def _check_listops(cell: Cell, s: dict[str, Any]) -> None:
+    listops.check_n(cell.n)
+
+
+_SEED = Setting("seed", 0, "the first seed of the inputs and weights")
+_BATCH = Setting("batch", 2, "sequences per measurement")
+_INPUTS = Setting("inputs", "random", "random (fresh seeded layers) or listops (trained states)")
+_CARRY = Setting("listops", None, "the trained model's quality.listops settings", carried=True)
+_TRAINED = Figure("model_accuracy", "number", "inputs=listops: the trained model's accuracy")
+
+REGISTRY: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task(
+            "approx",
+            "error against exact softmax attention on the same weights",
+            (
+                _INPUTS,
+                _SEED,
+                Setting("seeds", 3, "random inputs: seeds averaged"),
+                _BATCH,
+                _CARRY,
+            ),
+            (
+                Figure("inputs", "text", "random or listops"),
+                Figure("rel_frobenius", "number", "‖Y − Ŷ‖_F / ‖Y‖_F on real positions"),
+                Figure("cosine", "number", "mean cosine of y_i and ŷ_i over real tokens"),
+                Figure("row_error", "number", "mean TV distance of implied and softmax rows"),
+                Figure("uniform_rel_frobenius", "number", "uniform attention's rel_frobenius"),
+                Figure("uniform_row_error", "number", "uniform attention's row_error"),
+                Figure("layers", "list", "inputs=listops: each layer's figures"),
+                _TRAINED,
+            ),
+            _check_approx,
+            runs.approx,
+        ),
+        Task(
+            "spectrum",
+            "singular values of softmax's P in a vanilla model (paper Figure 1)",
+            (_INPUTS, _SEED, _BATCH, Setting("index", 128, "the singular value read"), _CARRY),
+            (
+                Figure("inputs", "text", "random or listops"),
+                Figure("n", "count", "the sequence length (points per curve)"),
+                Figure("index", "count", "the singular value at_index reads"),
+                Figure("cumulative", "list", "per layer: normalised cumulative singular values"),
+                Figure("at_index", "list", "layers × heads: the cumulative value at index"),
+                _TRAINED,
+            ),
+            _check_spectrum,
+            runs.spectrum,
+        ),
+        Task(
+            "listops",
+            "ListOps accuracy after a fixed training budget",
+            (
+                _SEED,
+                Setting("steps", 800, "training steps"),
+                Setting("batch", 32, "sequences per step"),
+                Setting("lr", 0.001, "AdamW's peak learning rate"),
+                Setting("warmup", 100, "linear warmup steps"),
+                Setting("weight_decay", 0.01, "AdamW's weight decay"),
+                Setting("train_examples", 20000, "expressions trained on"),
+                Setting("test_examples", 1000, "expressions tested on"),
+                Setting("max_depth", 10, "the deepest an expression nests"),
+                Setting("max_args", 10, "the most arguments an operator takes"),
+                Setting("eval_every", 200, "steps between points of the curve"),
+            ),
+            (
+                Figure("test_accuracy", "number", "test accuracy after the last step"),
+                Figure("majority_accuracy", "number", "what predicting one class scores"),
+                Figure("steps_per_s", "number", "training steps per second"),
+                Figure("peak_bytes", "count", "bytes one training step allocates"),
+                Figure("curve", "list", "[step, test accuracy] every eval_every steps"),
+                Figure("train_examples", "count", "expressions trained on"),
+                Figure("test_examples", "count", "expressions tested on"),
+                Figure("seconds", "number", "the whole training call"),
+            ),
+            _check_listops,
+            runs.listops,
+        ),
+    )
+}
+TASKS = ("cost", *REGISTRY)
+
+
+def settings(cell: Cell) -> dict[str, Any]:
+    """The cell's settings over its task's defaults; a carried ``listops`` block over the
+    listops task's defaults (what the trained model was trained with)."""
+    task = REGISTRY[cell.task]
+    out = {**task.defaults(), **dict(cell.quality)}
+    if any(s.carried for s in task.settings):
+        trained = REGISTRY["listops"].defaults()
+        carried = dict(out.get("listops") or ())
+        out["listops"] = {**trained, **{k: v for k, v in carried.items() if k in trained}}
+    return out
 
 
 def validate(cell: Cell) -> None:
     """One ``ValueError`` line naming the first bad key of a quality cell."""
-    from attnbench.quality.approx import exact_counterpart
-    from attnbench.tasks import listops
-
-    task = cell.task
-    s = _settings(cell)
-    for key in s:
-        check_choice(f"quality.{task}", key, SETTINGS[task], "a setting of this task")
-    if cell.mode != "inference":
-        raise ValueError(
-            f"mode: task={task} measures a quality, not a training step; use inference"
-        )
-    budget = attnbench.info(cell.attention).budget
-    if cell.k is not None and budget is None:
-        raise ValueError(f"k: attention={cell.attention} has no budget (task={task})")
-    if "seed" in s:
-        check_int(f"quality.{task}.seed", s["seed"], low=0)
-    if task in ("approx", "spectrum"):
-        check_choice(f"quality.{task}.inputs", s.get("inputs", "random"), INPUTS)
-        check_int(f"quality.{task}.batch", s.get("batch", 1))
-        if s.get("inputs") == "listops":
-            listops.check_n(cell.n)
-    if task == "approx":
-        exact_counterpart(cell.attention)
-        check_int("quality.approx.seeds", s.get("seeds", 1))
-    if task == "spectrum":
-        if cell.attention != "vanilla":
-            raise ValueError(
-                f"attention: task=spectrum reads softmax's own P: needs vanilla, got "
-                f"{cell.attention}"
-            )
-        index = check_int("quality.spectrum.index", s.get("index", 128))
-        if index > cell.n:
-            raise ValueError(f"quality.spectrum.index: must be at most n={cell.n}, got {index}")
-    if task == "listops":
-        listops.check_n(cell.n)
+    task = REGISTRY[cell.task]
+    names = tuple(s.name for s in task.settings)
+    for key, _ in cell.quality:
+        check_choice(f"quality.{task.name}", key, names, "a setting of this task")
+    if cell.k is not None and info(cell.attention).budget is None:
+        raise ValueError(f"k: attention={cell.attention} has no budget (task={task.name})")
+    s = settings(cell)
+    check_int(f"quality.{task.name}.seed", s["seed"], low=0)
+    task.check(cell, s)
 
 
 def run(cell: Cell) -> dict[str, Any]:
     """The quality figures of a validated cell (the row's ``quality``)."""
-    return {"approx": _approx, "spectrum": _spectrum, "listops": _listops}[cell.task](cell)
+    return REGISTRY[cell.task].run(cell, settings(cell))
 
 
-def _train_kwargs(cell: Cell, settings: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "n": cell.n,
-        "layers": cell.layers,
-        "d_model": cell.d_model,
-        "n_heads": cell.n_heads,
-        "d_ff": cell.d_ff,
-        **settings,
-    }
+_FIGURES = {
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "text": lambda v: isinstance(v, str),
+    "list": lambda v: isinstance(v, list),
+}
 
 
-@functools.lru_cache(maxsize=2)
-def _trained_vanilla(frozen: tuple[tuple[str, Any], ...]) -> Any:
-    """The vanilla ListOps classifier, its test inputs and its test accuracy (which ties a
-    row measured on it to the task=listops row of the same settings), trained once per
-    process."""
-    from attnbench.tasks import classify
-
-    result = classify.train("vanilla", {}, **dict(frozen))
-    ids, mask = result["test_inputs"]
-    return result["model"], ids, mask, result["test_accuracy"]
-
-
-def _trained_inputs(cell: Cell, batch: int) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
-    """(the trained vanilla model's encoder, the embedded test inputs, their padding mask,
-    the model's test accuracy):
-    the model task=listops trains at this cell's n and model shape and the ``quality.listops``
-    settings the sweep carried in (classify's defaults where it carried none)."""
-    from attnbench.tasks.classify import DEFAULTS
-
-    carried = dict(_settings(cell).get("listops", ()))
-    settings = {k: v for k, v in DEFAULTS.items() if k in SETTINGS["listops"]}
-    settings.update({k: v for k, v in carried.items() if k in SETTINGS["listops"]})
-    frozen = tuple(sorted(_train_kwargs(cell, settings).items()))
-    model, ids, mask, accuracy = _trained_vanilla(frozen)
-    with torch.no_grad():
-        x = model.embed(ids[:batch])
-    return model.encoder, x, mask[:batch], accuracy
+def check_figures(task: str, quality: dict[str, Any] | None) -> None:
+    """Each figure ``task`` declares is of its kind where a stored row holds it (None: an
+    undefined figure); figures it does not declare are kept as they are. The caller
+    (:func:`attnbench.row.read`) shortens the message."""
+    if task not in REGISTRY or not quality:
+        return
+    for figure in REGISTRY[task].figures:
+        v = quality.get(figure.name)
+        if v is not None and not _FIGURES[figure.kind](v):
+            raise ValueError(f"quality.{figure.name}: must be a {figure.kind}, got {v!r}")
 
 
-# uniform attention (every query averages every real value): Linformer with one mean-pooled
-# row. Untrained layers on random inputs attend almost uniformly, so every error is read
-# beside this one's, measured on the same inputs and weights
-UNIFORM = ("linformer", (("k", 1), ("projection", "mean"), ("sharing", "none")))
-
-
-def _approx(cell: Cell) -> dict[str, Any]:
-    out = dict(_approx_of(cell))
-    # the same inputs, seeds and weights: only the mechanism differs (cached per sweep)
-    uniform = _approx_of(dataclasses.replace(cell, attention=UNIFORM[0], k=None, params=UNIFORM[1]))
-    out["uniform_rel_frobenius"] = uniform["rel_frobenius"]
-    out["uniform_row_error"] = uniform["row_error"]
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def _approx_of(cell: Cell) -> dict[str, Any]:
-    from attnbench.quality import approx
-
-    s = _settings(cell)
-    attention, params = cell.attention, cell.mechanism_params()
-    if s.get("inputs", "random") == "random":
-        seed = s.get("seed", 0)
-        out = approx.random_inputs_error(
-            attention,
-            params,
-            n=cell.n,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            batch=s.get("batch", 2),
-            seeds=tuple(range(seed, seed + s.get("seeds", 3))),
+def markdown_table() -> str:
+    """Each task's settings and figures as docs/architecture.md shows them."""
+    lines = ["| task | settings (defaults) | figures in `quality` |", "| --- | --- | --- |"]
+    for t in REGISTRY.values():
+        settings = ", ".join(
+            f"`{s.name}`" + ("" if s.carried else f" ({s.default})") for s in t.settings
         )
-        return {"inputs": "random", **out}
-    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 2))
-    layers = approx.layerwise_error(
-        encoder, attention, params, x=x, key_padding_mask=mask, seed=s.get("seed", 0)
-    )
-    mean = approx.mean_metrics(layers)
-    return {"inputs": "listops", "model_accuracy": accuracy, "layers": layers, **mean}
-
-
-def _spectrum(cell: Cell) -> dict[str, Any]:
-    from attnbench.quality import spectrum
-
-    s = _settings(cell)
-    index = s.get("index", 128)
-    if s.get("inputs", "random") == "random":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(s.get("seed", 0))
-            model = attnbench.build_model(
-                "vanilla",
-                layers=cell.layers,
-                d_model=cell.d_model,
-                n_heads=cell.n_heads,
-                d_ff=cell.d_ff,
-                max_seq_len=cell.n,
-            )
-            x = torch.randn(s.get("batch", 2), cell.n, cell.d_model)
-        return {"inputs": "random", **spectrum.spectrum(model, x, index=index)}
-    encoder, x, mask, accuracy = _trained_inputs(cell, s.get("batch", 2))
-    out = spectrum.spectrum(encoder, x, mask, index=index)
-    return {"inputs": "listops", "model_accuracy": accuracy, **out}
-
-
-def _listops(cell: Cell) -> dict[str, Any]:
-    from attnbench.tasks import classify
-
-    out = classify.train(
-        cell.attention, cell.mechanism_params(), **_train_kwargs(cell, _settings(cell))
-    )
-    for name in classify.OBJECTS:
-        out.pop(name)
-    out["curve"] = [list(point) for point in out["curve"]]
-    return out
+        figures = "; ".join(f"`{f.name}` ({f.kind}): {f.doc}" for f in t.figures)
+        lines.append(f"| `{t.name}`: {t.doc} | {settings} | {figures} |")
+    return "\n".join(lines)

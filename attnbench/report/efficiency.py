@@ -4,11 +4,16 @@ The question users bring ("which attention for my n?") has a one-number answer p
 mechanisms: below some n the Transformer's attention is faster (its n² work is small and its
 kernels are better tuned), above it the efficient one wins. For each mechanism (with its
 parameters and budget) and setting, against a baseline at the same setting
-(:func:`attnbench.report.tables.group`: n, dtype, preset, model, mode, causal, ...):
+(:func:`attnbench.report.ratio.group`: n, dtype, preset, model, mode, causal, ...):
 
 * **time**: the smallest n whose time ratio (baseline time ÷ mechanism time) exceeds 1;
 * **memory**: the smallest n whose max batch exceeds the baseline's (or at which the
   baseline no longer fits at b = 1 and the mechanism does).
+
+Both read each n's ratio from :func:`attnbench.report.ratio.ratio`, the tables' own: where
+it is undefined there is no point, but for one case, which the ratio itself flags
+(``outgrown``): the baseline does not fit one sequence and the mechanism does, which for
+memory is the mechanism ahead, with no ratio to interpolate towards.
 
 Between two swept n the crossing is interpolated, linearly in log n against log ratio, and
 marked ``≈`` (it was not measured there). A mechanism already ahead at the smallest swept n
@@ -26,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench import cell
-from attnbench.report.tables import grid_markdown, group, setting
+from attnbench.report.grid import Grid
+from attnbench.report.ratio import group, ratio, setting
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -46,36 +52,27 @@ class Length:
     note: str = ""  # e.g. "behind again at n = 8192"
 
 
-def _ratio(kind: str, r: Row, b: Row) -> float | None:
-    """> 1: the mechanism is ahead. None: no figure to compare at this n."""
-    if r.status != "ok":
-        return None
-    if kind == "memory":
-        if b.status == "oom" and r.max_batch:
-            return math.inf  # the baseline does not fit one sequence; the mechanism does
-        if b.status != "ok" or not r.max_batch or not b.max_batch:
-            return None
-        return r.max_batch / b.max_batch
-    t, tb = r.time_per_seq_s, b.time_per_seq_s
-    if b.status != "ok" or not t or not tb:
-        return None
-    return tb / t
+def _ahead(v: float | None) -> bool:
+    return v is None or v > 1
 
 
-def crossing(points: list[tuple[int, float]]) -> tuple[float | None, str, tuple | None, str]:
-    """(n, text, between, note) for ratios ``points`` = [(n, ratio)] sorted by n."""
+def crossing(
+    points: list[tuple[int, float | None]],
+) -> tuple[float | None, str, tuple | None, str]:
+    """(n, text, between, note) for ``points`` = [(n, ratio)] sorted by n; a ratio of
+    None is ahead with no figure (the baseline did not fit one sequence)."""
     if not points:
         return None, "–", None, "no n with both figures"
-    first = next((i for i, (_, v) in enumerate(points) if v > 1), None)
+    first = next((i for i, (_, v) in enumerate(points) if _ahead(v)), None)
     if first is None:
         return None, f"> {points[-1][0]}", None, ""
     n1, v1 = points[first]
-    later = [n for n, v in points[first + 1 :] if v <= 1]
+    later = [n for n, v in points[first + 1 :] if not _ahead(v)]
     note = f"behind again at n = {', '.join(map(str, later))}" if later else ""
     if first == 0:
         return float(n1), f"≤ {n1}", None, note
     n0, v0 = points[first - 1]
-    if math.isinf(v1) or v0 <= 0:  # no ratio to interpolate towards
+    if v1 is None or v0 is None or v0 <= 0:  # no ratio to interpolate towards
         return None, f"{n0}–{n1}", (n0, n1), note
     # log-log: the ratios of n-power costs are straight lines there
     f = (0 - math.log(v0)) / (math.log(v1) - math.log(v0)) if v1 != v0 else 1.0
@@ -107,9 +104,13 @@ def efficiency_lengths(
                 points = []
                 for r in sorted(mrows, key=lambda r: r.n):
                     b = base.get(group(r))
-                    v = None if b is None else _ratio(kind, r, b)
-                    if v is not None:
-                        points.append((r.n, v))
+                    got = None if b is None else ratio(kind, r, b)
+                    if got is None:
+                        continue
+                    if got.value is not None:
+                        points.append((r.n, got.value))
+                    elif kind == "memory" and got.outgrown:  # ahead, with no ratio
+                        points.append((r.n, None))
                 if not points:  # never measured beside it (say, xformers without CUDA)
                     continue
                 n, text, between, note = crossing(points)
@@ -137,9 +138,9 @@ LEGEND = (
 )
 
 
-def grid(lengths: list[Length]) -> tuple[list[str], list[list[str]], list[str]]:
-    """(headings, rows, notes) of the one table every format prints: a row per mechanism,
-    a column per (kind, baseline); plain text, each writer escapes it for its format."""
+def grid(lengths: list[Length]) -> Grid:
+    """The one table every format prints: a row per mechanism, a column per (kind,
+    baseline); plain text, each writer escapes it for its format."""
     cols = list(dict.fromkeys((x.kind, x.baseline) for x in lengths))
     names = list(dict.fromkeys(x.mechanism for x in lengths))
     at = {(x.mechanism, x.kind, x.baseline): x for x in lengths}
@@ -159,8 +160,4 @@ def grid(lengths: list[Length]) -> tuple[list[str], list[list[str]], list[str]]:
                 text += f" ({len(notes)})"
             cells.append(text)
         body.append(cells)
-    return head, body, [LEGEND, *notes]
-
-
-def to_markdown(lengths: list[Length]) -> str:
-    return grid_markdown(TITLE, *grid(lengths)) if lengths else ""
+    return Grid(TITLE, head, body, [LEGEND, *notes])

@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import html
 
+from attnbench.report.grid import Grid
+from attnbench.report.paper import Beside
 from attnbench.report.tables import RatioTable, heading
 
 CSS = """
@@ -51,19 +53,35 @@ def table_html(t: RatioTable, caption: str | None = None) -> str:
     )
 
 
-def plain_table_html(caption: str, head: list[str], rows: list[list[str]], notes: list[str]) -> str:
-    """A table of text (the efficiency lengths): first column a heading per row."""
+def grid_html(g: Grid) -> str:
+    """A table of text (the efficiency lengths, a quality table): first column a heading
+    per row."""
     e = html.escape
     body = "".join(
         f"<tr><th>{e(r[0])}</th>" + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>"
-        for r in rows
+        for r in g.body
     )
     return (
-        f"<div><table><caption>{e(caption)}</caption><thead><tr>"
-        + "".join(f"<th>{e(h)}</th>" for h in head)
+        f"<div><table><caption>{e(g.title)}</caption><thead><tr>"
+        + "".join(f"<th>{e(h)}</th>" for h in g.head)
         + f"</tr></thead><tbody>{body}</tbody></table>"
-        f'<p class="notes">{"<br>".join(map(e, notes))}</p></div>'
+        f'<p class="notes">{"<br>".join(map(e, g.notes))}</p></div>'
     )
+
+
+def part_html(body: Grid | RatioTable | Beside) -> str:
+    """A section's table on the page; the paper's beside a measured one, side by side."""
+    if isinstance(body, Grid):
+        return grid_html(body)
+    if isinstance(body, Beside):
+        return (
+            '<div class="side">'
+            + table_html(body.measured, "measured")
+            + table_html(body.paper, "paper (Wang et al. 2020, Table 3)")
+            + table_html(body.quotient, "measured ÷ paper")
+            + "</div>"
+        )
+    return table_html(body)
 
 
 def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:

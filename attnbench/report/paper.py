@@ -4,9 +4,11 @@ and columns, and the quotient measured ÷ paper cell by cell. Pure functions, li
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report.tables import MARKS, MISSING, RatioTable
+from attnbench.workload import DEFAULT
 
 PAPER = "Linformer paper (Wang et al. 2020), Table 3"
 
@@ -82,4 +84,21 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
 def compares_with_paper(t: RatioTable) -> bool:
     """The paper's Table 3 is Linformer against the Transformer at inference: set it beside
     those only (the paper has no training table)."""
-    return t.attention == "linformer" and t.mode == "inference"
+    return t.attention == "linformer" and t.mode == DEFAULT
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A measured table with the paper's figures on its cells and the quotient of the two."""
+
+    measured: RatioTable
+    paper: RatioTable
+    quotient: RatioTable
+
+
+def beside(measured: RatioTable, paper: list[dict[str, Any]]) -> Beside | None:
+    """``measured`` beside the paper's Table 3 where the paper speaks to it, else None."""
+    if not compares_with_paper(measured):
+        return None
+    theirs = paper_table(measured, paper)
+    return Beside(measured, theirs, quotient(measured, theirs))

@@ -9,12 +9,14 @@ test can check the PNGs' dimensions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnbench.cell import train_label
-from attnbench.report.tables import RatioTable, label, setting
-from attnbench.row import as_rows, printable
+from attnbench.report.ratio import label, setting
+from attnbench.report.tables import RatioTable
+from attnbench.row import Row, as_rows, printable
+from attnbench.workload import label_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,6 +26,15 @@ DPI = 100  # PNGs are 640 × 420 pixels
 PNG_PIXELS = (round(SIZE_IN[0] * DPI), round(SIZE_IN[1] * DPI))
 # a legend entry or title longer than this is cut: a row's free text can be a megabyte
 TEXT_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure of the report: ``plots/<stem>.png`` and ``.svg``, shown with its caption."""
+
+    stem: str
+    figure: Figure
+    caption: str
 
 
 def _text(value: Any) -> str:
@@ -51,22 +62,22 @@ def _figure() -> tuple[Figure, Any]:
     return fig, fig.add_subplot()
 
 
-def _series(rows: list[dict[str, Any]], y: str) -> dict[str, list[tuple[int, float]]]:
+def _series(rows: list[Row], y: str) -> dict[str, list[tuple[int, float]]]:
     """One line per mechanism and budget (``linformer (...) k=128``), points (n, y)."""
     # fp16 and fp32 rows: two lines, not a zigzag (causal, the setting's last part, is in
     # the label already)
     many = len({setting(r)[:-1] for r in rows}) > 1
     out: dict[tuple[str, int, str], list[tuple[int, float]]] = {}
     for r in rows:
-        v = r.get(y)
-        if r.get("status") != "ok" or not v:
+        v = getattr(r, y)
+        if r.status != "ok" or not v:
             continue
         where = ""
         if many:
             batch = r.batch_asked
-            work = train_label(r.optimizer, r.checkpoint) if r.mode == "train" else r.mode
-            where = f" [{work}, {r['dtype']}, b={batch}, ceiling {r.get('ceiling_bytes')}]"
-        out.setdefault((label(r), r.get("k") or 0, where), []).append((r["n"], float(v)))
+            work = label_of(r)
+            where = f" [{work}, {r.dtype}, b={batch}, ceiling {r.ceiling_bytes}]"
+        out.setdefault((label(r), r.k or 0, where), []).append((r.n, float(v)))
     return {
         name + (f" k={k}" if k else "") + where: sorted(points)  # k in numeric order
         for (name, k, where), points in sorted(out.items())
@@ -85,7 +96,7 @@ def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> 
 
 
 def _against_n(
-    rows: list[dict[str, Any]], y: str, ylabel: str, where: Callable[[dict[str, Any]], str]
+    rows: Iterable[Row | dict[str, Any]], y: str, ylabel: str, where: Callable[[Row], str]
 ) -> Figure | None:
     """One log–log figure of ``y`` against n; the title says how the figures were taken."""
     rows = as_rows(rows)
@@ -94,26 +105,24 @@ def _against_n(
         return None
     fig, ax = _figure()
     _lines(ax, series, ylabel)
-    how = sorted({where(r) for r in rows if r.get(y)})
+    how = sorted({where(r) for r in rows if getattr(r, y)})
     ax.set_title(_text(f"{ylabel} ({', '.join(how)})"), fontsize=9)
     return fig
 
 
-def time_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
+def time_vs_n(rows: Iterable[Row | dict[str, Any]]) -> Figure | None:
     """Inference time per sequence against n, log–log: the paper's Figure 2 (top right)."""
     return _against_n(
         rows,
         "time_per_seq_s",
         "time per sequence (s)",
-        lambda r: f"timed on {r.get('time_device')} {r.get('time_dtype')} b={r.get('time_batch')}",
+        lambda r: f"timed on {r.time_device} {r.time_dtype} b={r.time_batch}",
     )
 
 
-def batch_vs_n(rows: list[dict[str, Any]]) -> Figure | None:
+def batch_vs_n(rows: Iterable[Row | dict[str, Any]]) -> Figure | None:
     """Maximum batch under the ceiling against n; a model that cannot fit b = 1 has no point."""
-    return _against_n(
-        rows, "max_batch", "maximum batch size", lambda r: str(r.get("memory_source"))
-    )
+    return _against_n(rows, "max_batch", "maximum batch size", lambda r: str(r.memory_source))
 
 
 def speedup_heatmap(table: RatioTable) -> Figure | None:
@@ -152,14 +161,12 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     return fig
 
 
-def modeled_vs_measured(rows: list[dict[str, Any]]) -> Figure | None:
+def modeled_vs_measured(rows: Iterable[Row | dict[str, Any]]) -> Figure | None:
     """Max batch the memory model predicted against the one found on the GPU, per cell."""
     pairs = [
-        (r["predicted_max_batch"], r["max_batch"], r["attention"])
-        for r in rows
-        if r.get("memory_source") == "measured"
-        and r.get("predicted_max_batch")
-        and r.get("max_batch")
+        (r.predicted_max_batch, r.max_batch, r.attention)
+        for r in as_rows(rows)
+        if r.memory_source == "measured" and r.predicted_max_batch and r.max_batch
     ]
     if not pairs:
         return None

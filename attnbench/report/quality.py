@@ -1,12 +1,12 @@
-"""Quality beside cost: the report's tables and figures for quality rows (issue #13).
+"""Quality beside cost: the report's tables for quality rows.
 
 Pure functions of rows, like :mod:`attnbench.report.tables`: ``approx`` rows become error
 tables (rows mechanism, columns budget k, one table per n and input kind), ``listops`` rows an
 accuracy table with the published Long Range Arena figures beside ours (as context, never as
-a target), ``spectrum`` rows the Linformer paper's Figure 1, and any quality row that has a
-cost row of the same mechanism, budget and n in the report (``attnbench report RUN --also
-COST_RUN``), or a cost of its own (ListOps' training speed and peak memory), a point of the
-quality–cost Pareto plot.
+a target), ``spectrum`` rows the Linformer paper's Figure 1 as numbers, and any quality row
+that has a cost row of the same mechanism, budget and n in the report (``attnbench report RUN
+--also COST_RUN``), or a cost of its own (ListOps' training speed and peak memory), a point of
+the quality–cost Pareto plot. The figures are drawn in :mod:`attnbench.report.quality_plots`.
 """
 
 from __future__ import annotations
@@ -14,16 +14,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnbench import cell
-from attnbench.report.plots import _figure, _text
-from attnbench.report.tables import label
+from attnbench.report.grid import Grid
+from attnbench.report.ratio import label
 from attnbench.row import Row, as_rows
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 # Long Range Arena (Tay et al. 2021), Table 1, ListOps accuracy (%); Nyströmformer's figure
 # is from its own paper (Xiong et al. 2021), as LRA did not run it. Context, not a target.
@@ -50,17 +46,7 @@ TRAINED_FOOTNOTE = (
 )
 
 
-@dataclass(frozen=True)
-class Grid:
-    """A table of text every format prints (:func:`attnbench.report.tables.grid_markdown`)."""
-
-    title: str
-    head: list[str]
-    body: list[list[str]]
-    notes: list[str]
-
-
-def _task(rows: Iterable[Row | dict[str, Any]], task: str) -> list[Row]:
+def task_rows(rows: Iterable[Row | dict[str, Any]], task: str) -> list[Row]:
     return [r for r in as_rows(rows) if r.task == task and r.status == "ok" and r.quality]
 
 
@@ -72,7 +58,7 @@ def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     """One error table per (input kind, n): rows mechanism, columns k; each cell the relative
     Frobenius error, with the cosine similarity and the row error beside it."""
     out = []
-    mine = _task(rows, "approx")
+    mine = task_rows(rows, "approx")
     for inputs, n in sorted({(r.quality.get("inputs", "random"), r.n) for r in mine}):
         here = [r for r in mine if r.quality.get("inputs", "random") == inputs and r.n == n]
         ks = sorted({r.k for r in here if r.k is not None})
@@ -129,7 +115,7 @@ def spectrum_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     lowest and highest head there. The higher it is, the more of P a rank-``index``
     approximation keeps."""
     out = []
-    for r in _task(rows, "spectrum"):
+    for r in task_rows(rows, "spectrum"):
         q = r.quality
         inputs, index, n = q.get("inputs", "random"), q["index"], q["n"]
         at = sorted({i for i in SPECTRUM_AT if i < index} | {index})
@@ -158,7 +144,7 @@ def spectrum_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
 
 def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     """Accuracy after the fixed training budget, with Long Range Arena's beside it."""
-    mine = _task(rows, "listops")
+    mine = task_rows(rows, "listops")
     if not mine:
         return None
     seeds = len({_seed(r) for r in mine}) > 1  # a column for it only where it tells rows apart
@@ -230,7 +216,7 @@ def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     spread that a difference between mechanisms must exceed before it means anything. A
     row repeated (the same setup and seed, e.g. a run passed twice with ``--also``) counts
     once: training is deterministic, so it is the same measurement."""
-    mine = _task(rows, "listops")
+    mine = task_rows(rows, "listops")
     by: dict[str, dict[int, Row]] = {}
     repeated = 0
     for name, r in zip(_listops_names(mine), mine, strict=True):
@@ -267,82 +253,6 @@ def listops_seeds_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
     return Grid("ListOps accuracy over seeds", head, body, notes)
 
 
-def quality_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
-    rows = as_rows(rows)
-    out = approx_tables(rows) + spectrum_tables(rows)
-    if (t := listops_table(rows)) is not None:
-        out.append(t)
-    if (t := listops_seeds_table(rows)) is not None:
-        out.append(t)
-    return out
-
-
-def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
-    """Relative error against the budget k (log–log), one line per mechanism, per (inputs, n)."""
-    out = []
-    mine = [r for r in _task(rows, "approx") if r.k is not None]
-    for inputs, n in sorted({(r.quality.get("inputs", "random"), r.n) for r in mine}):
-        here = [r for r in mine if r.quality.get("inputs", "random") == inputs and r.n == n]
-        fig, ax = _figure()
-        for name in dict.fromkeys(label(r) for r in here):
-            pts = sorted((r.k, r.quality["rel_frobenius"]) for r in here if label(r) == name)
-            pts = [(k, v) for k, v in pts if v and v > 0]
-            if pts:
-                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                ax.plot(xs, ys, marker="o", ms=3, label=_text(name))
-        uniform = next((r.quality.get("uniform_rel_frobenius") for r in here), None)
-        if uniform:
-            ax.axhline(uniform, color="grey", lw=0.8, ls=":", label="uniform attention")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("budget k")
-        ax.set_ylabel("relative error ‖Y − Ŷ‖ / ‖Y‖")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
-        ax.set_title(_text(f"error against exact attention, n={n}, {inputs} inputs"), fontsize=9)
-        caption = f"Approximation error against the budget, n = {n}, {inputs} inputs. " + (
-            RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE
-        )
-        out.append((f"approx-{inputs}-n{n}", fig, caption))
-    return out
-
-
-def spectrum_figures(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
-    """Figure 1 of the Linformer paper: the normalised cumulative spectrum of P per layer
-    (left), and the value at the index-th singular value per layer and head (right)."""
-    out = []
-    for r in _task(rows, "spectrum"):
-        q = r.quality
-        inputs = q.get("inputs", "random")
-        what = (
-            "a randomly initialised vanilla model"
-            if inputs == "random"
-            else "the vanilla model trained on ListOps"
-        )
-        note = (
-            f"On {what} (n = {q['n']}). The paper used pretrained RoBERTa; attnbench has no "
-            "pretrained weights offline."
-        )
-        fig, ax = _figure()
-        curves = q["cumulative"]
-        for i, curve in enumerate(curves):
-            ax.plot(range(1, len(curve) + 1), curve, lw=1, label=f"layer {i + 1}")
-        ax.axvline(q["index"], color="grey", lw=0.6, ls="--")
-        ax.set_xlabel("singular value index")
-        ax.set_ylabel("normalised cumulative singular value")
-        ax.legend(fontsize=6, ncol=2)
-        ax.set_title(_text(f"spectrum of P ({inputs})"), fontsize=9)
-        out.append((f"spectrum-{inputs}-n{q['n']}", fig, "Figure 1 (left). " + note))
-        fig, ax = _figure()
-        image = ax.imshow(q["at_index"], aspect="auto", cmap="viridis")
-        fig.colorbar(image, ax=ax, label=f"cumulative at the {q['index']}th singular value")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(_text(f"cumulative value at index {q['index']} ({inputs})"), fontsize=9)
-        out.append((f"spectrum-at-index-{inputs}-n{q['n']}", fig, "Figure 1 (right). " + note))
-    return out
-
-
 def pareto_points(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, float, float, str]]:
     """(mechanism, cost, quality, what) pairs: a quality row beside the cost row of the same
     mechanism, parameters, k and n (inference time per sequence), and a ListOps row beside
@@ -354,48 +264,14 @@ def pareto_points(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, float
         if r.task == "cost" and r.status == "ok" and r.time_per_seq_s
     }
     out = []
-    for r in _task(rows, "approx"):
+    for r in task_rows(rows, "approx"):
         c = cost.get((r.attention, cell.label(r.attention, r.params), r.k, r.n))
         if c is not None and r.quality.get("rel_frobenius") is not None:
             out.append((label(r), c.time_per_seq_s, r.quality["rel_frobenius"], "approx"))
-    for r in _task(rows, "listops"):
+    for r in task_rows(rows, "listops"):
         q = r.quality
         if q.get("steps_per_s"):
             out.append((label(r), 1 / q["steps_per_s"], q["test_accuracy"], "listops"))
-    return out
-
-
-def pareto_figures(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, Figure, str]]:
-    """Quality against cost, one point per mechanism and budget; the front marked."""
-    points = pareto_points(rows)
-    out = []
-    for what, ylabel, better_low in (
-        ("listops", "ListOps test accuracy", False),
-        ("approx", "relative error against exact attention", True),
-    ):
-        pts = [p for p in points if p[3] == what]
-        if not pts:
-            continue
-        fig, ax = _figure()
-        for name, x, y, _ in pts:
-            ax.scatter([x], [y], s=14, label=_text(name))
-        front = _front([(x, y) for _, x, y, _ in pts], better_low)
-        ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log")
-        ax.set_xlabel("seconds per training step" if what == "listops" else "time per sequence (s)")
-        ax.set_ylabel(ylabel)
-        if better_low:
-            ax.set_yscale("log")
-        ax.legend(fontsize=6)
-        ax.set_title(_text(f"quality against cost ({what}); dashed: the Pareto front"), fontsize=9)
-        out.append(
-            (
-                f"pareto-{what}",
-                fig,
-                f"{ylabel} against cost, per mechanism and budget; the dashed line joins "
-                "the mechanisms no other beats on both.",
-            )
-        )
     return out
 
 

@@ -28,10 +28,17 @@ import attnbench
 from attnbench import cell as cells
 from attnbench.attention import BUILTINS
 from attnbench.cell import Cell
-from attnbench.checks import check_bool, check_choice, check_int, check_name, check_number
 from attnbench.measure import presets
 from attnbench.store import check_writable
 from attnbench.sweep.hydra_api import split_sweep
+from attnbench.validators import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_name,
+    check_number,
+    parse_size,
+)
 
 CONFIG_MODULE = "attnbench.conf"
 
@@ -44,14 +51,12 @@ def _plain(value: Any) -> Any:
 
 
 def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
-    """The cell a (composed) job config describes; ``k`` is kept only for a mechanism with a
-    budget (vanilla ignores it), but checked in any case (k=0 is a typo). A single quality
-    cell keeps it all the same, so that ``k`` for a mechanism without a budget is refused
-    rather than ignored; in a sweep ``k`` is each mechanism's budget, where it has one."""
+    """The cell a (composed) job config describes; which ``k`` it keeps is
+    :func:`attnbench.cell.kept_k`'s rule, and ``k`` is checked in any case (k=0 is a typo)."""
     if not isinstance(cfg.get("device"), DictConfig):
         raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
     name = cfg.attention.name
-    info = attnbench.info(name)  # unknown mechanism: one line
+    attnbench.info(name)  # an unknown mechanism: one line
     params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
     causal = cfg.get("causal", False)
     check_bool("causal", causal)
@@ -63,11 +68,11 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     return Cell(
         attention=name,
         n=cfg.n,
-        k=cfg.k if info.budget or (cfg.get("task", "cost") != "cost" and not in_sweep) else None,
+        k=cells.kept_k(name, cfg.k, cfg.get("task", "cost"), in_sweep=in_sweep),
         batch=cfg.batch,
         dtype=cfg.dtype,
         device=cfg.device.name,
-        ceiling_bytes=cells.parse_size(cfg.ceiling),
+        ceiling_bytes=parse_size(cfg.ceiling),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
         layers=cfg.model.layers,
         d_model=cfg.model.d_model,
@@ -304,6 +309,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     )
     plan: dict[tuple[str, str], None] = {}
     left_out: list[str] = []
+    once: dict[str, None] = {}  # why some jobs are one cell: said once each, not per job
     for cfg in jobs:
         for key in ("n", "batch", "dtype"):
             if OmegaConf.is_missing(cfg, key):
@@ -317,13 +323,23 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
             continue
         preset = preset_from_cfg(cfg)
         cells.validate(cell, preset)
-        plan[(where, cells.key(cell, preset))] = None
+        planned = (where, cells.key(cell, preset))
+        if planned in plan:
+            ignored = cfg.k is not None and cell.k is None
+            once[
+                f"{cell.attention} ignores k: measured once"
+                if ignored
+                else f"{cell.label}: the same cell as another job, measured once"
+            ] = None
+        plan[planned] = None
     if left_out:
         print(
             f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
             f"mechanism, or causal=true without a causal form), e.g. {left_out[0]}",
             file=sys.stderr,
         )
+    for line in once:
+        print(f"attnbench run: {line}", file=sys.stderr)
     if not plan:
         raise ValueError("k: every combination has k >= n or no causal form; nothing to run")
     for d in sorted({Path(d) for d, _ in plan}):  # Hydra's output directory first

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from attnbench.row_fields import STATUSES
 from attnbench.sweep import claims
-
-STATUSES = ("ok", "oom", "skipped", "error")
 
 
 def summary_and_reports(config: DictConfig) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
@@ -138,7 +139,9 @@ def _job(cfg: DictConfig) -> Row | None:
     store = RunStore(run_dir(cfg))
     key = cells.key(cell, preset)
     rerun = bool(cfg.rerun)
-    if not claims.claim(key) or (not rerun and key in store.done()):
+    if not claims.claim(key):
+        return None  # the same cell as another job of this command: said once, before it ran
+    if not rerun and key in store.done():
         print(f"  done before: {cell.label}", flush=True)
         return None
 
@@ -166,7 +169,18 @@ def _job(cfg: DictConfig) -> Row | None:
             return None
         store.append(row, replace=rerun)
     print(f"  {row.status:7s} {cell.label}: " + _summary(row), flush=True)
+    if not in_sweep:
+        print(f"attnbench: row stored in {_shown(store.cells)}", flush=True)
     return row
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it is under it, else absolute."""
+    path = path.absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _stored(store: RunStore, key: str, rerun: bool) -> bool:

@@ -1,11 +1,11 @@
 r"""Forward speed of every mechanism beside the public Linformer packages (pytest-benchmark).
 
-One shape, the one issue #2 names: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on
+One shape: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on
 the CPU. Beside the timings, each benchmark records the FLOPs of one forward counted by
 ``torch.utils.flop_counter.FlopCounterMode`` (via attnbench.measure.flops, which also sees the CPU
 flash kernel) and the run records the fp32 matmul rate, so that
 ``scripts/bench_summary.py`` can put every median against its matmul floor (FLOPs / rate)
-measured in the same run. No speed is asserted here: figures go to the README.
+measured in the same run. No speed is asserted here: figures go to docs/speed.md.
 
     pytest tests/benchmarks/test_forward_speed.py --benchmark-enable --benchmark-only \
         --benchmark-json bench.json

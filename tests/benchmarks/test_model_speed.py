@@ -2,9 +2,9 @@ r"""Speed of the memory model: one model-only cell, end to end (pytest-benchmark
 
 A model-only cell builds the encoder on meta tensors, solves for the max batch in four meta
 forwards and records the modeled peak; a 1000-cell model-only sweep is this times 1000.
-The issue's targets (for inference): the 12-layer encoder ≤ 0.5 s a cell, the tiny model
+The targets (for inference): the 12-layer encoder ≤ 0.5 s a cell, the tiny model
 ≤ 0.1 s; a training cell is timed beside them (no target: it runs forward and backward).
-No speed is asserted here (shared machines); the figures go to the README.
+No speed is asserted here (shared machines); the figures go to docs/measurement.md.
 
     pytest tests/benchmarks/test_model_speed.py --benchmark-enable --benchmark-only
 """

@@ -5,7 +5,7 @@ the same budget on both sides: bucket_size 64 (the library's default and the pap
 256 (the ``k`` that test_forward_speed.py gives every mechanism), 8 rounds of hashing. The
 library's layer has no biases on its q/k and v projections and draws its rotations on every
 forward; the work is otherwise the same (same FLOPs, recorded beside each timing). No speed
-is asserted here: figures go to the README.
+is asserted here: figures go to docs/speed.md.
 
     pytest tests/benchmarks/test_peer_reformer.py --benchmark-enable --benchmark-only
 """

@@ -1,6 +1,6 @@
 r"""Training-step speed of our Linformer beside the public Linformer packages (pytest-benchmark).
 
-The shape of test_forward_speed.py (issue #2's): n = 4096, d_model 768, 12 heads, k = 256,
+The shape of test_forward_speed.py: n = 4096, d_model 768, 12 heads, k = 256,
 batch 1, fp32 on the CPU, but each round times ONE TRAINING STEP of one attention layer in
 train mode: forward, ``loss = out.pow(2).mean()``, ``loss.backward()``; no optimizer. The input
 is a fresh leaf with ``requires_grad=True`` every round (as if it came from an embedding), and
@@ -12,7 +12,7 @@ Beside the timings, each benchmark records the FLOPs of one step, forward and ba
 counted by ``torch.utils.flop_counter.FlopCounterMode`` (with attnbench.measure.flops's formula
 for the CPU flash kernel, and the same for its backward), and the run records the fp32 matmul
 rate, so that ``scripts/bench_summary.py`` can put every median against its matmul floor
-(FLOPs / rate) measured in the same run. No speed is asserted here: figures go to the README.
+(FLOPs / rate) measured in the same run. No speed is asserted here: figures go to docs/speed.md.
 
     pytest tests/benchmarks/test_train_speed.py --benchmark-enable --benchmark-only \
         --benchmark-json train.json -p no:randomly

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnbench
-from attnbench.checks import check_choice, check_int, check_number
 from attnbench.measure.memory import profiled_peak
-from attnbench.tasks import listops
+from attnbench.quality import listops
+from attnbench.validators import check_choice, check_int, check_number
 
 # Chosen by measurement (torch 2.13 CPU, 2 cores shared with another job, so pessimistic):
 # vanilla reaches 34.7 % test accuracy against a 16.2 % majority class (LRA's Transformer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -129,3 +130,31 @@ def argtype(check: Callable[[str, str], T], name: str) -> Callable[[str], T]:
 
     parse.__name__ = name
     return parse
+
+
+SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from ``16GB`` (10⁹), ``15.5GiB`` (2³⁰) or a plain number; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = SIZE.match(str(value))
+    if not m:
+        raise ValueError(
+            f"ceiling: must be a number of bytes or a size like 16GB or 15.5GiB, got {value!r}"
+        )
+    return int(float(m.group(1)) * UNITS[(m.group(2) or "b").lower()])

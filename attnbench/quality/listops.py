@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from attnbench.checks import check_int
+from attnbench.validators import check_int
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"

@@ -1,0 +1,129 @@
+"""The one ratio rule: a mechanism's row against its baseline's, for every table, efficiency
+length and plot of a report.
+
+Which rows are compared is :func:`group`: the same n, dtype, preset, ceiling, model, batch
+setting, machine and work. What is compared is :func:`ratio`, the paper's section 5.3:
+
+* time ratio   = baseline time per sequence ÷ mechanism time per sequence (speed-up)
+* memory ratio = mechanism max batch ÷ baseline max batch (memory saved)
+
+A ratio is a number only where both rows measured the figure. Anywhere else it is
+undefined: its value is None and what a table shows is the status that made it so (``OOM``
+or ``–``) with a footnote saying whose and why, never a number, and never an infinity that
+could be read as a measured speed-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnbench import cell
+from attnbench.row import NOISY, Row, printable
+
+SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
+
+
+def label(row: Row) -> str:
+    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`), on one
+    line whatever its parameters' values hold (:func:`attnbench.row.printable`)."""
+    return printable(cell.label(row.attention, row.params))
+
+
+def group(row: Row) -> tuple:
+    """What must match between a mechanism's row and its baseline's: the same n, dtype,
+    preset, ceiling, model, batch setting (``max`` or a fixed b), the same machine and the
+    same work: inference, or a training step with the same optimizer and checkpointing;
+    causal rows against a causal baseline (``causal`` is a mechanism parameter)."""
+    return (
+        row.n,
+        row.dtype,
+        row.device,
+        row.ceiling_bytes,
+        tuple(sorted((row.model or {}).items())),
+        str(row.batch_asked),
+        (row.env or {}).get("device_name"),
+        row.mode,
+        row.optimizer,
+        row.checkpoint,
+        bool((row.params or {}).get("causal")),
+    )
+
+
+def setting(row: Row) -> tuple:
+    """Everything of :func:`group` but n: rows of one setting form one table (or line)."""
+    return group(row)[1:]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A mechanism's ratio against its baseline at one n, for one kind.
+
+    ``value`` is the ratio (> 1: the mechanism is ahead), finite, or None where it is
+    undefined. ``text`` is what a table shows: ``1.25x``, or the status that left it
+    undefined (``OOM``, ``–``). ``notes`` are its footnotes, in order. ``outgrown`` is set
+    where the ratio is undefined because the baseline does not fit one sequence under the
+    ceiling while the mechanism's max batch search found room: for memory, the mechanism is
+    ahead there without any ratio to show."""
+
+    value: float | None
+    text: str
+    notes: tuple[str, ...] = ()
+    outgrown: bool = False
+
+
+def _why(reason: str | None) -> str:
+    """A footnote for a skipped figure: one per kind of reason, not one per cell."""
+    if reason and "exceed time_budget_s" in reason:
+        return "time not measured: a CPU run was estimated over timing.time_budget_s"
+    return (reason or "not timed").split(";")[0]
+
+
+def _undefined(text: str, note: str, outgrown: bool = False) -> Ratio:
+    return Ratio(None, text, (note,), outgrown)
+
+
+def ratio(kind: str, r: Row, b: Row) -> Ratio:
+    """Row ``r``'s ``kind`` ratio (``time`` or ``memory``) against its baseline row ``b``
+    (of the same :func:`group`).
+
+    An out-of-memory baseline is the baseline's status, not a figure: the ratio is
+    undefined and shown as ``OOM`` with the footnote that the baseline does not fit at
+    b = 1 (``outgrown`` where the mechanism fits). So is an out-of-memory mechanism; any
+    other row that is not ``ok`` (skipped, error) and a figure either row lacks give ``–``
+    with the reason; a quotient beyond a float's range is no ratio either. A defined ratio
+    carries its caveats: memory modeled rather than measured, time taken off the device or
+    not at max batch, a noisy time."""
+    if b.status == "oom":
+        source = b.memory_source or "measured"
+        note = f"the baseline does not fit at b = 1 under the ceiling ({source})"
+        return _undefined("OOM", note, outgrown=r.status == "ok" and bool(r.max_batch))
+    if r.status == "oom":
+        return _undefined("OOM", "this mechanism does not fit at b = 1 under the ceiling")
+    if r.status != "ok" or b.status != "ok":
+        bad = r if r.status != "ok" else b
+        return _undefined(SKIPPED, f"{bad.attention}: {bad.status}: {bad.reason}")
+    if kind == "memory":
+        if not r.max_batch or not b.max_batch:
+            return _undefined(SKIPPED, "fixed batch: no max batch was searched")
+        v = r.max_batch / b.max_batch
+        modeled = "modeled" in (r.memory_source, b.memory_source)
+        return Ratio(v, f"{v:.1f}x", ("memory modeled, not measured",) if modeled else ())
+    t, tb = r.time_per_seq_s, b.time_per_seq_s
+    if not t or not tb:
+        return _undefined(SKIPPED, _why((r if not t else b).reason))
+    v = tb / t
+    if not math.isfinite(v):  # 1 s over 1e-320 s: no ratio a table can show
+        return _undefined(SKIPPED, f"time ratio beyond a float's range: {tb!r} s / {t!r} s")
+    where = {(x.time_device, x.time_dtype, x.time_batch) for x in (r, b)}
+    elsewhere = sorted((w for w in where if w[0] != "cuda"), key=str)
+    notes = [
+        f"time measured on {device} in {dtype} at b = {batch}, not at max batch on the device"
+        for device, dtype, batch in elsewhere
+    ]
+    notes += [
+        f"noisy: {x.attention}'s time has an IQR over {NOISY:.0%} of its median"
+        for x in (r, b)
+        if (x.spread() or 0) > NOISY
+    ]
+    return Ratio(v, f"{v:.2f}x", tuple(notes))

@@ -1,0 +1,198 @@
+"""What a report holds: its sections, each a table or a figure that declares itself.
+
+A :class:`Section` names itself, says which rows it applies to and makes its parts from
+them: grids of text, ratio tables, the paper beside a ratio table, or figures. The writers
+of :mod:`attnbench.report.files` only iterate over :data:`SECTIONS` and print each part in
+their format, so a new table or figure is one entry here, in every format at once; and
+``report.json`` holds what each section records, under the section's ``record`` key.
+
+Tables go into a document, the Markdown and LaTeX file named after what it holds:
+``table3`` (Table 3's ratios against the baseline, and the efficiency lengths read from
+them) or ``quality`` (the quality tasks' tables). Figures go to ``plots/`` and the page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.report import efficiency, plots, quality, quality_plots
+from attnbench.report.grid import Grid
+from attnbench.report.paper import Beside, beside, load_paper
+from attnbench.report.tables import RatioTable
+from attnbench.row import Row
+
+TABLE3 = "table3"
+QUALITY = "quality"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One table or figure: its heading (on the page and in the terminal), what it shows,
+    what ``report.json`` keeps of it, and for a ratio table the stem of its CSV file."""
+
+    heading: str
+    body: Grid | RatioTable | Beside | plots.Plot
+    records: tuple[Any, ...] = ()
+    stem: str = ""
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a section is made from: the rows it applies to, the baseline, and the report's
+    ratio tables with their file stems (made once: the paper and the plots read them too)."""
+
+    rows: list[Row]
+    baseline: str
+    tables: list[tuple[RatioTable, str]]
+
+
+@dataclass(frozen=True)
+class Section:
+    """A kind of table or figure: ``name`` and ``title`` say what it is, ``applies`` which
+    rows it reads, ``make`` its parts (none where the rows hold nothing for it).
+    ``document`` is the file its tables go in (None: a figure); ``record`` its key in
+    ``report.json`` (None: nothing kept)."""
+
+    name: str
+    title: str
+    applies: Callable[[Row], bool]
+    make: Callable[[Basis], list[Part]]
+    document: str | None = None
+    record: str | None = None
+
+
+def _cost(r: Row) -> bool:
+    return r.task == "cost"
+
+
+def _causal(r: Row) -> bool:
+    return _cost(r) and bool((r.params or {}).get("causal"))
+
+
+def _task(name: str) -> Callable[[Row], bool]:
+    return lambda r: r.task == name
+
+
+def _lengths(basis: Basis) -> list[Part]:
+    lengths = efficiency.efficiency_lengths(basis.rows, dict.fromkeys((basis.baseline, "sdpa")))
+    if not lengths:
+        return []
+    records = tuple(dataclasses.asdict(x) for x in lengths)
+    return [Part("efficiency length", efficiency.grid(lengths), records)]
+
+
+def _grids(make: Callable[[list[Row]], Any]) -> Callable[[Basis], list[Part]]:
+    """Parts of a function that makes one grid, a list of them or None."""
+
+    def parts(basis: Basis) -> list[Part]:
+        made = make(basis.rows)
+        grids = made if isinstance(made, list) else [] if made is None else [made]
+        return [Part(g.title, g, (dataclasses.asdict(g),)) for g in grids]
+
+    return parts
+
+
+def record(t: RatioTable) -> dict[str, Any]:
+    """A ratio table as ``report.json`` holds it: every cell's text and value."""
+    return {
+        "mechanism": t.mechanism,
+        "kind": t.kind,
+        "column": t.column,
+        "cells": [
+            {"n": n, "k": k, "text": t.text[(n, k)], "value": t.value[(n, k)]}
+            for n in t.ns
+            for k in t.ks
+        ],
+        "footnotes": list(t.footnotes),
+        "context": t.context,
+    }
+
+
+def _ratios(basis: Basis) -> list[Part]:
+    return [
+        Part(f"{t.kind} ratio: {t.mechanism}", t, (record(t),), stem) for t, stem in basis.tables
+    ]
+
+
+def _paper(basis: Basis) -> list[Part]:
+    paper = load_paper()
+    out = []
+    for t, _ in basis.tables:
+        if (b := beside(t, paper)) is not None:
+            out.append(Part(f"{t.kind} ratio beside the paper: {t.mechanism}", b))
+    return out
+
+
+def _figure(
+    make: Callable[[list[Row]], Any], stem: str = "", caption: str = ""
+) -> Callable[[Basis], list[Part]]:
+    """Parts of a function that draws one figure (``stem``, ``caption``), or a list of
+    :class:`~attnbench.report.plots.Plot`; nothing where it drew nothing."""
+
+    def parts(basis: Basis) -> list[Part]:
+        made = make(basis.rows)
+        drawn = made if isinstance(made, list) else [plots.Plot(stem, made, caption)]
+        return [Part("plots", p) for p in drawn if p.figure is not None]
+
+    return parts
+
+
+def _speedups(basis: Basis) -> list[Part]:
+    return [
+        Part("plots", plots.Plot(f"speedup-{stem}", fig, f"Speed-up over n x k: {t.mechanism}."))
+        for t, stem in basis.tables
+        if t.kind == "time" and (fig := plots.speedup_heatmap(t)) is not None
+    ]
+
+
+CAUSAL = " Causal (masked) attention."
+TIME = "Time per sequence against n (log-log), one line per mechanism and k."
+BATCH = "Maximum batch size under the ceiling against n."
+
+# in the order every format shows them; causal rows get figures of their own (one figure of
+# every mechanism twice is unreadable)
+SECTIONS = (
+    Section("efficiency", efficiency.TITLE, _cost, _lengths, TABLE3, "efficiency_lengths"),
+    Section("approx", "Approximation error", _task("approx"), _grids(quality.approx_tables),
+            QUALITY, "quality"),
+    Section("spectrum", "Spectrum of P", _task("spectrum"), _grids(quality.spectrum_tables),
+            QUALITY, "quality"),
+    Section("listops", "ListOps accuracy", _task("listops"), _grids(quality.listops_table),
+            QUALITY, "quality"),
+    Section("listops-seeds", "ListOps accuracy over seeds", _task("listops"),
+            _grids(quality.listops_seeds_table), QUALITY, "quality"),
+    Section("ratios", "Time and memory ratios against the baseline", _cost, _ratios, TABLE3,
+            "tables"),
+    Section("paper", "The ratios beside the paper's Table 3", _cost, _paper, TABLE3),
+    Section("time-vs-n", TIME, lambda r: _cost(r) and not _causal(r),
+            _figure(plots.time_vs_n, "time-vs-n", TIME)),
+    Section("batch-vs-n", BATCH, lambda r: _cost(r) and not _causal(r),
+            _figure(plots.batch_vs_n, "batch-vs-n", BATCH)),
+    Section("time-vs-n-causal", TIME + CAUSAL, _causal,
+            _figure(plots.time_vs_n, "time-vs-n-causal", TIME + CAUSAL)),
+    Section("batch-vs-n-causal", BATCH + CAUSAL, _causal,
+            _figure(plots.batch_vs_n, "batch-vs-n-causal", BATCH + CAUSAL)),
+    Section("memory-modeled-vs-measured", "The memory model against the device",
+            lambda r: True, _figure(
+                plots.modeled_vs_measured, "memory-modeled-vs-measured",
+                "Max batch predicted by the memory model against the one measured on the "
+                "device.",
+            )),
+    Section("speedup", "Speed-up heat maps", _cost, _speedups),
+    Section("approx-vs-budget", "Approximation error against the budget", _task("approx"),
+            _figure(quality_plots.approx_vs_budget)),
+    Section("spectrum-figures", "Figure 1: the spectrum of P", _task("spectrum"),
+            _figure(quality_plots.spectrum_figures)),
+    Section("pareto", "Quality against cost", lambda r: True,
+            _figure(quality_plots.pareto_figures)),
+)  # fmt: skip
+
+
+def make(
+    section: Section, rows: list[Row], baseline: str, tables: list[tuple[RatioTable, str]]
+) -> list[Part]:
+    """``section``'s parts from the rows it applies to."""
+    return section.make(Basis([r for r in rows if section.applies(r)], baseline, tables))

@@ -1,0 +1,203 @@
+"""Workloads: what a cost cell measures, one module each, found by name (``mode=``).
+
+A workload owns everything that differs between, say, timing a forward and timing a
+training step: the model it builds (precision, train or eval), its inputs, the callables it
+times (:class:`Work`), the bytes a first step leaves behind (an optimizer's state), its
+FLOPs, which of the cell's settings belong to it (they enter the cell's key, its label and
+the row), and which mechanisms it refuses. :mod:`attnbench.runner` orchestrates any
+workload alike — resolve, search the max batch, probe, time, fill the row — and asks it,
+never a ``mode`` string, what to do.
+
+A new workload is one module: subclass :class:`Workload`, give it a ``name`` and call
+:func:`register` (from a plugin named by ``$ATTNBENCH_PLUGINS`` too, as mechanisms are).
+``docs/architecture.md`` ("Add a workload") has a worked example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from attnbench.model import build_model
+from attnbench.registry import Info, info, load_plugins
+from attnbench.validators import check_choice
+
+if TYPE_CHECKING:
+    from attnbench.cell import Cell
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# the paper's workload: its cells leave ``mode`` out of their key (cells from before workloads
+# existed were all of it, and their run directories still resume), and only its tables stand
+# beside the paper's
+DEFAULT = "inference"
+
+
+class Work:
+    """What one step of a workload runs, as the parts it is timed in.
+
+    ``x`` is the step's input; the runner sets a new one for each batch it probes.
+    :meth:`__call__` runs every part in order (a memory probe, a GPU probe); timing times
+    each part apart and their sum. A workload with one part (a forward) has ``parts`` of
+    length one and no names for them.
+    """
+
+    def __init__(self, model: nn.Module, x: Tensor) -> None:
+        self.model, self.x = model, x
+
+    @property
+    def parts(self) -> Sequence[Callable[[], Any]]:
+        return (self,)
+
+    def __call__(self) -> Any:
+        return self.model(self.x)
+
+    def state_tensors(self) -> list[Tensor]:
+        """Tensors a first step made that every later step keeps (an optimizer's state)."""
+        return []
+
+
+class Workload:
+    """One kind of measurement. Subclasses set the class attributes and override what
+    differs; the defaults describe a plain forward of the encoder.
+
+    ``settings`` are the names of the :class:`~attnbench.cell.Cell` fields this workload
+    reads (train: ``optimizer``, ``checkpoint``): they enter the cell's key (so two
+    settings never share a stored row), and are stored in the row; other workloads' rows
+    hold null there. ``parts`` names the timed parts when there are several (they are
+    stored in ``time_parts``); ``grad`` says whether a step needs autograd (memory is then
+    tracked with it and timing leaves ``inference_mode`` off). ``primes``: a first step
+    leaves state behind (an optimizer's), so it is run once, at b = 1, before any probe.
+    """
+
+    name: str = ""
+    doc: str = ""  # one line: what is measured, for `attnbench list` and the docs
+    what: str = "forward"  # what one step is called in messages ("2 s per forward")
+    grad: bool = False
+    primes: bool = False
+    settings: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()
+
+    def refuses(self, info: Info) -> str | None:
+        """Why a mechanism (by its registry info) cannot run this workload, or None."""
+        return None
+
+    def label(self, cell: Cell) -> str | None:
+        """What a progress line and a report add to the mechanism's label, or None. ``cell``
+        may be a row too: a workload's settings are fields of both."""
+        return None
+
+    def caption(self, row: Any) -> str | None:
+        """What a ratio table's caption says first about rows of this workload, or None."""
+        if self.name == DEFAULT:
+            return None
+        return f"{self.label(row) or self.name} (the paper has no such table)"
+
+    def input_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The input's dtype for a cell of ``dtype``."""
+        return dtype
+
+    def build(
+        self, cell: Cell, params: dict[str, Any], device: str, dtype: torch.dtype
+    ) -> nn.Module:
+        """The encoder in ``dtype`` on ``device``, weights from a fixed seed, in eval mode.
+
+        On meta it is built in place (no memory at any size). Otherwise it is built on the
+        CPU and moved and cast in one step: building in fp32 on the GPU and casting there
+        would leave the freed fp32 blocks stranded in the caching allocator, under the
+        ceiling.
+        """
+        return encoder(cell, params, device).to(device=device, dtype=dtype).eval()
+
+    def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
+        """The step on ``device`` (``meta``, ``cpu`` or the GPU). ``gpu``: the step is (or
+        models) one on a GPU, where defaults differ (optimizers' ``foreach``, fused
+        attention kernels)."""
+        return Work(model, x)
+
+    def flops(self, model: nn.Module, n: int) -> tuple[int, int | None]:
+        """Matmul FLOPs per sequence: the forward's, and the backward's (None: no backward)."""
+        return model.flops(1, n), None
+
+
+def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:
+    """The Table 3 encoder of ``cell`` with the mechanism's resolved ``params``, from a
+    fixed seed; on meta when ``device`` is meta, else on the CPU (the caller moves it)."""
+    torch.manual_seed(0)
+    with torch.device("meta" if device == "meta" else "cpu"):
+        return build_model(
+            cell.attention,
+            layers=cell.layers,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            d_ff=cell.d_ff,
+            max_seq_len=cell.n,
+            **params,
+        )
+
+
+def random_input(workload: Workload, cell: Cell, b: int, device: str, dtype: torch.dtype) -> Tensor:
+    """Random (never zero) embeddings from a fixed seed, in the workload's input dtype; a
+    workload with autograd gets an input that requires grad, as an embedding's output."""
+    dtype = workload.input_dtype(dtype)
+    if device == "meta":
+        x = torch.empty(b, cell.n, cell.d_model, device="meta", dtype=dtype)
+    else:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(b, cell.n, cell.d_model, generator=gen, device=device, dtype=dtype)
+    return x.requires_grad_(True) if workload.grad else x
+
+
+_WORKLOADS: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    """Make ``workload`` a ``mode=`` choice (its settings must be fields of a cell:
+    :class:`~attnbench.cell.Cell` checks them when it validates one)."""
+    if not workload.name.isidentifier():
+        raise ValueError(f"workload name must be an identifier, got {workload.name!r}")
+    _WORKLOADS[workload.name] = workload
+    return workload
+
+
+def names() -> list[str]:
+    """Every workload's name, built-ins first, then plugins' in the order they registered."""
+    load_plugins()
+    return list(_WORKLOADS)
+
+
+def get(name: str) -> Workload:
+    """The workload called ``name``; an unknown one is one line naming those there are."""
+    return _WORKLOADS[check_choice("mode", name, names())]
+
+
+def refuses(name: str, attention: str) -> str | None:
+    """Why ``attention`` cannot run workload ``name``, or None: the one place a
+    mechanism's capabilities are asked about a workload (a cell, a sweep, the gate)."""
+    return get(name).refuses(info(attention))
+
+
+def label_of(item: Any) -> str:
+    """The workload part of a cell's or a row's name: its label (``train(adamw)``), else its
+    mode; a row of a workload not registered here (a plugin's) is named by its mode."""
+    work = _WORKLOADS.get(item.mode)
+    return (work.label(item) if work is not None else None) or item.mode
+
+
+def caption_of(row: Any) -> str | None:
+    """A ratio table's first words about its rows' workload (see :meth:`Workload.caption`)."""
+    work = _WORKLOADS.get(row.mode)
+    if work is None:
+        return f"mode={row.mode}"
+    return work.caption(row)
+
+
+def all_settings() -> set[str]:
+    """Every cell field some workload owns: a row has one column for each."""
+    return {s for w in (get(n) for n in names()) for s in w.settings}
+
+
+# the built-ins register themselves on import, after everything they use is defined
+from attnbench.workload import inference, train  # noqa: E402, F401
