@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-# mechanisms written against attnbench 0.1 import the validators from here
-from attnbench.validators import check_bool, check_choice, check_int  # noqa: F401
+from attnbench.validators import check_int
 
 
 def blocked_keys(

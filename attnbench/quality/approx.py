@@ -416,7 +416,7 @@ def random_inputs_error(
     scale: float = 1.0,
 ) -> dict[str, float | None]:
     """The metrics averaged over ``seeds``, each a fresh seeded layer pair and x ~ N(0, scale²)
-    (batch, n, d_model): setting (a) of issue #13. ``scale`` 1 is a post-LayerNorm hidden
+    (batch, n, d_model): random inputs to fresh layers. ``scale`` 1 is a post-LayerNorm hidden
     state's; a larger one sharpens the softmax (logits grow as scale²) away from the near-
     uniform attention of an untrained layer. A metric that is None for any seed is None."""
     check_int("n", n)

@@ -69,7 +69,9 @@ def _trained_inputs(cell: Cell, s: Settings) -> tuple[Any, torch.Tensor, torch.T
 
 # uniform attention (every query averages every real value): Linformer with one mean-pooled
 # row. Untrained layers on random inputs attend almost uniformly, so every error is read
-# beside this one's, measured on the same inputs and weights
+# beside this one's, measured on the same inputs (on random inputs against its own seeded exact
+# layer: each mechanism's create() draws from the seed first, so the weights differ; on a
+# trained model's states, against the same trained layer)
 UNIFORM = ("linformer", (("k", 1), ("projection", "mean"), ("sharing", "none")))
 
 
@@ -82,7 +84,8 @@ def _frozen(s: Settings) -> tuple[tuple[str, Any], ...]:
 
 def approx(cell: Cell, s: Settings) -> dict[str, Any]:
     out = dict(_approx_of(cell, _frozen(s)))
-    # the same inputs, seeds and weights: only the mechanism differs (cached per sweep)
+    # the same inputs and seeds (cached per sweep); the exact layer is the same only on trained
+    # states, see UNIFORM
     uniform_cell = dataclasses.replace(cell, attention=UNIFORM[0], k=None, params=UNIFORM[1])
     uniform = _approx_of(uniform_cell, _frozen(s))
     out["uniform_rel_frobenius"] = uniform["rel_frobenius"]

@@ -87,9 +87,11 @@ def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             "none). k is each mechanism's budget (Linformer's k, Performer's nb_features, "
             "Nyströmformer's landmarks, local's window).",
             RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE,
-            "Uniform attention (each query averages every real value) on the same inputs and "
-            "weights: untrained layers on random inputs attend almost uniformly, so an error "
-            "above it approximates softmax worse than ignoring the scores altogether.",
+            "Uniform attention (each query averages every real value) on the same inputs (on "
+            "random inputs against its own seeded exact layer, not each mechanism's weights; "
+            "on a trained model's states, the same trained layer): untrained layers on random "
+            "inputs attend almost uniformly, so an error above it approximates softmax worse "
+            "than ignoring the scores altogether.",
         ]
         if inputs != "random":
             notes.append(_trained_accuracy(here))
