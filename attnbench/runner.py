@@ -81,6 +81,7 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
     input's allocation included."""
     dev = torch.device(GPU)
     try:
+        work.x = None  # the previous input goes before this one is made: one input alive
         work.x = make_input(b, cell, GPU, DTYPES[cell.dtype])
         measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
         return True
@@ -181,6 +182,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
             memory_source="measured",
         )
         return
+    work.x = None
     work.x = make_input(b, cell, GPU, dtype)
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
