@@ -1,22 +1,19 @@
 """Command line: ``attnbench run`` (Hydra; see :mod:`attnbench.sweep`), ``list``, ``demo``.
 
 ``run`` is taken off the command line before Hydra sees it; ``list`` and ``demo`` are plain
-argparse, as is ``report`` (see :mod:`attnbench.report.files`).
+argparse, as are ``report`` (see :mod:`attnbench.report.files`) and ``check``. What
+``demo``, ``report`` and ``check`` do is in :mod:`attnbench.commands`; here, the parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attnbench
+from attnbench import commands
 from attnbench.validators import argtype, parse_fraction, parse_int
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 # torch, rich and the measuring code are imported by the commands that use them, so that
 # `attnbench --help` and a typo's one line come back without loading torch
@@ -62,122 +59,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for row in mechanism_rows():
         why = attnbench.info(row[0]).unavailable
         table.add_row(*row, "yes" if why is None else f"no: {why}")
-    _console().print(table)
+    commands.make_console().print(table)
     return 0
-
-
-def _console() -> Console:
-    """Rich console; piped output (logs, CI) gets a wide page rather than 80 wrapped columns."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    import torch
-
-    from attnbench.env import fix_malloc
-    from attnbench.measure.timing import time_forward
-
-    if args.k >= args.n:
-        print(
-            f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}", file=sys.stderr
-        )
-        return 2
-    fix_malloc()  # steady CPU timings, as attnbench run has them
-    torch.manual_seed(0)
-    x = torch.randn(1, args.n, 768)
-    console = _console()
-    console.print(
-        f"One Table 3 cell on {torch.get_num_threads()} CPU threads: 12-layer "
-        f"RoBERTa-base encoder, n={args.n}, k={args.k}, batch 1, fp32, median of "
-        f"{args.repeats} forwards (a first look, not the paper's GPU protocol)."
-    )
-    t = {}
-    for name, params in (("vanilla", {}), ("linformer", {"k": args.k, "sharing": "layerwise"})):
-        model = attnbench.build_model(name, max_seq_len=args.n, **params)
-        t[name] = time_forward(
-            lambda m=model: m(x),
-            x.device,
-            min_repeats=args.repeats,
-            max_repeats=args.repeats,
-            min_seconds=0.0,
-            warmup=1,
-        ).median
-        console.print(f"  {name:10s} {t[name] * 1e3:9.1f} ms per forward")
-    console.print(f"  time ratio (vanilla / linformer): {t['vanilla'] / t['linformer']:.2f}x")
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """A run directory's report. Bad rows, a bad run dir or ``--out`` and a disk that
-    refuses the write (full, read-only, a file in the way) are one line on stderr and exit
-    2, with nothing written; the line is made printable, as it may quote a hostile value."""
-    from attnbench.report import files
-    from attnbench.row import printable, shorten
-
-    def error(message: str) -> int:
-        print(f"attnbench report: error: {shorten(printable(message), 2000)}", file=sys.stderr)
-        return 2
-
-    out = args.out or files.default_out(args.run_dir)
-    try:  # the rows first: a bad run dir is said as such, not as a bad default --out
-        report = files.build(args.run_dir, args.baseline, args.also)
-        files.check_out(out)
-    except ValueError as e:  # a bad row or line (BadRow, CorruptLine), run dir, --out
-        return error(str(e))
-    except OSError as e:  # the rows unreadable
-        return error(f"cannot read the rows: {files.os_error(e)}")
-    if not args.quiet:
-        files.print_tables(report, _console())
-    written = files.render(report, with_plots=not args.no_plots)
-    try:
-        files.write(written, out)
-    except ValueError as e:  # --out became something else while the report was made
-        return error(str(e))
-    except OSError as e:
-        return error(f"cannot write the report to {out}: {files.os_error(e)}")
-    print(
-        f"attnbench: report of {len(report.rows)} cells in {printable(str(out))}/ "
-        f"({files.summary(written)})"
-    )
-    return 0
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """The regression gate (:func:`attnbench.check.run.run`): exit 1 on a regression, 0
-    otherwise; misuse and crashes are one line and exit 2 (a crash is not a regression),
-    an interrupt one line and exit 130."""
-
-    from attnbench.check import Misuse
-
-    # CI cancels with SIGTERM: unwind, so that the temporary worktree and workers go too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        from attnbench.check.run import run
-
-        return run(
-            against=args.against,
-            baseline=args.baseline,
-            write_baseline=args.write_baseline,
-            suite_name=args.suite,
-            config_dir=args.config_dir,
-            threshold=args.threshold,
-            rounds=args.rounds,
-            json_path=args.json,
-            seed=args.seed,
-            quiet=args.quiet,
-            out=_console(),
-        )
-    except Misuse as e:
-        print(f"attnbench check: error: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("attnbench check: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a crash is not a regression: never exit 1 for it
-        print(f"attnbench check: error: {type(e).__name__}: {e}", file=sys.stderr)
-    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,14 +70,27 @@ def build_parser() -> argparse.ArgumentParser:
         "Transformer's, on my machine, at my sequence lengths?",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_run, _add_list, _add_report, _add_check, _add_demo):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    """Only for the help: main() hands ``run`` to Hydra before this parser sees it."""
     sub.add_parser(
         "run",
         help="measure one cell or a sweep (Hydra overrides; "
         "'attnbench run --help' for keys, groups and examples)",
     )
+
+
+def _add_list(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="mechanisms, their capabilities and whether they run here")
     p.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     p.set_defaults(fn=cmd_list)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="Table 3 from a run directory: Markdown, CSV, LaTeX, HTML, plots",
@@ -227,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")
-    p.set_defaults(fn=cmd_report)
+    p.set_defaults(fn=commands.cmd_report)
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
         help="the CI regression gate: working tree against a git ref, interleaved",
@@ -285,7 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="order of the interleaving")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_check)
+    p.set_defaults(fn=commands.cmd_check)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="time vanilla against Linformer (layerwise) on one cell")
     p.add_argument(
         "--n", type=argtype(parse_int, "--n"), default=1024, help="sequence length (default 1024)"
@@ -299,8 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="timed forwards (default 3)",
     )
-    p.set_defaults(fn=cmd_demo)
-    return parser
+    p.set_defaults(fn=commands.cmd_demo)
 
 
 def cmd_run(args: list[str]) -> int:
