@@ -2,8 +2,8 @@
 
 Everything that can be misuse — the repository, the suite and its settings, the ref, the
 stored baseline — is checked before the first sample, so a mistake costs one line and exit
-code 2, never the minutes of a check. The CLI (:func:`attnbench.cli.cmd_check`) only parses
-flags and turns exceptions into exit codes.
+code 2, never the minutes of a check. The CLI (:func:`attnbench.commands.cmd_check`) only
+parses flags and turns exceptions into exit codes.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -49,11 +50,8 @@ def run(
     out = out or Console()
     err = Console(stderr=True)
     started = time.time()
-    cwd = cwd or Path.cwd()
     stored_mode = baseline is not None or write_baseline is not None
-    root = versions.root_or_cwd(cwd) if stored_mode else versions.repo_root(cwd)
-    # a user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo: importable here too
-    sys.path.insert(0, str(root))
+    root = _root(cwd or Path.cwd(), stored_mode)
     the_suite = suite.load_suite(suite_name, config_dir, {"threshold": threshold, "rounds": rounds})
     settings = the_suite.settings
     stored = verdicts.read_baseline(baseline) if baseline is not None else None
@@ -62,46 +60,19 @@ def run(
         a_name, a_commit = versions.resolve_ref(root, against)
     here = fingerprint(settings["device"], settings["threads"])  # for the warning and files
     if stored is not None:
-        why = verdicts.settings_mismatch(stored["settings"], settings)
-        if why:
-            raise Misuse(f"--baseline: {why}; write it again with --write-baseline")
-        for line in verdicts.fingerprint_mismatch(stored["fingerprint"], here):
-            err.print(
-                f"[yellow]attnbench check: warning: the baseline was recorded on "
-                f"another machine or setup ({line}); its times may not compare[/]",
-                markup=True,
-                highlight=False,
-            )
+        _check_stored(stored, settings, here, err)
     expect = versions.expected_modules(root)
     for cell, why in the_suite.skipped:
         err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
     got = _sample(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
 
     if write_baseline is not None:
-        if got.unavailable.get("B"):
-            raise Misuse(
-                "--write-baseline: these cells cannot run here: "
-                + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
-            )
-        verdicts.write_baseline(write_baseline, the_suite, got.versions["B"], got.reps, here)
-        print(
-            f"attnbench check: baseline of {len(got.versions['B'])} cells x "
-            f"{settings['rounds']} samples written to {write_baseline}"
-        )
-        return 0
+        return _write_baseline(write_baseline, the_suite, got, here)
     if stored is not None:
         a, a_name = stored["samples"], f"baseline {baseline}"
     else:
         a = got.versions["A"]
-    why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
-    results = verdicts.judge(the_suite, a, got.versions["B"], why_not)
-    failed = [r for r in results if r.verdict in verdicts.FAILING]
-    if not failed and not any(r.stats for r in results):
-        raise Misuse(
-            "nothing to compare: no cell ran in both versions ("
-            + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results)
-            + ")"
-        )
+    results = _judge(the_suite, a, got)
     out.print(verdicts.table(results, str(a_name), "working tree", 0.99))
     meta = {
         "against": a_name,
@@ -111,8 +82,74 @@ def run(
         "fingerprint": here,
         "wall_s": round(time.time() - started, 1),
     }
-    samples = {"A": a, "B": got.versions["B"]}
+    return _conclude(results, meta, {"A": a, "B": got.versions["B"]}, json_path)
+
+
+def _root(cwd: Path, stored_mode: bool) -> Path:
+    """The repository (any directory, when no git ref is timed), put on ``sys.path``: a
+    user's own mechanisms ($ATTNBENCH_PLUGINS) live in their repo, importable here too."""
+    root = versions.root_or_cwd(cwd) if stored_mode else versions.repo_root(cwd)
+    sys.path.insert(0, str(root))
+    return root
+
+
+def _check_stored(
+    stored: dict[str, Any], settings: dict[str, Any], here: dict[str, Any], err: Console
+) -> None:
+    """A stored baseline timed with other settings is misuse; one from another machine, a
+    warning per difference (its times may still be what the user wants)."""
+    why = verdicts.settings_mismatch(stored["settings"], settings)
+    if why:
+        raise Misuse(f"--baseline: {why}; write it again with --write-baseline")
+    for line in verdicts.fingerprint_mismatch(stored["fingerprint"], here):
+        err.print(
+            f"[yellow]attnbench check: warning: the baseline was recorded on "
+            f"another machine or setup ({line}); its times may not compare[/]",
+            markup=True,
+            highlight=False,
+        )
+
+
+def _write_baseline(
+    path: Path, the_suite: suite.Suite, got: sampling.Samples, here: dict[str, Any]
+) -> int:
+    """Store the working tree's samples; a cell that cannot run here is misuse, as a
+    baseline missing it could never be compared with."""
+    if got.unavailable.get("B"):
+        raise Misuse(
+            "--write-baseline: these cells cannot run here: "
+            + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
+        )
+    verdicts.write_baseline(path, the_suite, got.versions["B"], got.reps, here)
+    print(
+        f"attnbench check: baseline of {len(got.versions['B'])} cells x "
+        f"{the_suite.settings['rounds']} samples written to {path}"
+    )
+    return 0
+
+
+def _judge(
+    the_suite: suite.Suite, a: dict[str, list[float]], got: sampling.Samples
+) -> list[verdicts.CellResult]:
+    """Each cell's verdict; misuse when no cell could be compared, as a pass would lie."""
+    why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
+    results = verdicts.judge(the_suite, a, got.versions["B"], why_not)
+    failed = [r for r in results if r.verdict in verdicts.FAILING]
+    if not failed and not any(r.stats for r in results):
+        raise Misuse(
+            "nothing to compare: no cell ran in both versions ("
+            + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results)
+            + ")"
+        )
+    return results
+
+
+def _conclude(
+    results: list[verdicts.CellResult], meta: dict[str, Any], samples: dict, json_path: Path
+) -> int:
+    """Every sample and verdict to ``json_path``, one summary line; 1 if a cell failed."""
     verdicts.write_json(json_path, verdicts.result_json(results, meta, samples))
+    failed = [r for r in results if r.verdict in verdicts.FAILING]
     counts = {v: sum(r.verdict == v for r in results) for v in verdicts.VERDICTS}
     tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     verdict = (
