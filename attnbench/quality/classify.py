@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -187,6 +186,41 @@ def train(
     max_len = n if max_len is None else max_len
     n = listops.check_n(n, max_len)
     min_len = max(1, max_len // 4) if min_len is None else min_len
+    _check_budget(
+        steps=steps, batch=batch, lr=lr, seed=seed, warmup=warmup, weight_decay=weight_decay,
+        train_examples=train_examples, test_examples=test_examples, eval_every=eval_every,
+    )  # fmt: skip
+    sets = listops.splits(
+        n, seed, train_examples, test_examples,
+        min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args,
+    )  # fmt: skip
+
+    with torch.random.fork_rng(devices=[]):  # the caller's global RNG is left as it was
+        torch.manual_seed(seed)
+        model = Classifier(
+            attention, vocab=len(listops.VOCAB), n=n, layers=layers, d_model=d_model,
+            n_heads=n_heads, d_ff=d_ff, **params,
+        )  # fmt: skip
+        step = _Stepper(model, sets, batch, _adamw(model, lr, weight_decay, steps, warmup), seed)
+        figures = _loop(step, steps, eval_every, progress)
+    model.eval()
+    return {
+        "test_accuracy": figures["curve"][-1][1],
+        "majority_accuracy": sets.majority,
+        **figures,
+        "train_examples": sets.train_size,
+        "test_examples": sets.test_size,
+        "seconds": time.perf_counter() - started,
+        "model": model,
+        "test_inputs": (sets.x_test, sets.m_test),
+    }
+
+
+def _check_budget(
+    *, steps: int, batch: int, lr: float, seed: int, warmup: int, weight_decay: float,
+    train_examples: int, test_examples: int, eval_every: int,
+) -> None:  # fmt: skip
+    """One line for the first bad setting of the training budget, in this order."""
     check_int("steps", steps)
     check_int("batch", batch)
     check_number("lr", lr, low=0, open_low=True)
@@ -197,67 +231,63 @@ def train(
     check_int("test_examples", test_examples)
     check_int("eval_every", eval_every)
 
-    train_set = listops.generate(
-        train_examples, seed=2 * seed, min_len=min_len, max_len=max_len,
-        max_depth=max_depth, max_args=max_args,
-    )  # fmt: skip
-    test_set = listops.generate(
-        test_examples, seed=2 * seed + 1, min_len=min_len, max_len=max_len,
-        max_depth=max_depth, max_args=max_args, exclude=(t for t, _ in train_set),
-    )  # fmt: skip
-    assert not {tuple(t) for t, _ in train_set} & {tuple(t) for t, _ in test_set}
-    x_train, m_train, y_train = listops.encode(train_set, n)
-    x_test, m_test, y_test = listops.encode(test_set, n)
-    majority = Counter(y_test.tolist()).most_common(1)[0][1] / len(y_test)
 
-    with torch.random.fork_rng(devices=[]):  # the caller's global RNG is left as it was
-        torch.manual_seed(seed)
-        model = Classifier(
-            attention, vocab=len(listops.VOCAB), n=n, layers=layers, d_model=d_model,
-            n_heads=n_heads, d_ff=d_ff, **params,
-        )  # fmt: skip
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _lr_factor(i, steps, warmup))
-        order = torch.Generator().manual_seed(seed)
-        perm, at = torch.randperm(len(y_train), generator=order), 0
+_Optimizer = tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]
 
-        def step() -> None:
-            nonlocal perm, at
-            if at + batch > len(perm):  # a new epoch, a new order
-                perm, at = torch.randperm(len(y_train), generator=order), 0
-            idx = perm[at : at + batch]
-            at += batch
-            loss = F.cross_entropy(model(x_train[idx], m_train[idx]), y_train[idx])
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
 
-        curve: list[tuple[int, float]] = []
-        peak_bytes, train_seconds, timed_steps = 0, 0.0, 0
-        for s in range(1, steps + 1):
-            if s == min(2, steps):  # step 1 made AdamW's state: step 2 is a steady one
-                peak_bytes = profiled_peak(step)
-            else:
-                t0 = time.perf_counter()
-                step()
-                train_seconds += time.perf_counter() - t0
-                timed_steps += 1
-            if s % eval_every == 0 or s == steps:
-                curve.append((s, accuracy(model, x_test, m_test, y_test)))
-                if progress is not None:
-                    progress(*curve[-1])
-    model.eval()
+def _adamw(model: nn.Module, lr: float, weight_decay: float, steps: int, warmup: int) -> _Optimizer:
+    """AdamW and its schedule: linear warmup over ``warmup`` steps, then decay to 0."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _lr_factor(i, steps, warmup))
+
+
+class _Stepper:
+    """One optimizer step per call on the next ``batch`` of an order drawn from ``seed``, a
+    new order each epoch; gradients clipped at norm 1."""
+
+    def __init__(
+        self, model: Classifier, sets: listops.Splits, batch: int, optimizer: _Optimizer, seed: int
+    ) -> None:
+        self.model, self.sets, self.batch = model, sets, batch
+        self.opt, self.sched = optimizer
+        self.order = torch.Generator().manual_seed(seed)
+        self.perm, self.at = torch.randperm(len(sets.y_train), generator=self.order), 0
+
+    def __call__(self) -> None:
+        s = self.sets
+        if self.at + self.batch > len(self.perm):  # a new epoch, a new order
+            self.perm, self.at = torch.randperm(len(s.y_train), generator=self.order), 0
+        idx = self.perm[self.at : self.at + self.batch]
+        self.at += self.batch
+        loss = F.cross_entropy(self.model(s.x_train[idx], s.m_train[idx]), s.y_train[idx])
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _loop(
+    step: _Stepper, steps: int, eval_every: int, progress: Callable[[int, float], None] | None
+) -> dict[str, Any]:
+    """``steps`` steps, the second profiled (step 1 made AdamW's state: step 2 is a steady
+    one) and the others timed, the test accuracy every ``eval_every`` steps and at the end."""
+    sets, curve = step.sets, []
+    peak_bytes, train_seconds, timed_steps = 0, 0.0, 0
+    for s in range(1, steps + 1):
+        if s == min(2, steps):
+            peak_bytes = profiled_peak(step)
+        else:
+            t0 = time.perf_counter()
+            step()
+            train_seconds += time.perf_counter() - t0
+            timed_steps += 1
+        if s % eval_every == 0 or s == steps:
+            curve.append((s, accuracy(step.model, sets.x_test, sets.m_test, sets.y_test)))
+            if progress is not None:
+                progress(*curve[-1])
     return {
-        "test_accuracy": curve[-1][1],
-        "majority_accuracy": majority,
         "steps_per_s": timed_steps / train_seconds if train_seconds > 0 else math.nan,
         "peak_bytes": peak_bytes,
         "curve": curve,
-        "train_examples": len(train_set),
-        "test_examples": len(test_set),
-        "seconds": time.perf_counter() - started,
-        "model": model,
-        "test_inputs": (x_test, m_test),
     }

@@ -37,7 +37,9 @@ duplicates. Differences, each for a reason:
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -207,3 +209,39 @@ def encode(examples: Sequence[tuple[Sequence[str], int]], n: int) -> tuple[Tenso
         ids[i, : len(tokens)] = torch.tensor([VOCAB[t] for t in tokens], dtype=torch.long)
         labels[i] = check_int("label", label, low=0, high=N_CLASSES - 1)
     return ids, ids == 0, labels
+
+
+@dataclass
+class Splits:
+    """A training and a test set from one seed, encoded (:func:`encode`), with their sizes
+    and the test set's majority-class share (what predicting one class scores)."""
+
+    x_train: Tensor
+    m_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    m_test: Tensor
+    y_test: Tensor
+    train_size: int
+    test_size: int
+    majority: float
+
+
+def splits(
+    n: int, seed: int, train_examples: int, test_examples: int, **expressions: int
+) -> Splits:
+    """The training set from the stream ``2·seed``, the test set from ``2·seed + 1`` with
+    every training expression excluded (so no example is in both), both padded to ``n``;
+    ``expressions`` go to :func:`generate` (its lengths, depth and arguments)."""
+    train_set = generate(train_examples, seed=2 * seed, **expressions)
+    test_set = generate(
+        test_examples, seed=2 * seed + 1, exclude=(t for t, _ in train_set), **expressions
+    )
+    assert not {tuple(t) for t, _ in train_set} & {tuple(t) for t, _ in test_set}
+    x_train, m_train, y_train = encode(train_set, n)
+    x_test, m_test, y_test = encode(test_set, n)
+    return Splits(
+        x_train, m_train, y_train, x_test, m_test, y_test,
+        train_size=len(train_set), test_size=len(test_set),
+        majority=Counter(y_test.tolist()).most_common(1)[0][1] / len(y_test),
+    )  # fmt: skip
