@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.row import Row, printable, read
-from attnbench.row_fields import ENV_FIELDS, FIELDS, Field
+from attnbench.row_checks import ENV_FIELDS
+from attnbench.row_fields import FIELDS, Field
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.quality.tasks import check_figures
+from attnbench.row_checks import shorten
 from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the row's words)
     BY_NAME,
     FIELDS,
@@ -47,7 +48,6 @@ from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the 
     REQUIRED,
     SCHEMA,
     STATUSES,
-    shorten,
 )
 from attnbench.store import numbered_lines
 
