@@ -15,11 +15,9 @@ the path and the errno, and leaves the rows already stored as they were.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,7 +137,6 @@ class _Index:
     keys: set[Any] = field(default_factory=set)
 
 
-MIN_FREE_BYTES = 1 << 20  # below this a sweep cannot store its config, let alone its rows
 _INDEXES: dict[str, _Index] = {}
 _INDEX_LOCK = threading.Lock()
 
@@ -176,47 +173,6 @@ def stored_keys(path: Path) -> set[Any]:
             index.last_line = whole[whole.rfind(b"\n", 0, len(whole) - 1) + 1 :]
         tail = _rows_in(path, rest, first=index.lines + 1, strict=False)
         return index.keys | {row.get("key") for _, row in tail}
-
-
-def check_writable(name: str, directory: Path) -> None:
-    """One ``ValueError`` line (``NAME: cannot write DIR: why``) unless a directory can be
-    made at ``directory`` and written in: its nearest existing parent is a directory where a
-    directory can really be made (probed, then removed: ``os.access`` is blind to root's
-    writes under /proc and says yes to root on a 0o555 directory), on a disk that is not
-    full, and a stored ``cells.jsonl`` is writable. Checked before a command runs anything,
-    so that a read-only, full or misplaced ``out_dir`` is a line and exit code 2, not a
-    traceback once cells ran."""
-    where = Path(directory)
-    while True:
-        try:
-            os.stat(where)
-            break
-        except (FileNotFoundError, NotADirectoryError):
-            if where.parent == where:
-                break
-            where = where.parent
-        except OSError as e:
-            raise ValueError(
-                f"{name}: cannot write {directory}: [Errno {e.errno}] {e.strerror}"
-            ) from None
-    if not where.is_dir():
-        raise ValueError(f"{name}: cannot write {directory}: {str(where)!r} is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".attnbench-probe-", dir=where))
-        fs = os.statvfs(where)
-    except OSError as e:
-        raise ValueError(
-            f"{name}: cannot write {directory}: [Errno {e.errno}] {e.strerror}"
-        ) from None
-    free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
-    if free < MIN_FREE_BYTES:  # a full disk: refused now, not after the first cell ran
-        raise ValueError(
-            f"{name}: cannot write {directory}: [Errno {errno.ENOSPC}] "
-            f"{os.strerror(errno.ENOSPC)} ({free} bytes free)"
-        )
-    cells = where / "cells.jsonl"
-    if where == Path(directory) and cells.exists() and not os.access(cells, os.W_OK):
-        raise ValueError(f"{name}: cannot write {cells}: permission denied")
 
 
 class RunStore:

@@ -23,9 +23,10 @@ from omegaconf import OmegaConf
 
 from attnbench.cell import Cell, validate
 from attnbench.measure import presets
-from attnbench.store import RunStore, StoreError, check_writable, read_rows, replace_file
+from attnbench.store import RunStore, StoreError, read_rows, replace_file
 from attnbench.sweep.config import prevalidate, run_dir
 from attnbench.validators import check_name
+from attnbench.writable import check_writable
 from tests.conftest import run_cli
 
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")
