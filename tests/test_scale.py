@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 from attnbench import store as store_mod
 from attnbench.store import CorruptLine, RunStore, read_rows
 from attnbench.sweep import config as sweep_config
+from attnbench.sweep.compose import compose_each
 from attnbench.sweep.config import (
     CONFIG_MODULE,
-    compose_each,
     expand_jobs,
     prevalidate,
     register_user_mechanisms,
