@@ -1,14 +1,13 @@
 """The cell: one point of a sweep, and every rule about it in one place.
 
-A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, model shape, n,
-k, batch, dtype, device preset, ceiling, mode, and how long to time it. This module owns
-what the rest of attnbench asks of a cell: its validation (:func:`validate`, one
-``ValueError`` line naming the parameter), the ceiling resolved against the preset and the
-preset's fixed overhead (:func:`resolve_ceiling`), ``k`` against ``n`` (:func:`check_k`,
-:func:`left_out`), causal masking (:func:`check_causal`), the mechanism's label
-(:func:`label`) and the key a stored row is found by (:func:`key`). The runner measures a
-validated cell; the sweep builds cells from configs; the gate builds its suite from them;
-reports label rows with the same :func:`label`.
+A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, model shape, n, k,
+batch, dtype, device preset, ceiling, mode, and how long to time it. This module owns what the
+rest of attnbench asks of a cell: its validation (:func:`validate`, one ``ValueError`` line
+naming the parameter), the ceiling resolved against the preset and the preset's fixed overhead
+(:func:`resolve_ceiling`), ``k`` against ``n`` (:func:`check_k`, :func:`left_out`), causal
+masking (:func:`check_causal`), the mechanism's label (:func:`label`) and the key a stored row
+is found by (:func:`key`). The runner measures a validated cell; the sweep builds cells from
+configs; the gate builds its suite from them; reports label rows with the same :func:`label`.
 """
 
 from __future__ import annotations
@@ -30,17 +29,7 @@ from attnbench.workload import DEFAULT as DEFAULT_MODE
 from attnbench.workload import Workload
 from attnbench.workload import get as get_workload
 
-KEY_FIELDS = (
-    "attention",
-    "params",
-    "n",
-    "k",
-    "batch",
-    "dtype",
-    "device",
-    "ceiling_bytes",
-    "model",
-)
+KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
 
 
@@ -109,13 +98,8 @@ class Cell:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists)."""
-        return cls(
-            **{
-                **data,
-                "params": tuple(tuple(p) for p in data.get("params", ())),
-                "quality": tuple(tuple(p) for p in data.get("quality", ())),
-            }
-        )
+        pairs = {f: tuple(tuple(p) for p in data.get(f, ())) for f in ("params", "quality")}
+        return cls(**{**data, **pairs})
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:
@@ -281,21 +265,15 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     # builds the layer's config and shape checks (d_model % n_heads, ...) on meta
     with torch.device("meta"):
         attnbench.create(
-            cell.attention,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            max_seq_len=cell.n,
-            **params,
+            cell.attention, d_model=cell.d_model, n_heads=cell.n_heads, max_seq_len=cell.n, **params
         )
     on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
     resolved = Resolved(preset, ceiling, on_gpu, params)
-    if on_gpu:
-        here = torch.cuda.get_device_properties(0).total_memory
-        if resolved.usable > here:
-            raise ValueError(
-                f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
-                f"overhead exceed this GPU's {here} bytes"
-            )
+    if on_gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
+        raise ValueError(
+            f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
+            f"overhead exceed this GPU's {here} bytes"
+        )
     return resolved
 
 
