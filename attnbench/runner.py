@@ -43,6 +43,19 @@ def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Ten
     return random_input(cell.workload, cell, b, device, dtype)
 
 
+def _feed(work: Work, cell: Cell, b: int, device: str) -> None:
+    """A new input of batch b for ``work``; the previous one goes first, so that only the
+    step's own input is live when its peak is taken."""
+    work.x = None
+    work.x = make_input(b, cell, device, DTYPES[cell.dtype])
+
+
+def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
+    """The tracked peak of ``work`` (on meta) at batch b above ``fixed`` bytes plus its input."""
+    _feed(work, cell, b, "meta")
+    return tracked_peak(work, fixed + rounded(work.x.nbytes), grad=cell.workload.grad)
+
+
 class MemoryModel:
     """The modeled peak of one cell at any batch: its workload's step on meta tensors, plus
     what is live before it: weights, what a first step leaves (an optimizer's state, as in a
@@ -62,18 +75,16 @@ class MemoryModel:
 
     @functools.cache  # noqa: B019 (one model per cell, dropped with it)
     def peak(self, b: int) -> int:
-        self.work.x = make_input(b, self.cell, "meta", DTYPES[self.cell.dtype])
-        base = self.fixed + rounded(self.work.x.nbytes)
-        return tracked_peak(self.work, base, grad=self.cell.workload.grad)
+        return _modeled(self.work, self.cell, b, self.fixed)
 
 
 def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
     """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
     + input + the preset's fixed overhead (a workload that primes: without its state)."""
-    x = make_input(b, cell, "meta", DTYPES[cell.dtype])
-    work = cell.workload.work(model, cell, x, "meta", gpu=False)
-    base = module_bytes(model) + rounded(x.nbytes) + overhead
-    return tracked_peak(work, base, grad=cell.workload.grad)
+    work = cell.workload.work(
+        model, cell, make_input(b, cell, "meta", DTYPES[cell.dtype]), "meta", gpu=False
+    )
+    return _modeled(work, cell, b, module_bytes(model) + overhead)
 
 
 def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
@@ -81,8 +92,7 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
     input's allocation included."""
     dev = torch.device(GPU)
     try:
-        work.x = None  # the previous input goes before this one is made: one input alive
-        work.x = make_input(b, cell, GPU, DTYPES[cell.dtype])
+        _feed(work, cell, b, GPU)
         measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
         return True
     except torch.OutOfMemoryError:
@@ -182,8 +192,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
             memory_source="measured",
         )
         return
-    work.x = None
-    work.x = make_input(b, cell, GPU, dtype)
+    _feed(work, cell, b, GPU)
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:

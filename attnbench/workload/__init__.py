@@ -73,7 +73,7 @@ class Workload:
     """
 
     name: str = ""
-    doc: str = ""  # one line: what is measured, for `attnbench list` and the docs
+    doc: str = ""  # one line: what is measured
     what: str = "forward"  # what one step is called in messages ("2 s per forward")
     grad: bool = False
     primes: bool = False
@@ -91,8 +91,6 @@ class Workload:
 
     def caption(self, row: Any) -> str | None:
         """What a ratio table's caption says first about rows of this workload, or None."""
-        if self.name == DEFAULT:
-            return None
         return f"{self.label(row) or self.name} (the paper has no such table)"
 
     def input_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -154,8 +152,9 @@ _WORKLOADS: dict[str, Workload] = {}
 
 
 def register(workload: Workload) -> Workload:
-    """Make ``workload`` a ``mode=`` choice (its settings must be fields of a cell:
-    :class:`~attnbench.cell.Cell` checks them when it validates one)."""
+    """Make ``workload`` a ``mode=`` choice. Its ``settings`` must name fields of
+    :class:`~attnbench.cell.Cell` and of the row (``docs/architecture.md``, "Add a
+    workload"): a cell reads them by name, and a row stores them."""
     if not workload.name.isidentifier():
         raise ValueError(f"workload name must be an identifier, got {workload.name!r}")
     _WORKLOADS[workload.name] = workload
@@ -192,11 +191,6 @@ def caption_of(row: Any) -> str | None:
     if work is None:
         return f"mode={row.mode}"
     return work.caption(row)
-
-
-def all_settings() -> set[str]:
-    """Every cell field some workload owns: a row has one column for each."""
-    return {s for w in (get(n) for n in names()) for s in w.settings}
 
 
 # the built-ins register themselves on import, after everything they use is defined
