@@ -102,6 +102,7 @@ _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
 _BATCH = Setting("batch", 2, "sequences per measurement")
 _INPUTS = Setting("inputs", "random", "random (fresh seeded layers) or listops (trained states)")
 _CARRY = Setting("listops", None, "the trained model's quality.listops settings", carried=True)
+_INPUTS_FIGURE = Figure("inputs", "text", "random or listops")
 _TRAINED = Figure("model_accuracy", "number", "inputs=listops: the trained model's accuracy")
 
 REGISTRY: dict[str, Task] = {
@@ -118,7 +119,7 @@ REGISTRY: dict[str, Task] = {
                 _CARRY,
             ),
             (
-                Figure("inputs", "text", "random or listops"),
+                _INPUTS_FIGURE,
                 Figure("rel_frobenius", "number", "‖Y − Ŷ‖_F / ‖Y‖_F on real positions"),
                 Figure("cosine", "number", "mean cosine of y_i and ŷ_i over real tokens"),
                 Figure("row_error", "number", "mean TV distance of implied and softmax rows"),
@@ -135,7 +136,7 @@ REGISTRY: dict[str, Task] = {
             "singular values of softmax's P in a vanilla model (paper Figure 1)",
             (_INPUTS, _SEED, _BATCH, Setting("index", 128, "the singular value read"), _CARRY),
             (
-                Figure("inputs", "text", "random or listops"),
+                _INPUTS_FIGURE,
                 Figure("n", "count", "the sequence length (points per curve)"),
                 Figure("index", "count", "the singular value at_index reads"),
                 Figure("cumulative", "list", "per layer: normalised cumulative singular values"),
