@@ -52,6 +52,7 @@ class Cell:
     cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
     time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
     flush_l2: bool = False
+    threads: int | None = None  # CPU timing threads; None: the CPUs the process was given
     model_only: bool = False  # memory from the model alone, no real probes, no timing
     mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload): inference, train
     optimizer: str = "adamw"  # train only: adamw | sgd | none
@@ -260,6 +261,8 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
     for name in (*MODEL_FIELDS, "min_repeats", "cpu_batch"):
         check_int(name, getattr(cell, name))
+    if cell.threads is not None:  # against the allocation where the cell runs: cpus.use
+        check_int("timing.threads", cell.threads)
     check_n_fits(cell, ceiling - preset.overhead_bytes)
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (d_model % n_heads, ...) on meta
@@ -288,9 +291,13 @@ def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
 def key(cell: Cell, preset: presets.Preset) -> str:
     """A stable id of what a cell measures (not of how long it is timed): its workload and
     that workload's settings enter it, except for the default workload's cells, which keep
-    the keys they had before ``mode`` existed, so older run directories resume."""
+    the keys they had before ``mode`` existed, so older run directories resume. A thread
+    count asked for enters it (a sweep over ``timing.threads`` is one cell per count);
+    following the allocation, the default, does not."""
     s = spec(cell, preset)
     fields = {f: s[f] for f in KEY_FIELDS}
+    if cell.threads is not None:
+        fields["threads"] = cell.threads
     if cell.mode != DEFAULT_MODE:
         fields["mode"] = cell.mode
         fields.update(cell.settings)

@@ -136,7 +136,9 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "interleaved A B A B ..., and fail when a cell is slower\nby more than "
         "its threshold AND significantly so (one-sided Mann-Whitney U, p < "
         "alpha).",
-        epilog="exit status: 1 if a cell regressed, 0 if none did, 2 on misuse\n\n"
+        epilog="exit status: 1 if a cell regressed, 0 if none did, 2 on misuse, 3 if the "
+        "machine was\ntoo busy to judge a cell (its samples ran on a contended CPU, even "
+        "taken again)\n\n"
         "examples:\n"
         "  attnbench check                          # against the parent commit\n"
         "  attnbench check --against origin/main --threshold 15%\n"

@@ -91,6 +91,12 @@ class _Record:
                 raise KeyError(f"Row has no field {name!r}")
             setattr(self, name, value)
 
+    @property
+    def busy(self) -> bool:
+        """Timed on a contended CPU, or its samples spread by an order of magnitude
+        (:mod:`attnbench.measure.contention`): its time is no figure to compare."""
+        return bool((self.contention or {}).get("busy"))  # type: ignore[attr-defined]
+
     def spread(self) -> float | None:
         """The timing's IQR over its median: above :data:`NOISY` a report flags the time."""
         median, iqr = self.time_median_s, self.time_iqr_s  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ ENV_FIELDS = {
     "attnbench": str,
     "git_revision": str,
     "threads": int,
+    "cpus": int,
     "python": str,
 }
 # a message quotes the bad value; past this many characters it is cut (one readable line)
@@ -140,6 +141,28 @@ def parts(name: str, value: Any) -> None:
         seconds(f"{name}.{part}.median_s", figures["median_s"])
         seconds(f"{name}.{part}.iqr_s", figures["iqr_s"])
         samples(f"{name}.{part}.samples_s", figures["samples_s"])
+
+
+# ``contention`` (attnbench.measure.contention.Share.as_dict): its keys and their checks
+CONTENTION_FIELDS = ("delay", "cpu_share", "contended", "load", "busy", "why")
+
+
+def contention(name: str, value: Any) -> None:
+    """How contended the CPU was while a row was timed; ``busy`` decides whether a report
+    shows its time, so it must be a bool, and the shares finite numbers."""
+    mapping(name, value)
+    for key, v in value.items():
+        where = f"{name}.{key}"
+        if key not in CONTENTION_FIELDS:
+            raise ValueError(f"{where}: unknown; allowed: {', '.join(CONTENTION_FIELDS)}")
+        if key == "busy" and not isinstance(v, bool):
+            raise ValueError(f"{where}: must be true or false, got {shorten(repr(v))}")
+        if key == "contended":
+            count(where, v)
+        elif key == "why":
+            text(where, v)
+        elif key in ("delay", "cpu_share", "load") and v is not None:
+            seconds(where, v)
 
 
 def json_value(name: str, value: Any) -> None:

@@ -21,6 +21,7 @@ from attnbench.quality.tasks import TASKS
 from attnbench.registry import DTYPES
 from attnbench.row_checks import (
     batch_asked,
+    contention,
     count,
     env,
     identifier,
@@ -151,6 +152,11 @@ FIELDS: tuple[Field, ...] = (
     _f("time_parts", dict[str, dict[str, Any]] | None, parts, "s", "time", "train rows:"
        " `forward`, `backward`, `optimizer`, each `median_s`, `iqr_s`, `samples_s`; their"
        " per-repeat sum is `time_samples_s`"),
+    _f("contention", dict[str, Any] | None, contention, "", "time", "the CPU while timing:"
+       " `delay` (median run-queue delay share of the samples kept), `cpu_share` (CPU time ÷"
+       " wall × threads), `contended` (samples taken again), `load`, `busy` (true: the"
+       " time is no figure: kept out of ratios, efficiency lengths and plots), `why`",
+       column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -23,6 +23,7 @@ import torch
 import attnbench
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import environment
+from attnbench.measure import cpus
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward, time_parts
@@ -103,18 +104,37 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
         torch.cuda.empty_cache()
 
 
-@functools.cache
-def cpu_matmul_rate() -> float:
-    """fp32 GEMM FLOP/s of this CPU, measured once, to estimate a CPU forward's cost."""
+_RATES: dict[int, float] = {}  # threads -> fp32 GEMM FLOP/s, once measured uncontended
+
+
+def cpu_matmul_rate() -> tuple[float, bool]:
+    """fp32 GEMM FLOP/s of this CPU at the threads in use, to estimate a CPU forward's cost,
+    and whether the CPU was busy when it was measured. Kept for the process once measured
+    on a quiet CPU; a busy reading is used once and measured again for the next cell, so
+    that one contended moment cannot skip the time of a whole sweep."""
+    threads = torch.get_num_threads()
+    if threads in _RATES:
+        return _RATES[threads], False
     a, w = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    t = time_forward(lambda: a @ w, torch.device("cpu"), min_repeats=5, min_seconds=0.2)
-    return 2 * 1024**3 / t.median
+    t = time_forward(
+        lambda: a @ w, torch.device("cpu"), min_repeats=5, min_seconds=0.2, patience_s=2.0
+    )
+    rate = 2 * 1024**3 / t.median
+    if not t.busy:
+        _RATES[threads] = rate
+    return rate, t.busy
 
 
 def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     """Measure one cell; always a row (see the module docstring). Validates first."""
     res = res or validate(cell)
     row = Row.new(cell, res.ceiling, res.preset.overhead_bytes, environment())
+    try:  # timed on the CPUs this process was given (or fewer, if timing.threads says so)
+        threads = cpus.use(cell.threads)
+    except ValueError as e:
+        row.update(status="error", reason=str(e))
+        return row
+    row.env = {**row.env, "threads": threads, "cpus": cpus.allocated()[0]}
     why = attnbench.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
@@ -223,23 +243,29 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
 def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
     b, workload = cell.cpu_batch, cell.workload
     flops = row.flops + (row.flops_backward or 0)
-    estimate = flops * b / cpu_matmul_rate()  # seconds per step, at the GEMM rate
+    rate, busy = cpu_matmul_rate()
+    estimate = flops * b / rate  # seconds per step, at the GEMM rate
     work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
     if work > cell.time_budget_s:
         row.reason = (
             f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "
             f"{2 + cell.min_repeats} {workload.what}s exceed time_budget_s="
             f"{cell.time_budget_s:g}"
-        )
+        ) + ("; machine busy: the CPU's rate was measured while contended" if busy else "")
         return
     model = build(cell, res, "cpu", torch.float32)
     x = make_input(b, cell, "cpu", torch.float32)
+    min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
     timings = time_parts(
         workload.work(model, cell, x, "cpu", gpu=False).parts,
         torch.device("cpu"),
         grad=workload.grad,
         min_repeats=cell.min_repeats,
-        min_seconds=min(cell.min_seconds, cell.time_budget_s / 2),
+        min_seconds=min_seconds,
+        # contended repeats are taken again within what is left of the budget, and for no
+        # longer than ten times the timing's own length: a busy machine slows a sweep
+        # boundedly, and says so, rather than holding it until the machine is quiet
+        patience_s=min(cell.time_budget_s - work, 10 * min_seconds),
     )
     _put_timing(row, timings, b, "cpu", "fp32", cell, res)
 
@@ -274,6 +300,8 @@ def _put_timing(
             for name, t in zip(cell.workload.parts, timings[:-1], strict=True)
         }
     row.env = {**row.env, "threads": timing.threads}
+    if timing.contention is not None:
+        row.contention = timing.contention.as_dict()
 
 
 __all__ = ["Cell", "MemoryModel", "modeled_peak", "run_cell", "validate"]

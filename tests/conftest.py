@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,15 @@ def _seed() -> None:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``attnbench ARGS`` in a fresh process (``python -m attnbench.cli``), as a user runs it:
-    the end-to-end tests' one way to call the CLI. ``env`` is added to this environment."""
+    the end-to-end tests' one way to call the CLI. ``env`` is added to this environment;
+    ``preexec_fn`` runs in the child first (to pin it to CPUs, say)."""
     return subprocess.run(
         [sys.executable, "-m", "attnbench.cli", *args],
         cwd=cwd,
@@ -93,4 +99,5 @@ def run_cli(
         text=True,
         timeout=timeout,
         env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,
     )

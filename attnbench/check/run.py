@@ -19,6 +19,7 @@ from attnbench.check import Misuse, sampling, suite, verdicts, versions
 from attnbench.env import fingerprint
 
 DEFAULT_JSON = Path("results/check/latest.json")
+BUSY = 3  # exit status: no verdict, the machine was busy (neither a pass nor a regression)
 
 
 def run(
@@ -36,8 +37,9 @@ def run(
     out: Console | None = None,
     cwd: Path | None = None,
 ) -> int:
-    """Run the gate: 1 if a cell regressed or broke, 0 if none did (or a baseline was
-    written). Misuse raises :class:`Misuse`; the caller decides how to report it.
+    """Run the gate: 1 if a cell regressed or broke, else 3 (:data:`BUSY`) if a cell ran on
+    too contended a CPU to be judged, else 0 (or a baseline was written). Misuse raises
+    :class:`Misuse`; the caller decides how to report it.
 
     Modes: ``against`` (a git ref, default the parent commit) times that ref and the working
     tree interleaved; ``baseline`` compares the working tree with stored samples;
@@ -82,7 +84,8 @@ def run(
         "fingerprint": here,
         "wall_s": round(time.time() - started, 1),
     }
-    return _conclude(results, meta, {"A": a, "B": got.versions["B"]}, json_path)
+    samples = {"A": a, "B": got.versions["B"]}
+    return _conclude(results, meta, samples, got.contended, json_path)
 
 
 def _root(cwd: Path, stored_mode: bool) -> Path:
@@ -120,6 +123,13 @@ def _write_baseline(
             "--write-baseline: these cells cannot run here: "
             + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
         )
+    if busy := got.contended.get("B"):
+        print(
+            f"attnbench check: machine busy: {sum(map(len, busy.values()))} samples of "
+            f"{len(busy)} cells ran on a contended CPU, even taken again; no baseline written "
+            "(write it on a quiet machine)"
+        )
+        return BUSY
     verdicts.write_baseline(path, the_suite, got.versions["B"], got.reps, here)
     print(
         f"attnbench check: baseline of {len(got.versions['B'])} cells x "
@@ -133,7 +143,7 @@ def _judge(
 ) -> list[verdicts.CellResult]:
     """Each cell's verdict; misuse when no cell could be compared, as a pass would lie."""
     why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
-    results = verdicts.judge(the_suite, a, got.versions["B"], why_not)
+    results = verdicts.judge(the_suite, a, got.versions["B"], why_not, got.contended)
     failed = [r for r in results if r.verdict in verdicts.FAILING]
     if not failed and not any(r.stats for r in results):
         raise Misuse(
@@ -145,18 +155,31 @@ def _judge(
 
 
 def _conclude(
-    results: list[verdicts.CellResult], meta: dict[str, Any], samples: dict, json_path: Path
+    results: list[verdicts.CellResult],
+    meta: dict[str, Any],
+    samples: dict,
+    contended: dict,
+    json_path: Path,
 ) -> int:
-    """Every sample and verdict to ``json_path``, one summary line; 1 if a cell failed."""
-    verdicts.write_json(json_path, verdicts.result_json(results, meta, samples))
+    """Every sample and verdict to ``json_path``, one summary line; 1 if a cell failed,
+    else :data:`BUSY` if a cell could not be judged on a contended CPU (neither a pass
+    nor a regression), else 0."""
+    verdicts.write_json(json_path, verdicts.result_json(results, meta, samples, contended))
     failed = [r for r in results if r.verdict in verdicts.FAILING]
+    busy = [r for r in results if r.verdict == "busy"]
     counts = {v: sum(r.verdict == v for r in results) for v in verdicts.VERDICTS}
     tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    verdict = (
-        ("FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)) if failed else "passed"
-    )
+    if failed:
+        verdict = "FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)
+    elif busy:
+        verdict = (
+            f"no verdict: machine busy ({len(busy)} cells timed on a contended CPU); run it "
+            "again on a quiet machine"
+        )
+    else:
+        verdict = "passed"
     print(f"attnbench check: {verdict} ({tally}; {meta['wall_s']:.0f} s; details in {json_path})")
-    return 1 if failed else 0
+    return 1 if failed else BUSY if busy else 0
 
 
 def _sample(

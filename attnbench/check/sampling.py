@@ -4,6 +4,11 @@ Interleaving is what makes the gate usable on a shared machine: a machine that s
 half-way (another job, a clock change) slows both versions' samples alike. Within a round
 the cells come in a fresh random order and A or B goes first at random, so that neither a
 cell's place in the round nor going first can favour one version.
+
+Interleaving cannot help a sample that another process took the CPU from: the worker is read
+from the scheduler around each sample (:mod:`attnbench.measure.contention`, by its pid), and
+a contended sample is taken again, up to :data:`RETRIES` times; one still contended is kept
+and marked, and the verdicts leave it out (:func:`attnbench.check.verdicts.judge`).
 """
 
 from __future__ import annotations
@@ -15,15 +20,35 @@ from pathlib import Path
 
 from attnbench.check.suite import Suite
 from attnbench.check.versions import Worker
+from attnbench.measure import contention
+
+RETRIES = 3  # a contended sample is taken again up to this many times
 
 
 @dataclass
 class Samples:
-    """Per version, per cell: seconds per forward, one value per round."""
+    """Per version, per cell: seconds per forward, one value per round; and, per version
+    and cell, the rounds whose sample was still contended after its retries."""
 
     versions: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     reps: dict[str, int] = field(default_factory=dict)
     unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
+    contended: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    retried: int = 0  # samples taken again because they were contended
+
+
+def _take(worker: Worker, cell: int, reps: int, out: Samples) -> tuple[float, bool]:
+    """One sample of ``cell`` from ``worker``, taken again while the worker's process waited
+    for a CPU; (seconds per forward, whether the last try was still contended)."""
+    with contention.Sched(worker.proc.pid) as sched:
+        for attempt in range(RETRIES + 1):
+            window = contention.Window(sched)
+            seconds = worker.ask(op="time", cell=cell, reps=reps)["s"]
+            if not window.close().contended:
+                return seconds, False
+            if attempt < RETRIES:
+                out.retried += 1
+    return seconds, True
 
 
 def sample(
@@ -84,9 +109,11 @@ def sample(
                 versions = [v for v in trees if built[v][i]["ok"]]
                 rng.shuffle(versions)  # A B or B A: neither always goes first
                 for v in versions:
-                    out.versions[v][name].append(
-                        workers[v].ask(op="time", cell=i, reps=out.reps[name])["s"]
-                    )
+                    seconds, busy = _take(workers[v], i, out.reps[name], out)
+                    got = out.versions[v][name]
+                    if busy:
+                        out.contended.setdefault(v, {}).setdefault(name, []).append(len(got))
+                    got.append(seconds)
                 done += 1
                 if progress:
                     progress(done, total)

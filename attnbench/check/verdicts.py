@@ -20,7 +20,11 @@ from attnbench.check.suite import Suite
 # samples are keyed by that name, so a schema-1 baseline must be written again.
 SCHEMA = 2
 FAILING = ("regressed", "broken")  # verdicts that fail the check
-VERDICTS = ("regressed", "broken", "improved", "same", "new", "gone", "skipped")
+VERDICTS = ("regressed", "broken", "busy", "improved", "same", "new", "gone", "skipped")
+# a cell is judged on its uncontended samples only, and only while contended ones are at
+# most this share of either version's, and at least MIN_SAMPLES of each are left
+BUSY_SHARE = 0.25
+MIN_SAMPLES = 6  # the fewest with which the one-sided rank test can reach p < 0.002
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,27 @@ def judge(
     a: dict[str, list[float]],
     b: dict[str, list[float]],
     why_not: dict[str, str] | None = None,
+    contended: dict[str, dict[str, list[int]]] | None = None,
 ) -> list[CellResult]:
     """A verdict for every cell of the suite. A cell only B has is ``new`` and one neither
     has is ``gone`` — not failures, a suite may grow — but one that A ran and B cannot is
-    ``broken``: the change broke it, which fails the check as a regression does."""
+    ``broken``: the change broke it, which fails the check as a regression does. A cell
+    whose samples ran on a contended CPU (``contended``: per version "A", "B", the rounds
+    still contended after their retries) is judged without them, or, where they are too
+    many, is ``busy``: no verdict, neither a pass nor a regression."""
     s = suite.settings
     why_not = why_not or {}
+    contended = contended or {}
     results = []
     for c in suite.cells:
         if c.name in a and c.name in b:
-            v = compare(a[c.name], b[c.name], threshold=c.threshold, alpha=s["alpha"])
+            xs, ys, busy = _uncontended(
+                a[c.name], b[c.name], *(contended.get(v, {}).get(c.name, []) for v in "AB")
+            )
+            if busy:
+                results.append(CellResult(c.name, c.threshold, "busy", note=busy))
+                continue
+            v = compare(xs, ys, threshold=c.threshold, alpha=s["alpha"])
             results.append(CellResult(c.name, c.threshold, v.verdict, v))
         elif c.name in b:
             note = why_not.get(c.name, "not in version A")
@@ -64,6 +79,26 @@ def judge(
         CellResult(name, s["threshold"], "skipped", note=why) for name, why in suite.skipped
     ]
     return results
+
+
+def _uncontended(
+    a: list[float], b: list[float], busy_a: list[int], busy_b: list[int]
+) -> tuple[list[float], list[float], str]:
+    """Both versions' samples without their contended rounds, and why the cell is busy
+    ("" where it can be judged)."""
+    xs = [x for i, x in enumerate(a) if i not in set(busy_a)]
+    ys = [y for i, y in enumerate(b) if i not in set(busy_b)]
+    too_many = len(busy_a) > BUSY_SHARE * len(a) or len(busy_b) > BUSY_SHARE * len(b)
+    if too_many or min(len(xs), len(ys)) < MIN_SAMPLES:
+        return (
+            xs,
+            ys,
+            (
+                f"machine busy: {len(busy_a)} of A's {len(a)} and {len(busy_b)} of B's {len(b)} "
+                "samples ran on a contended CPU, even taken again"
+            ),
+        )
+    return xs, ys, ""
 
 
 def write_baseline(
@@ -137,10 +172,14 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def result_json(
-    results: list[CellResult], meta: dict[str, Any], samples: dict[str, dict[str, list[float]]]
+    results: list[CellResult],
+    meta: dict[str, Any],
+    samples: dict[str, dict[str, list[float]]],
+    contended: dict[str, dict[str, list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """The result file: every verdict with its statistics and every sample, so that a
-    verdict can be re-derived (scripts/gate_power.py replays them)."""
+    """The result file: every verdict with its statistics and every sample, with the rounds
+    whose sample ran on a contended CPU, so that a verdict can be re-derived
+    (scripts/gate_power.py replays them)."""
     return {
         "schema": SCHEMA,
         "kind": "attnbench-check-result",
@@ -157,6 +196,7 @@ def result_json(
             for r in results
         ],
         "samples": samples,
+        "contended": contended or {},
     }
 
 
@@ -176,7 +216,7 @@ def table(results: list[CellResult], a_name: str, b_name: str, confidence: float
         "verdict",
         title="attnbench check: time per forward, median of the samples",
     )
-    colour = {"regressed": "bold red", "broken": "bold red", "improved": "green"}
+    colour = {"regressed": "bold red", "broken": "bold red", "improved": "green", "busy": "yellow"}
     for r in results:
         v = r.stats
         if v is None:

@@ -7,6 +7,11 @@ so statistics can be recomputed. On CUDA each repeat is bracketed by CUDA events
 time, never a host clock without synchronizing), optionally after flushing L2 as
 ``triton.testing.do_bench`` does. On CPU a forward has returned when it is done, so
 ``time.perf_counter`` is exact; the thread count goes with the figure.
+
+Every repeat is also read from the scheduler (:mod:`attnbench.measure.contention`, outside
+the timed bracket): a repeat whose threads waited for a CPU is *contended* and is taken
+again, within ``patience_s``, so that the figure is made of ``min_repeats`` uncontended
+ones; where re-sampling runs out of time, the figure keeps every sample and says it is busy.
 """
 
 from __future__ import annotations
@@ -20,14 +25,22 @@ from typing import Any
 
 import torch
 
+from attnbench.measure import contention
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100: 50 MB)
 
 
 @dataclass(frozen=True)
 class Timing:
-    samples: tuple[float, ...]  # seconds per forward, in the order taken
+    samples: tuple[float, ...]  # seconds per forward, in the order taken (the ones kept)
     method: str  # "cuda-events" or "perf_counter"
     threads: int  # torch's intra-op threads (what a CPU figure depends on)
+    contention: contention.Share | None = None  # how contended the CPU was; None: not read
+
+    @property
+    def busy(self) -> bool:
+        """Taken on a contended CPU (or wildly spread): no figure to compare."""
+        return self.contention is not None and self.contention.busy
 
     @property
     def repeats(self) -> int:
@@ -47,7 +60,9 @@ class Timing:
     def __repr__(self) -> str:
         return (
             f"Timing(median={self.median * 1e3:.3f} ms, iqr={self.iqr * 1e3:.3f} ms, "
-            f"repeats={self.repeats}, {self.method}, threads={self.threads})"
+            f"repeats={self.repeats}, {self.method}, threads={self.threads}"
+            + (", busy" if self.busy else "")
+            + ")"
         )
 
 
@@ -60,6 +75,7 @@ def time_forward(
     warmup: int = 2,
     max_repeats: int = 1000,
     flush_l2: bool = False,
+    patience_s: float | None = None,
 ) -> Timing:
     """Time ``fn()`` (one forward) on ``device``; see the module docstring for the rules."""
     return time_parts(
@@ -70,6 +86,7 @@ def time_forward(
         warmup=warmup,
         max_repeats=max_repeats,
         flush_l2=flush_l2,
+        patience_s=patience_s,
     )[0]
 
 
@@ -83,27 +100,42 @@ def time_parts(
     warmup: int = 2,
     max_repeats: int = 1000,
     flush_l2: bool = False,
+    patience_s: float | None = None,
 ) -> list[Timing]:
     """One :class:`Timing` per part of a step whose parts run in order each repeat (a
     training step: forward, backward, optimizer), plus, last, the whole step's: each
     repeat's parts summed. On CUDA, one event between parts, all read after one
     synchronize, so the parts add up to the step with no gap. ``grad=False`` runs under
-    ``inference_mode`` (a forward); a training step needs autograd."""
+    ``inference_mode`` (a forward); a training step needs autograd.
+
+    Repeats go on until ``min_repeats`` uncontended ones and ``min_seconds`` of timing, or
+    until ``patience_s`` (default: 3 × ``min_seconds``) has passed with too few uncontended
+    ones: then the figure is busy (:func:`attnbench.measure.contention.judge`)."""
     cuda = device.type == "cuda"
     flush = (
         torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 else None
     )
+    patience = 3 * min_seconds if patience_s is None else max(patience_s, min_seconds)
     samples: list[list[float]] = [[] for _ in parts]
-    with contextlib.nullcontext() if grad else torch.inference_mode():
+    readings: list[contention.Reading] = []
+    timed = 0.0  # seconds of timed work so far (reading the scheduler is not timed work)
+    with (
+        contention.Sched() as sched,
+        contextlib.nullcontext() if grad else torch.inference_mode(),
+    ):
         for _ in range(warmup):
             for part in parts:
                 part()
         if cuda:
             torch.cuda.synchronize(device)
         begun = time.perf_counter()
-        while len(samples[0]) < max_repeats and (
-            len(samples[0]) < min_repeats or time.perf_counter() - begun < min_seconds
-        ):
+        while len(readings) < max_repeats:
+            taken, elapsed = len(readings), time.perf_counter() - begun
+            clean = taken - sum(r.contended for r in readings)
+            if taken >= min_repeats and timed >= min_seconds:
+                if clean >= min_repeats or elapsed >= patience:
+                    break
+            window = contention.Window(sched)
             if cuda:
                 if flush is not None:
                     flush.zero_()
@@ -120,8 +152,15 @@ def time_parts(
                     t0 = time.perf_counter()
                     part()
                     samples[i].append(time.perf_counter() - t0)
+            readings.append(window.close())
+            timed += sum(s[-1] for s in samples)
     method, threads = "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
-    timings = [Timing(tuple(s), method, threads) for s in samples]
+    whole = [sum(s) for s in zip(*samples, strict=True)]
+    keep = [i for i, r in enumerate(readings) if not r.contended]
+    if len(keep) < min_repeats:  # re-sampling ran out of patience: the figure is busy
+        keep = list(range(len(readings)))
+    share = contention.judge(readings, keep, whole, threads, min_repeats)
+    timings = [Timing(tuple(s[i] for i in keep), method, threads, share) for s in samples]
     if len(parts) > 1:
-        timings.append(Timing(tuple(map(sum, zip(*samples, strict=True))), method, threads))
+        timings.append(Timing(tuple(whole[i] for i in keep), method, threads, share))
     return timings

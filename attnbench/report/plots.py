@@ -70,8 +70,8 @@ def _series(rows: list[Row], y: str) -> dict[str, list[tuple[int, float]]]:
     out: dict[tuple[str, int, str], list[tuple[int, float]]] = {}
     for r in rows:
         v = getattr(r, y)
-        if r.status != "ok" or not v:
-            continue
+        if r.status != "ok" or not v or (y == "time_per_seq_s" and r.busy):
+            continue  # a busy time is no figure: left out, and the title says so
         where = ""
         if many:
             batch = r.batch_asked
@@ -106,7 +106,9 @@ def _against_n(
     fig, ax = _figure()
     _lines(ax, series, ylabel)
     how = sorted({where(r) for r in rows if getattr(r, y)})
-    ax.set_title(_text(f"{ylabel} ({', '.join(how)})"), fontsize=9)
+    busy = sum(r.busy for r in rows if y == "time_per_seq_s" and getattr(r, y))
+    gone = f"; {busy} left out: machine busy" if busy else ""
+    ax.set_title(_text(f"{ylabel} ({', '.join(how)}{gone})"), fontsize=9)
     return fig
 
 

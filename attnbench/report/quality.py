@@ -263,7 +263,7 @@ def pareto_points(rows: Iterable[Row | dict[str, Any]]) -> list[tuple[str, float
     cost = {
         (r.attention, cell.label(r.attention, r.params), r.k, r.n): r
         for r in rows
-        if r.task == "cost" and r.status == "ok" and r.time_per_seq_s
+        if r.task == "cost" and r.status == "ok" and r.time_per_seq_s and not r.busy
     }
     out = []
     for r in task_rows(rows, "approx"):

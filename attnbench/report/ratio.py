@@ -8,9 +8,9 @@ setting, machine and work. What is compared is :func:`ratio`, the paper's sectio
 * memory ratio = mechanism max batch ÷ baseline max batch (memory saved)
 
 A ratio is a number only where both rows measured the figure. Anywhere else it is
-undefined: its value is None and what a table shows is the status that made it so (``OOM``
-or ``–``) with a footnote saying whose and why, never a number, and never an infinity that
-could be read as a measured speed-up.
+undefined: its value is None and what a table shows is the status that made it so (``OOM``,
+``–``, or ``busy`` for a time taken on a contended CPU) with a footnote saying whose and why,
+never a number, and never an infinity that could be read as a measured speed-up.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from attnbench import cell
 from attnbench.row import NOISY, Row, printable
 
 SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
+BUSY = "busy"  # timed, but on a contended CPU: no figure (attnbench.measure.contention)
 
 
 def label(row: Row) -> str:
@@ -91,9 +92,10 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
     undefined and shown as ``OOM`` with the footnote that the baseline does not fit at
     b = 1 (``outgrown`` where the mechanism fits). So is an out-of-memory mechanism; any
     other row that is not ``ok`` (skipped, error) and a figure either row lacks give ``–``
-    with the reason; a quotient beyond a float's range is no ratio either. A defined ratio
-    carries its caveats: memory modeled rather than measured, time taken off the device or
-    not at max batch, a noisy time."""
+    with the reason; a time either row took on a contended CPU gives ``busy``; a quotient
+    beyond a float's range is no ratio either. A defined ratio carries its caveats: memory
+    modeled rather than measured, time taken off the device or not at max batch, a noisy
+    time."""
     if b.status == "oom":
         source = b.memory_source or "measured"
         note = f"the baseline does not fit at b = 1 under the ceiling ({source})"
@@ -110,6 +112,13 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
         modeled = "modeled" in (r.memory_source, b.memory_source)
         return Ratio(v, f"{v:.1f}x", ("memory modeled, not measured",) if modeled else ())
     t, tb = r.time_per_seq_s, b.time_per_seq_s
+    if busy := next((x for x in (r, b) if x.busy and x.time_per_seq_s), None):
+        why = (busy.contention or {}).get("why") or "contended"
+        return _undefined(
+            BUSY,
+            f"machine busy: {busy.attention}'s time was taken on a "
+            f"contended CPU ({why}); measure it again on a quiet machine",
+        )
     if not t or not tb:
         return _undefined(SKIPPED, _why((r if not t else b).reason))
     v = tb / t

@@ -26,7 +26,7 @@ import attnbench
 from attnbench import cell as cells
 from attnbench.attention import BUILTINS
 from attnbench.cell import Cell
-from attnbench.measure import presets
+from attnbench.measure import cpus, presets
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
 from attnbench.validators import (
@@ -82,6 +82,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         cpu_batch=t.cpu_batch,
         time_budget_s=float(t.time_budget_s),
         flush_l2=t.flush_l2,
+        threads=t.get("threads"),
         mode=cfg.get("mode", "inference"),
         optimizer=cfg.get("optimizer", "adamw"),
         checkpoint=cfg.get("checkpoint", False),
@@ -224,6 +225,13 @@ def check_run_keys(cfg: DictConfig) -> None:
     check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
 
 
+def _remote_launcher(overrides: list[str]) -> bool:
+    """Do this command's jobs run on other machines (``hydra/launcher=submitit_slurm``), whose
+    CPUs this process cannot see? Then ``timing.threads`` is checked by each job, where it
+    runs (an ``error`` row naming the key)."""
+    return any(o.split("=", 1)[0] == "hydra/launcher" and "slurm" in o for o in overrides)
+
+
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     """Validate every cell of ``attnbench run ARGS`` before Hydra starts; returns the
     distinct (run dir, cell key) pairs the command will fill (the progress bar's cells).
@@ -237,6 +245,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         multirun=bool(bare & {"-m", "--multirun"}),
     )
     plan: dict[tuple[str, str], None] = {}
+    here = not _remote_launcher(overrides)
     left_out: list[str] = []
     once: dict[str, None] = {}  # why some jobs are one cell: said once each, not per job
     for cfg in jobs:
@@ -252,6 +261,8 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
             continue
         preset = preset_from_cfg(cfg)
         cells.validate(cell, preset)
+        if here:  # the jobs run on this machine, with this process's CPUs: check them now
+            cpus.resolve(cell.threads)
         planned = (where, cells.key(cell, preset))
         if planned in plan:
             ignored = cfg.k is not None and cell.k is None

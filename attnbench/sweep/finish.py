@@ -16,7 +16,8 @@ from attnbench.sweep import claims
 
 
 def summary_and_reports(config: DictConfig) -> None:
-    """``attnbench: 9 of 10 cells in DIR (8 ok, 1 oom)``, then each run dir's report."""
+    """``attnbench: 9 of 10 cells in DIR (8 ok, 1 oom)``, then each run dir's report, then,
+    if the machine was busy, a line saying so."""
     plan = claims.plan()
     rows = claims.rows_of(plan) if plan else []
     counts = {s: sum(r.get("status") == s for r in rows) for s in STATUSES}
@@ -29,6 +30,27 @@ def summary_and_reports(config: DictConfig) -> None:
     if config.report:
         for d in dirs:
             write_report(Path(d), config.report_baseline, show=config.progress)
+    if line := busy_line(rows):  # last, so that it is the line a reader sees
+        print(line, flush=True)
+
+
+def busy_line(rows: list[dict]) -> str | None:
+    """What the end of a sweep says when the machine was busy: how many of its timings were
+    taken on a contended CPU (no figure: left out of ratios, efficiency lengths and plots)
+    or not taken because the CPU's rate was read while it was contended."""
+    busy = sum(bool((r.get("contention") or {}).get("busy")) for r in rows)
+    unread = sum("machine busy" in str(r.get("reason") or "") for r in rows)
+    if not busy and not unread:
+        return None
+    what = []
+    if busy:
+        what.append(f"{busy} timings taken on a contended CPU (shown as busy, not as figures)")
+    if unread:
+        what.append(f"{unread} not taken (the CPU's speed was read while it was contended)")
+    return (
+        f"attnbench: machine busy: {' and '.join(what)}; measure them again on a quiet "
+        "machine with rerun=true"
+    )
 
 
 def write_report(run: Path, baseline: str, show: bool) -> None:

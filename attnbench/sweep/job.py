@@ -222,6 +222,8 @@ def _summary(row: Row) -> str:
         parts.append(f"max b {row.max_batch} ({row.memory_source})")
     if row.time_per_seq_s:
         parts.append(f"{row.time_per_seq_s * 1e3:.2f} ms/seq on {row.time_device}")
+        if row.busy:
+            parts.append(f"machine busy: {row.contention.get('why')}")
     q = row.quality or {}
     if "rel_frobenius" in q:
         parts.append(

@@ -122,9 +122,14 @@ class Progress(Callback):
                         str(r.get("k")),
                         str(r.get("status")),
                         str(r.get("max_batch")),
-                        "-" if not t else f"{t * 1e3:.2f}",
+                        "-" if not t else f"{t * 1e3:.2f}" + _busy(r),
                         str(r.get("memory_source")),
                     )
                 live.update(Group(bar, table))
                 if stopping:  # one last frame with every row, then out
                     break
+
+
+def _busy(row: dict[str, Any]) -> str:
+    """`` busy`` after a time taken on a contended CPU (a stored row, as a dict)."""
+    return " busy" if (row.get("contention") or {}).get("busy") else ""

@@ -1,0 +1,201 @@
+"""Did the timed process have its CPUs? The run-queue delay of every sample, and the verdict.
+
+A CPU timing taken while another process held the CPU can be off by orders of magnitude
+(samples of 1.1 s, 0.6 s and 0.5 ms for one cell on a loaded 2-core machine) and look like
+any other figure. Linux counts, for each thread, the time it ran and the time it spent
+runnable but waiting for a CPU (``/proc/<pid>/task/<tid>/schedstat``, the scheduler's
+``sched_info``). Over a sample, the process's waiting time as a share of its running plus
+waiting time — the **delay share** — is contention itself: about 0 for a process that had
+its CPUs, 0.5 for one thread sharing its only CPU with a busy loop. Unlike CPU time over
+wall time × threads (also recorded: :class:`Share`), it does not depend on how much of the
+timed code runs in parallel, so one threshold serves every mechanism, thread count and
+batch. A sample whose delay share is over :data:`BUSY_DELAY` is *contended*.
+
+The same reading serves the sweep's timings (this process) and the regression gate's
+(its worker processes, read from outside by pid). Where there is no schedstat (not Linux,
+or a kernel without ``sched_info``), the delay is unknown, never 0: then only the spread of
+the samples can say the machine was busy (:data:`WILD_SPREAD`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# A sample is contended when its threads waited for a CPU more than this share of the time
+# they were runnable: a single-threaded step then took >= 1/(1 - 0.1) = 1.11x its own time.
+# On this project's quiet 2-core machine samples read 0.000-0.005; beside a busy loop on the
+# same CPU, 0.24 (2 threads) to 0.55 (1 thread) (docs/measurement.md, "Contention").
+BUSY_DELAY = 0.10
+# Samples of one timing whose largest is this many times their smallest were not all taken
+# under the same conditions, whatever the scheduler says (a cell's samples on a quiet
+# machine stay within 1.5x: docs/measurement.md): no median of them is a figure.
+WILD_SPREAD = 10.0
+
+
+class Sched:
+    """The scheduler's counts for one process (``pid``; None: this one), summed over its
+    threads. Each thread's schedstat file is opened once and read again with ``pread``:
+    reading them anew by path cost ~0.19 ms per sample, longer than the smallest samples
+    timed; this costs ~0.01 ms. Close it when done (a context manager)."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.tasks = f"/proc/{pid or 'self'}/task"
+        self._fds: dict[str, int] = {}
+        self.readable = self.read() is not None
+
+    def read(self) -> tuple[int, int] | None:
+        """(ran, waited) nanoseconds over the threads alive now, or None where the kernel
+        does not say. A thread that ended is missed, so only differences over a short
+        window mean anything."""
+        try:
+            tids = os.listdir(self.tasks)
+        except OSError:
+            return None
+        ran = waited = 0
+        found = False
+        for tid in tids:
+            try:
+                if tid not in self._fds:
+                    self._fds[tid] = os.open(f"{self.tasks}/{tid}/schedstat", os.O_RDONLY)
+                fields = os.pread(self._fds[tid], 128, 0).split()
+                ran, waited, found = ran + int(fields[0]), waited + int(fields[1]), True
+            except (OSError, IndexError, ValueError):  # ended while we listed them
+                self._fds.pop(tid, None)
+        return (ran, waited) if found else None
+
+    def cpu_s(self) -> float:
+        """The process's CPU time (user + system) in seconds; NaN where it cannot be read."""
+        if self.pid is None:
+            return time.process_time()
+        try:  # utime + stime, in clock ticks (fields 14 and 15 of /proc/PID/stat)
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> Sched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one sample's window looked like from the scheduler: the process's run-queue
+    delay (None: unknown) and its CPU time against the wall time of the window."""
+
+    wall_s: float
+    cpu_s: float
+    delay: float | None  # waited / (ran + waited) over the window
+
+    @property
+    def contended(self) -> bool:
+        return self.delay is not None and self.delay > BUSY_DELAY
+
+
+class Window:
+    """Opened before a sample and closed after it, outside the timed bracket, so that
+    reading the counts costs the sample nothing."""
+
+    def __init__(self, sched: Sched) -> None:
+        self.sched = sched
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float, tuple[int, int] | None]:
+        return time.perf_counter(), self.sched.cpu_s(), self.sched.read()
+
+    def close(self) -> Reading:
+        (w0, c0, s0), (w1, c1, s1) = self._start, self._read()
+        delay = None
+        if s0 is not None and s1 is not None:
+            ran, waited = s1[0] - s0[0], s1[1] - s0[1]
+            if ran + waited > 0 and ran >= 0 and waited >= 0:
+                delay = waited / (ran + waited)
+        return Reading(w1 - w0, c1 - c0, delay)
+
+
+def load() -> float | None:
+    """The machine's 1-minute load average (runnable and waiting processes), where the OS
+    gives it: beside the CPUs a run was given, it says how crowded the machine was."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def spread(samples: Sequence[float]) -> float | None:
+    """Largest sample over smallest: above :data:`WILD_SPREAD` the samples disagree by an
+    order of magnitude."""
+    positive = [s for s in samples if s > 0]
+    if len(positive) < 2:
+        return None
+    return max(positive) / min(positive)
+
+
+@dataclass(frozen=True)
+class Share:
+    """A timing's contention, as a row stores it (``contention``) and a report reads it.
+
+    ``delay``: the median delay share of the samples kept (None: unknown here);
+    ``cpu_share``: CPU time ÷ (wall time × threads) over every sample taken (near 1 where
+    the code keeps every thread busy; lower for serial code, and under contention);
+    ``contended``: samples taken over :data:`BUSY_DELAY` (re-sampled, not kept); ``busy``:
+    whether the figure is not to be trusted, with ``why``."""
+
+    delay: float | None
+    cpu_share: float | None
+    contended: int
+    load: float | None
+    busy: bool
+    why: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "delay": None if self.delay is None else round(self.delay, 4),
+            "cpu_share": None if self.cpu_share is None else round(self.cpu_share, 3),
+            "contended": self.contended,
+            "load": self.load,
+            "busy": self.busy,
+        }
+        if self.why:
+            out["why"] = self.why
+        return out
+
+
+def judge(
+    readings: Sequence[Reading],
+    kept: Sequence[int],
+    whole: Sequence[float],
+    threads: int,
+    wanted: int,
+) -> Share:
+    """The verdict on a timing: ``readings`` and ``whole`` (seconds) for every repeat taken,
+    ``kept`` the indices of the repeats the figure is made of. Busy when fewer than
+    ``wanted`` repeats ran uncontended (re-sampling ran out of patience) or the kept samples
+    spread over :data:`WILD_SPREAD`."""
+    contended = sum(r.contended for r in readings)
+    wall = sum(r.wall_s for r in readings)
+    cpu = sum(r.cpu_s for r in readings)
+    cpu_share = cpu / (wall * threads) if wall > 0 and cpu == cpu else None  # NaN: unread
+    why = ""
+    if len(readings) - contended < wanted:
+        why = (
+            f"{contended} of {len(readings)} samples waited over {BUSY_DELAY:.0%} of their "
+            "time for a CPU"
+        )
+    elif (s := spread([whole[i] for i in kept])) is not None and s > WILD_SPREAD:
+        why = f"samples differ {s:.0f}x (largest over smallest)"
+    delays = sorted(d for i in kept if (d := readings[i].delay) is not None)
+    median = delays[len(delays) // 2] if delays else None
+    return Share(median, cpu_share, contended, load(), bool(why), why)

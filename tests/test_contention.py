@@ -1,0 +1,207 @@
+"""Timings say when the machine was busy, and threads follow the CPUs a process was given.
+
+The contention flag is proven against a real busy loop sharing the timed process's CPU
+(and the same timing without it); the thread count against a real CPU affinity and
+``SLURM_CPUS_PER_TASK``, through the CLI in a subprocess. Reports, the end-of-sweep line
+and the gate are held to what a busy figure means: no figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.check import verdicts
+from attnbench.measure import contention, cpus
+from attnbench.report.efficiency import efficiency_lengths
+from attnbench.report.ratio import ratio
+from attnbench.row import Row
+from attnbench.store import read_rows
+from attnbench.sweep.finish import busy_line
+from tests.conftest import run_cli
+
+LINUX = pytest.mark.skipif(
+    contention.Sched().read() is None or not hasattr(os, "sched_setaffinity"),
+    reason="needs Linux's per-thread schedstat and CPU affinity",
+)
+CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+
+# One thread pinned to CPU timing a chain of SIZE x SIZE matmuls, re-sampling for at most
+# 1.5 s: at 640, ~20 ms a sample (longer than a scheduler time slice, so a busy loop on the
+# same CPU takes part of every sample); at 192, ~0.2 ms, short enough that re-sampling finds
+# uncontended samples even on a loaded machine (one that another job keeps busy is busy).
+TIMING = f"""
+import json, os, sys
+os.sched_setaffinity(0, {{{CPU}}})
+import torch
+from attnbench.measure.timing import time_forward
+torch.set_num_threads(1)
+a = torch.randn(int(sys.argv[1]), int(sys.argv[1]))
+t = time_forward(lambda: a @ a @ a @ a, torch.device("cpu"), min_repeats=3, min_seconds=0.1,
+                 patience_s=1.5)
+print(json.dumps({{**t.contention.as_dict(), "repeats": t.repeats}}))
+"""
+
+
+def _timed(size: int, hog: bool) -> dict:
+    busy_loop = None
+    if hog:
+        busy_loop = subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            preexec_fn=lambda: os.sched_setaffinity(0, {CPU}),
+        )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", TIMING, str(size)], capture_output=True, text=True, timeout=300
+        )
+    finally:
+        if busy_loop is not None:
+            busy_loop.kill()
+            busy_loop.wait()
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@LINUX
+def test_a_timing_beside_a_busy_loop_on_its_cpu_is_busy_and_one_without_is_not() -> None:
+    beside = _timed(640, hog=True)
+    # the busy loop had its share of the CPU: every ~20 ms sample waited about half of it
+    assert beside["busy"] and "waited over 10%" in beside["why"], beside
+    assert beside["delay"] > 0.3 and beside["contended"] >= beside["repeats"] - 2, beside
+    alone = _timed(192, hog=False)
+    # re-sampling finds the uncontended samples the figure is made of, on a busy CI too
+    assert not alone["busy"] and alone["delay"] <= contention.BUSY_DELAY, alone
+
+
+def test_samples_an_order_of_magnitude_apart_are_busy_without_a_scheduler_reading() -> None:
+    quiet = [contention.Reading(0.01, 0.01, None)] * 3  # no schedstat: delay unknown
+    share = contention.judge(quiet, [0, 1, 2], [1.116, 0.609, 0.00052], threads=1, wanted=3)
+    assert share.busy and share.delay is None and "2146x" in share.why
+    share = contention.judge(quiet, [0, 1, 2], [1.0, 1.2, 0.9], threads=1, wanted=3)
+    assert not share.busy and share.cpu_share == pytest.approx(1.0)
+
+
+def _row(attention: str, n: int, t: float, busy: bool = False) -> Row:
+    return Row(
+        attention=attention,
+        n=n,
+        dtype="fp16",
+        device="v100_16gb",
+        time_per_seq_s=t,
+        max_batch=10,
+        model={"layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072},
+        contention={"busy": busy, "why": "3 of 3 samples waited"} if busy else None,
+    )
+
+
+def test_a_busy_time_is_shown_as_busy_never_as_a_ratio() -> None:
+    base, fast = _row("vanilla", 512, 1.0), _row("linear", 512, 0.5)
+    busy = _row("linear", 512, 1e-3, busy=True)
+    assert ratio("time", fast, base).text == "2.00x"
+    got = ratio("time", busy, base)
+    assert got.value is None and got.text == "busy" and "machine busy: linear" in got.notes[0]
+    assert ratio("time", base, _row("vanilla", 512, 1e-3, busy=True)).text == "busy"  # its baseline
+    assert ratio("memory", busy, base).value == 1.0  # memory was not timed: it stands
+    # a 1000x speed-up at n = 512 taken on a busy CPU does not make 512 the efficiency length
+    rows = [_row("vanilla", 512, 1.0), busy, _row("vanilla", 1024, 1.0), _row("linear", 1024, 0.5)]
+    (time,) = [x for x in efficiency_lengths(rows) if x.kind == "time"]
+    assert time.compared == (1024,)
+
+
+def test_the_end_of_a_busy_sweep_says_so() -> None:
+    quiet = {"contention": {"busy": False}, "reason": None}
+    assert busy_line([quiet]) is None
+    skipped = {"reason": "time skipped: ~3 s per forward; machine busy: the CPU's rate ..."}
+    line = busy_line([quiet, {"contention": {"busy": True}}, skipped])
+    assert line.startswith("attnbench: machine busy: 1 timings taken on a contended CPU")
+    assert "1 not taken" in line and "rerun=true" in line
+
+
+def test_the_gate_gives_no_verdict_on_contended_samples() -> None:
+    a = [1.0 + 0.01 * i for i in range(10)]
+    b = [2.0 + 0.01 * i for i in range(10)]  # twice as slow: a regression, if it were true
+    xs, ys, why = verdicts._uncontended(a, b, [], [0, 1, 2])  # 3 of B's 10 contended
+    assert why.startswith("machine busy: 0 of A's 10 and 3 of B's 10 samples")
+    xs, ys, why = verdicts._uncontended(a, b, [], [4])  # one: judged without it
+    assert why == "" and len(xs) == 10 and len(ys) == 9 and 2.04 not in ys
+
+
+@LINUX
+def test_another_process_is_read_by_its_pid_as_the_gate_reads_its_workers() -> None:
+    """Two busy loops on one CPU: each runs half the time and waits the other half."""
+    pin = lambda: os.sched_setaffinity(0, {CPU})  # noqa: E731
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+        for _ in range(2)
+    ]
+    try:
+        with contention.Sched(loops[0].pid) as sched:
+            window = contention.Window(sched)
+            time.sleep(1.0)
+            got = window.close()
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert got.contended and 0.3 < got.delay < 0.7, got
+    assert got.cpu_s < 0.8 * got.wall_s, got
+
+
+def test_threads_follow_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.delenv(cpus.SLURM_CPUS, raising=False)
+    assert cpus.allocated()[0] == given and cpus.resolve(None) == given
+    monkeypatch.setenv(cpus.SLURM_CPUS, "1")
+    assert cpus.allocated() == (1, cpus.SLURM_CPUS) and cpus.resolve(None) == 1
+    with pytest.raises(
+        ValueError,
+        match=r"^timing.threads: 2 threads asked, but this process"
+        r" may run on 1 CPUs \(SLURM_CPUS_PER_TASK\); allowed: 1 to 1",
+    ):
+        cpus.resolve(2)
+    with pytest.raises(ValueError, match=r"^timing.threads: must be an integer >= 1, got 0"):
+        cpus.resolve(0)
+
+
+CELL = (
+    "attention=vanilla",
+    "n=64",
+    "model=tiny",
+    "dtype=fp32",
+    "device=cpu",
+    "batch=2",
+    "timing.min_seconds=0.05",
+    "timing.min_repeats=3",
+    "progress=false",
+)
+
+
+@LINUX
+def test_a_cell_times_on_the_cpus_it_was_given_and_says_so(tmp_path: Path) -> None:
+    one = run_cli("run", *CELL, cwd=tmp_path, preexec_fn=lambda: os.sched_setaffinity(0, {CPU}))
+    assert one.returncode == 0, one.stderr
+    (row,) = read_rows(next(tmp_path.glob("results/single/*/cells.jsonl")))
+    assert row["env"]["threads"] == 1 and row["env"]["cpus"] == 1
+    assert set(row["contention"]) >= {"delay", "cpu_share", "contended", "busy"}
+    env = {**os.environ, cpus.SLURM_CPUS: "1"}
+    slurm = run_cli("run", *CELL, "rerun=true", cwd=tmp_path, env=env)
+    assert slurm.returncode == 0, slurm.stderr
+    (row,) = read_rows(next(tmp_path.glob("results/single/*/cells.jsonl")))
+    assert row["env"]["threads"] == 1
+
+
+def test_more_threads_than_cpus_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    too_many = cpus.allocated()[0] + 1
+    done = run_cli("run", *CELL, f"timing.threads={too_many}", cwd=tmp_path)
+    assert done.returncode == 2 and not (tmp_path / "results").exists()
+    assert done.stderr.strip().splitlines() == [
+        f"attnbench run: error: timing.threads: {too_many} threads asked, but this process may "
+        f"run on {too_many - 1} CPUs ({cpus.allocated()[1]}); allowed: 1 to {too_many - 1}, or "
+        "null to use them all"
+    ]
