@@ -144,7 +144,7 @@ def parts(name: str, value: Any) -> None:
 
 
 # ``contention`` (attnbench.measure.contention.Share.as_dict): its keys and their checks
-CONTENTION_FIELDS = ("delay", "cpu_share", "contended", "load", "busy", "why")
+CONTENTION_FIELDS = ("delay", "cpu_share", "contended", "load", "busy", "why", "gpu_others_bytes")
 
 
 def contention(name: str, value: Any) -> None:
@@ -157,7 +157,7 @@ def contention(name: str, value: Any) -> None:
             raise ValueError(f"{where}: unknown; allowed: {', '.join(CONTENTION_FIELDS)}")
         if key == "busy" and not isinstance(v, bool):
             raise ValueError(f"{where}: must be true or false, got {shorten(repr(v))}")
-        if key == "contended":
+        if key == "contended" or (key == "gpu_others_bytes" and v is not None):
             count(where, v)
         elif key == "why":
             text(where, v)

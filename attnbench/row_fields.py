@@ -155,8 +155,8 @@ FIELDS: tuple[Field, ...] = (
     _f("contention", dict[str, Any] | None, contention, "", "time", "the CPU while timing:"
        " `delay` (median run-queue delay share of the samples kept), `cpu_share` (CPU time ÷"
        " wall × threads), `contended` (samples taken again), `load`, `busy` (true: the"
-       " time is no figure: kept out of ratios, efficiency lengths and plots), `why`",
-       column="nested"),
+       " time is no figure: kept out of ratios, efficiency lengths and plots), `why`; CUDA"
+       " rows: `gpu_others_bytes` (GPU memory held by other processes)", column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -23,7 +23,7 @@ import torch
 import attnbench
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import environment
-from attnbench.measure import cpus
+from attnbench.measure import contention, cpus
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward, time_parts
@@ -238,6 +238,8 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         flush_l2=cell.flush_l2,
     )
     _put_timing(row, timings, b, "cuda", cell.dtype, cell, res)
+    if row.contention is not None:  # other processes on the GPU: what torch can read of them
+        row.contention["gpu_others_bytes"] = contention.gpu_others_bytes(dev)
 
 
 def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:

@@ -205,3 +205,30 @@ def test_more_threads_than_cpus_are_refused_before_anything_runs(tmp_path: Path)
         f"run on {too_many - 1} CPUs ({cpus.allocated()[1]}); allowed: 1 to {too_many - 1}, or "
         "null to use them all"
     ]
+
+
+@LINUX
+def test_a_cell_timed_beside_a_busy_loop_is_stored_busy_and_said_last(tmp_path: Path) -> None:
+    """The whole path: a real run pinned to one CPU beside a busy loop on it (~50 ms
+    forwards, so the loop takes part of every one): the row is busy, the report shows
+    ``busy`` for its time ratio, and the command's last line says the machine was busy."""
+    pin = lambda: os.sched_setaffinity(0, {CPU})  # noqa: E731
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    try:
+        done = run_cli(
+            "run", "-m", "attention=vanilla,linear", "n=512", "model.layers=2", "dtype=fp32",
+            "device=cpu", "batch=1", "timing.min_seconds=0.05", "timing.min_repeats=3",
+            "progress=false", "sweep_name=busy", cwd=tmp_path, preexec_fn=pin,
+        )  # fmt: skip
+    finally:
+        loop.kill()
+        loop.wait()
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(next(tmp_path.glob("results/busy/*/cells.jsonl")))
+    assert [r["contention"]["busy"] for r in rows] == [True, True], rows
+    assert rows[0]["time_per_seq_s"] > 0 and rows[0]["env"]["threads"] == 1
+    assert done.stdout.splitlines()[-1].startswith(
+        "attnbench: machine busy: 2 timings taken on a contended CPU"
+    )
+    table = next(tmp_path.glob("results/busy/*/report/table3.md")).read_text()
+    assert "busy" in table and "machine busy: " in table

@@ -134,6 +134,18 @@ def load() -> float | None:
         return None
 
 
+def gpu_others_bytes(device: object) -> int | None:
+    """GPU memory in use by anything but this process's allocator: other processes sharing
+    the GPU (and the CUDA context), the one sign of them torch reads without NVML
+    (``cudaMemGetInfo``). None off CUDA."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return max(total - free - torch.cuda.memory_reserved(device), 0)
+
+
 def spread(samples: Sequence[float]) -> float | None:
     """Largest sample over smallest: above :data:`WILD_SPREAD` the samples disagree by an
     order of magnitude."""

@@ -108,9 +108,9 @@ def time_parts(
     synchronize, so the parts add up to the step with no gap. ``grad=False`` runs under
     ``inference_mode`` (a forward); a training step needs autograd.
 
-    Repeats go on until ``min_repeats`` uncontended ones and ``min_seconds`` of timing, or
-    until ``patience_s`` (default: 3 × ``min_seconds``) has passed with too few uncontended
-    ones: then the figure is busy (:func:`attnbench.measure.contention.judge`)."""
+    Repeats go on until ``min_repeats`` uncontended ones and ``min_seconds`` of uncontended
+    timing, or until ``patience_s`` (default: 3 × ``min_seconds``) has passed: then, with
+    too few uncontended ones, the figure is busy (:func:`attnbench.measure.contention.judge`)."""
     cuda = device.type == "cuda"
     flush = (
         torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 else None
@@ -118,7 +118,7 @@ def time_parts(
     patience = 3 * min_seconds if patience_s is None else max(patience_s, min_seconds)
     samples: list[list[float]] = [[] for _ in parts]
     readings: list[contention.Reading] = []
-    timed = 0.0  # seconds of timed work so far (reading the scheduler is not timed work)
+    timed = 0.0  # seconds of uncontended timed work so far (reading the scheduler is not)
     with (
         contention.Sched() as sched,
         contextlib.nullcontext() if grad else torch.inference_mode(),
@@ -132,9 +132,10 @@ def time_parts(
         while len(readings) < max_repeats:
             taken, elapsed = len(readings), time.perf_counter() - begun
             clean = taken - sum(r.contended for r in readings)
-            if taken >= min_repeats and timed >= min_seconds:
-                if clean >= min_repeats or elapsed >= patience:
-                    break
+            if clean >= min_repeats and timed >= min_seconds:
+                break
+            if taken >= min_repeats and elapsed >= patience:  # re-sampling gives up: busy
+                break
             window = contention.Window(sched)
             if cuda:
                 if flush is not None:
@@ -153,7 +154,8 @@ def time_parts(
                     part()
                     samples[i].append(time.perf_counter() - t0)
             readings.append(window.close())
-            timed += sum(s[-1] for s in samples)
+            if not readings[-1].contended:
+                timed += sum(s[-1] for s in samples)
     method, threads = "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
     whole = [sum(s) for s in zip(*samples, strict=True)]
     keep = [i for i, r in enumerate(readings) if not r.contended]

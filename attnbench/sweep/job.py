@@ -35,6 +35,7 @@ from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError, read_rows
 from attnbench.sweep import claims
 from attnbench.sweep.config import cell_from_cfg, preset_from_cfg, register_user_mechanisms, run_dir
+from attnbench.sweep.finish import busy_line
 
 
 class CellTimeout(BaseException):
@@ -171,6 +172,8 @@ def _job(cfg: DictConfig) -> Row | None:
     print(f"  {row.status:7s} {cell.label}: " + _summary(row), flush=True)
     if not in_sweep:
         print(f"attnbench: row stored in {_shown(store.cells)}", flush=True)
+        if line := busy_line([row.to_dict()]):  # a sweep says it once, at its end
+            print(line, flush=True)
     return row
 
 
