@@ -32,7 +32,7 @@ from typing import Any
 
 from attnbench import cell
 from attnbench.report.grid import Grid
-from attnbench.report.ratio import group, ratio, setting
+from attnbench.report.ratio import BUSY, group, ratio, setting
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -101,19 +101,24 @@ def efficiency_lengths(
             if where not in settings:  # no baseline row at this setting (say, causal)
                 continue
             for kind in KINDS:
-                points = []
+                points, busy = [], []
                 for r in sorted(mrows, key=lambda r: r.n):
                     b = base.get(group(r))
                     got = None if b is None else ratio(kind, r, b)
                     if got is None:
                         continue
-                    if got.value is not None:
+                    if got.text == BUSY:  # no figure, and the table says which n it lacks
+                        busy.append(r.n)
+                    elif got.value is not None:
                         points.append((r.n, got.value))
                     elif kind == "memory" and got.outgrown:  # ahead, with no ratio
                         points.append((r.n, None))
                 if not points:  # never measured beside it (say, xformers without CUDA)
                     continue
                 n, text, between, note = crossing(points)
+                if busy:
+                    gone = ", ".join(map(str, busy))
+                    note = "; ".join(filter(None, [note, f"n = {gone} left out: machine busy"]))
                 out.append(
                     Length(
                         printable(name),
