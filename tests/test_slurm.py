@@ -52,16 +52,16 @@ def _cluster() -> tuple[str | None, str]:
 
 
 WHY, PARTITION = _cluster()
-pytestmark = pytest.mark.skipif(
+needs_cluster = pytest.mark.skipif(
     WHY is not None and not REQUIRED,
     reason=f"{WHY}; scripts/slurm_cluster.sh up brings up a test cluster (CI does)",
 )
 
 
-@pytest.fixture(autouse=True)
-def _cluster_required(tmp_path: Path) -> Iterator[None]:
-    """Fails under ATTNBENCH_REQUIRE_SLURM=1 without a cluster; after a failed test, no job
-    of it stays in the queue."""
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[None]:
+    """A SLURM cluster, or a failure under ATTNBENCH_REQUIRE_SLURM=1; after the test (a failed
+    one too), no command it started runs and no job of it stays in the queue."""
     assert WHY is None, f"ATTNBENCH_REQUIRE_SLURM=1 but {WHY}"
     yield
     while _started:
@@ -180,7 +180,8 @@ def _processes_with(needle: str) -> list[int]:
     return found
 
 
-def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path) -> None:
+@needs_cluster
+def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path, cluster: None) -> None:
     args = _args("a", "attention=vanilla,linformer", "n=64,128", "k=16")
     done = subprocess.run(
         [*CLI, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300
@@ -206,8 +207,9 @@ def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path) -> None:
         assert row["env"]["threads"] == 1  # needs threads-follow-allocation (main)
 
 
+@needs_cluster
 def test_a_task_cancelled_while_it_runs_ends_the_command_and_the_next_measures_the_rest(
-    tmp_path: Path,
+    tmp_path: Path, cluster: None
 ) -> None:
     """Two cells run at once (1 CPU each); the third, cancelled once they are stored, runs. Its task
     ignores SLURM's SIGTERM (submitit keeps it for preemption) and is killed KillWait later,
@@ -241,8 +243,9 @@ def test_a_task_cancelled_while_it_runs_ends_the_command_and_the_next_measures_t
     assert after[:2] == before and sorted(r["n"] for r in after) == [64, 96, 128]
 
 
+@needs_cluster
 def test_sigterm_cancels_the_queued_and_running_tasks_and_no_row_comes_after(
-    tmp_path: Path,
+    tmp_path: Path, cluster: None
 ) -> None:
     """Its tasks play "another node": their setup hides them from the command's reaper (no
     ATTNBENCH_INVOCATION of the command) and from its liveness check (another pid space),
@@ -275,7 +278,10 @@ def test_sigterm_cancels_the_queued_and_running_tasks_and_no_row_comes_after(
     assert _rows(tmp_path, "c") == rows, "a row was stored after the command's last line"
 
 
-def test_a_task_cancelled_while_pending_ends_the_command_in_one_line(tmp_path: Path) -> None:
+@needs_cluster
+def test_a_task_cancelled_while_pending_ends_the_command_in_one_line(
+    tmp_path: Path, cluster: None
+) -> None:
     """One task at a time (array_parallelism=1): the third is cancelled while it waits. It
     never writes a result and, without accounting, sacct cannot say what became of it;
     squeue no longer lists it, so the command ends within seconds, naming the cell and the
@@ -299,7 +305,8 @@ def test_a_task_cancelled_while_pending_ends_the_command_in_one_line(tmp_path: P
     assert _queue(job, "") == {}
 
 
-def test_a_sweep_sbatch_refuses_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@needs_cluster
+def test_a_sweep_sbatch_refuses_is_one_line_and_exit_2(tmp_path: Path, cluster: None) -> None:
     """More memory per task than any node has: sbatch refuses the array, the command says
     sbatch's reason in one line, and nothing is queued."""
     args = _args("e", "attention=vanilla", "n=64,128", mem_gb=10**6)
@@ -311,3 +318,61 @@ def test_a_sweep_sbatch_refuses_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert line.startswith("attnbench run: error: sbatch refused the sweep: sbatch: error:"), line
     assert [ln for ln in done.stderr.splitlines() if "sbatch" in ln] == [line]
     assert _rows(tmp_path, "e") == [] and _jobs(tmp_path) == []
+
+
+class _Job:
+    """What the watcher reads of a submitit job: where its result and logs would be."""
+
+    def __init__(self, folder: Path, job_id: str) -> None:
+        self.paths = type("Paths", (), {})()
+        self.paths.result_pickle = folder / f"{job_id}_0_result.pkl"
+        self.paths.stdout = folder / f"{job_id}_0_log.out"
+        self.paths.stderr = folder / f"{job_id}_0_log.err"
+
+
+def test_tasks_the_queue_forgot_are_judged_by_sacct_where_there_is_accounting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The accounting path, which the single-node cluster (no slurmdbd) cannot take, with
+    SLURM's answers as such a cluster gives them replayed to the watcher (no cluster needed).
+    squeue has forgotten array 7 (its tasks ended over MinJobAge ago); sacct says task 0
+    completed, task 1 was cancelled: task 0, its result file not there yet, is left to
+    submitit (which waits for a slow file system), task 1 ends the command. Without
+    accounting the same tasks have left the queue: one without its result ends the command.
+    A controller that does not answer is no verdict."""
+    pytest.importorskip("submitit")
+    from attnbench.sweep import slurm
+
+    def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], code, out, err)
+
+    answers = {
+        "squeue": done(1, err="slurm_load_jobs error: Invalid job id specified\n"),
+        "sacct": done(0, "JobID|State\n7_0|COMPLETED\n7_0.batch|COMPLETED\n7_1|CANCELLED by 0\n"),
+    }
+    monkeypatch.setattr(slurm, "_run", lambda command: answers[command[0]])
+
+    def tasks() -> dict[str, slurm.Task]:
+        return {f"7_{i}": slurm.Task(_Job(tmp_path, f"7_{i}"), f"n={64 * (i + 1)}") for i in (0, 1)}
+
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    watcher = slurm.Watcher()
+    with pytest.raises(slurm.Failed) as e:
+        watcher.update(force=True)
+    assert (str(e.value), e.value.code) == ("SLURM job 7_1 (n=128) was cancelled before it ran", 1)
+    assert watcher.get_state("7_0", "cache") == "COMPLETED" and watcher.is_done("7_0", "cache")
+
+    answers["sacct"] = done(1, err="Slurm accounting storage is disabled\n")
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    (tmp_path / "7_0_0_result.pkl").touch()  # task 0 gave its result
+    (tmp_path / "7_1_0_log.out").touch()  # task 1 started
+    watcher = slurm.Watcher()
+    with pytest.raises(slurm.Failed) as e:
+        watcher.update(force=True)
+    assert str(e.value).startswith("SLURM job 7_1 (n=128) left SLURM's queue without its result")
+    assert watcher.get_state("7_0", "cache") == slurm.LEFT  # done: its result is there
+
+    answers["squeue"] = done(1, err="slurm_load_jobs error: Unable to contact slurm controller\n")
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    slurm.Watcher().update(force=True)
+    assert {t.state for t in slurm._tasks.values()} == {"UNKNOWN"}
