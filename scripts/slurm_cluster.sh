@@ -120,9 +120,18 @@ stop() {
 down() {
     need_root down
     [ -d "$DIR" ] || { say "not up (no $DIR)"; return; }
-    if alive "$DIR/slurmctld.pid"; then  # no job outlives the cluster
-        SLURM_CONF=$CONF scancel --full --signal=KILL --user=root 2>/dev/null || true
-        SLURM_CONF=$CONF scancel --user=root 2>/dev/null || true
+    if alive "$DIR/slurmctld.pid"; then  # no job outlives the cluster (slurmd would leave it)
+        export SLURM_CONF=$CONF
+        local jobs
+        jobs=$(squeue --noheader --format=%A 2>/dev/null | sort -u)
+        if [ -n "$jobs" ]; then
+            # shellcheck disable=SC2086
+            scancel $jobs || true
+            for _ in $(seq 150); do  # KillWait, then the jobs' end
+                [ -z "$(squeue --noheader 2>/dev/null)" ] && break
+                sleep 0.1
+            done
+        fi
     fi
     stop "$DIR/slurmd.pid"
     stop "$DIR/slurmctld.pid"
