@@ -4,9 +4,11 @@ Validate every cell first (:func:`config.prevalidate`: one line, exit 2, nothing
 publish the plan and this command's id to its jobs (:mod:`.claims`), then hand the same
 arguments to Hydra (:func:`job.hydra_main`). Ctrl-C or SIGTERM unwind from wherever they land:
 one line saying what is stored and how to resume, exit 130 (143), this command's workers
-killed first (none stores a row after that line) and its temp files removed; a SIGKILLed
-command's workers are killed by its reaper (:func:`claims.start_reaper`). Every process
-that times a cell starts with glibc's malloc thresholds fixed
+killed first and, under SLURM, its queued and running tasks cancelled (:mod:`.slurm`): none
+stores a row after that line; its temp files removed. A SLURM task that ends without its
+cell (cancelled, failed) ends the command the same way, its line naming the cell and the
+job. A SIGKILLed command's workers are killed by its reaper (:func:`claims.start_reaper`).
+Every process that times a cell starts with glibc's malloc thresholds fixed
 (:func:`attnbench.env.fix_malloc`), this one and, through the environment, its workers.
 """
 
@@ -16,7 +18,7 @@ import signal
 import sys
 
 from attnbench.env import fix_malloc
-from attnbench.sweep import claims, config, job
+from attnbench.sweep import claims, config, job, slurm
 
 
 class Terminated(BaseException):
@@ -51,28 +53,46 @@ def main(args: list[str]) -> int:
         sys.argv = ["attnbench run", *args]
         job.hydra_main()
     except job.StoreFailed as e:  # disk full or read-only mid-sweep: the stored rows stand
-        claims.stop_processes()
+        _stop()
         print(f"attnbench run: error: {e}", file=sys.stderr)
         return 2
+    except slurm.Failed as e:  # sbatch refused the sweep (2), or a task ended without its cell
+        left = _stop()
+        resume = f"; {_stored(plan)}" if e.code == 1 else ""
+        print(f"attnbench run: error: {e}{resume}{left}", file=sys.stderr)
+        return e.code
     except (KeyboardInterrupt, Terminated) as e:
-        claims.stop_processes()  # no worker may store a row after the line below
-        print(f"\nattnbench run: {_interrupted(plan)}", file=sys.stderr)
+        left = _stop()  # no worker or SLURM task may store a row after the line below
+        print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:  # the plan and the claims of this command are of no use after it
         claims.end()
     return 0
 
 
+def _stop() -> str:
+    """Stop this command's SLURM tasks (queued and running), then its processes here;
+    returns what the command's last line must add about tasks SLURM has not ended yet."""
+    left = slurm.cancel()
+    claims.stop_processes()
+    return left
+
+
 def _interrupted(plan: list[tuple[str, str]]) -> str:
     """What an interrupted command leaves: its stored cells, and how to go on."""
     if not plan:
         return "interrupted before any cell ran; nothing was written"
+    return f"interrupted; {_stored(plan)}"
+
+
+def _stored(plan: list[tuple[str, str]]) -> str:
+    """What is stored of ``plan``, and how to go on."""
     try:
         stored = len(claims.rows_of(plan))
     except (OSError, ValueError):
         stored = "?"
     dirs = ", ".join(sorted({d for d, _ in plan}))
     return (
-        f"interrupted; {stored} of {len(plan)} cells are stored in {dirs}; run the same "
+        f"{stored} of {len(plan)} cells are stored in {dirs}; run the same "
         "command again to resume (stored cells are not measured again)"
     )

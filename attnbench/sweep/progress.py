@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench.store import RunStore, StoreError
-from attnbench.sweep import claims, finish
+from attnbench.sweep import claims, finish, slurm
 from attnbench.sweep.config import run_dir
 from attnbench.sweep.job import StoreFailed, record_command
 
@@ -41,6 +41,7 @@ class Progress(Callback):
         self.__init__()  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        slurm.watch(config)  # under SLURM: the tasks recorded (to cancel) and watched
         plan = claims.plan()
         params = config.hydra.sweeper.params
         sweep = {

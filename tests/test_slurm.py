@@ -1,0 +1,378 @@
+"""`attnbench run` on a real SLURM cluster (issue #25): a sweep through hydra-submitit-launcher's
+``submitit_slurm``, a task cancelled while it runs and while it waits, SIGTERM to the command.
+Real slurmctld, slurmd and munge (``scripts/slurm_cluster.sh up`` brings up a single-node
+cluster; ``.ci/run`` does), the CLI in a subprocess, real files. Where no cluster answers
+these skip with the reason, except under ATTNBENCH_REQUIRE_SLURM=1 (CI), where they fail.
+
+Each cell is tiny; the cells that must still be running when something happens to them are
+made to last with ``timing.min_seconds`` (the cell's key does not depend on it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CLI = (sys.executable, "-m", "attnbench.cli", "run")
+REQUIRED = os.environ.get("ATTNBENCH_REQUIRE_SLURM") == "1"
+
+
+def _cluster() -> tuple[str | None, str]:
+    """(why no SLURM cluster can be used here or None, its default partition)."""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        return "needs hydra-submitit-launcher (pip install -e '.[slurm]')", ""
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "needs SLURM's clients (apt-get install slurm-wlm munge)", ""
+    try:
+        info = subprocess.run(
+            ["sinfo", "--noheader", "--format=%P %T"], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 10 s (no slurmctld, or no slurm.conf)", ""
+    if info.returncode != 0:
+        return f"no SLURM cluster here ({(info.stderr.strip().splitlines() or [''])[-1]})", ""
+    ready = [
+        p
+        for p, state in (line.split() for line in info.stdout.splitlines())
+        if state in ("idle", "mixed")
+    ]
+    if not ready:
+        return "no idle SLURM node", ""
+    default = [p for p in ready if p.endswith("*")]
+    return None, (default or ready)[0].rstrip("*")
+
+
+WHY, PARTITION = _cluster()
+needs_cluster = pytest.mark.skipif(
+    WHY is not None and not REQUIRED,
+    reason=f"{WHY}; scripts/slurm_cluster.sh up brings up a test cluster (CI does)",
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[None]:
+    """A SLURM cluster, or a failure under ATTNBENCH_REQUIRE_SLURM=1; after the test (a failed
+    one too), no command it started runs and no job of it stays in the queue."""
+    assert WHY is None, f"ATTNBENCH_REQUIRE_SLURM=1 but {WHY}"
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    jobs = _jobs(tmp_path)
+    if jobs and any(_queue(job, "") for job in jobs):
+        subprocess.run(["scancel", *jobs], timeout=30, check=False)
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return {**env, "TMPDIR": str(tmp / "tmp"), "ATTNBENCH_TEST_MARK": tmp.name}
+
+
+_started: list[subprocess.Popen] = []  # commands this test started, killed if it failed
+
+
+def _start(tmp: Path, args: list[str]) -> subprocess.Popen:
+    """``attnbench run ARGS`` in ``tmp``, running."""
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        cwd=tmp,
+        env=_env(tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _started.append(proc)
+    return proc
+
+
+def _args(sweep: str, *cells: str, seconds: float = 0.05, **launcher: object) -> list[str]:
+    """A sweep of tiny cells through submitit_slurm, one CPU and 1 GB per task."""
+    keys = {"partition": PARTITION, "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 10}
+    return [
+        "-m",
+        *cells,
+        "model=tiny",
+        "dtype=fp32",
+        "ceiling=1GB",
+        "progress=false",
+        f"sweep_name={sweep}",
+        "timing.min_repeats=2",
+        f"timing.min_seconds={seconds}",
+        "hydra/launcher=submitit_slurm",
+        *(f"hydra.launcher.{k}={v}" for k, v in {**keys, **launcher}.items()),
+    ]
+
+
+def _run_dir(tmp: Path, sweep: str) -> Path:
+    return tmp / "results" / sweep / "v100_16gb-cpu"
+
+
+def _rows(tmp: Path, sweep: str) -> list[dict]:
+    path = _run_dir(tmp, sweep) / "cells.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _jobs(tmp: Path, sweep: str = "*") -> list[str]:
+    """The SLURM job ids submitted under ``tmp``, from submitit's folders (``ID_TASK``)."""
+    tasks = tmp.glob(f"results/{sweep}/.hydra/*/.submitit/*_*")
+    return sorted({p.name.split("_")[0] for p in tasks if p.name.split("_")[0].isdigit()})
+
+
+def _job(tmp: Path, sweep: str, within_s: float = 120) -> str:
+    """The SLURM job id of the sweep's array, once it is submitted."""
+    _until(lambda: _jobs(tmp, sweep), within_s, "the sweep is submitted")
+    (job,) = _jobs(tmp, sweep)
+    return job
+
+
+def _queue(job: str, states: str = "all") -> dict[str, str]:
+    """squeue's state of each task of ``job`` ("" for squeue's default states: pending,
+    running, completing), by task id."""
+    command = ["squeue", "--noheader", "--array", "--format=%i|%T", f"--jobs={job}"]
+    done = subprocess.run(
+        [*command, f"--states={states}"] if states else command,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0 and "Invalid job id" in done.stderr:
+        return {}
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("|", 1) for line in done.stdout.split())
+
+
+def _until(test, within_s: float = 120, what: str = "") -> None:
+    deadline = time.time() + within_s
+    while not test():
+        assert time.time() < deadline, f"not within {within_s} s: {what}"
+        time.sleep(0.2)
+
+
+def _last_line(err: str) -> str:
+    """The command's one line: no traceback, one line of its own."""
+    assert "Traceback" not in err, err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run:")]
+    return line
+
+
+def _processes_with(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@needs_cluster
+def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path, cluster: None) -> None:
+    args = _args("a", "attention=vanilla,linformer", "n=64,128", "k=16")
+    done = subprocess.run(
+        [*CLI, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows = _rows(tmp_path, "a")
+    assert sorted((r["attention"], r["n"]) for r in rows) == [
+        ("linformer", 64),
+        ("linformer", 128),
+        ("vanilla", 64),
+        ("vanilla", 128),
+    ]
+    assert len({r["key"] for r in rows}) == 4 and {r["status"] for r in rows} == {"ok"}
+    (command,) = [
+        json.loads(line)
+        for line in (_run_dir(tmp_path, "a") / "commands.jsonl").read_text().splitlines()
+    ]
+    assert {r["invocation"] for r in rows} == {command["invocation"]}  # this command's tasks
+    assert len(list(tmp_path.glob("results/a/.hydra/*/.submitit/*_*/*_result.pkl"))) == 4
+    assert (_run_dir(tmp_path, "a") / "report" / "index.html").is_file()
+    assert "sacct" not in done.stderr  # states came from squeue: no accounting here
+    for row in rows:
+        assert row["env"]["threads"] == 1  # needs threads-follow-allocation (main)
+
+
+@needs_cluster
+def test_a_task_cancelled_while_it_runs_ends_the_command_and_the_next_measures_the_rest(
+    tmp_path: Path, cluster: None
+) -> None:
+    """Two cells run at once (1 CPU each); the third, cancelled once they are stored, runs. Its task
+    ignores SLURM's SIGTERM (submitit keeps it for preemption) and is killed KillWait later,
+    without its result: the command sees it leave and ends, naming it; the same command
+    again measures only that cell."""
+    args = _args("b", "attention=vanilla", "n=64,96,128", seconds=8)
+    env = _env(tmp_path)
+    proc = _start(tmp_path, args)
+    job = _job(tmp_path, "b")
+    _until(lambda: len(_rows(tmp_path, "b")) == 2, what="the first two cells are stored")
+    _until(lambda: _queue(job).get(f"{job}_2") == "RUNNING", what="the third task runs")
+    subprocess.run(["scancel", f"{job}_2"], check=True, timeout=30)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    line = _last_line(err)
+    assert line.startswith(
+        f"attnbench run: error: SLURM job {job}_2 (n=128) was cancelled while it ran;"
+    ), line
+    assert "2 of 3 cells are stored in results/b/v100_16gb-cpu" in line, line
+    assert _queue(job, "") == {}
+    before = _rows(tmp_path, "b")
+    assert sorted(r["n"] for r in before) == [64, 96]
+
+    again = subprocess.run(
+        [*CLI, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr
+    logs = tmp_path.glob("results/b/.hydra/*/.submitit/*_*/*_log.out")  # the tasks' stdout
+    assert sum(log.read_text().count("done before") for log in logs) == 2
+    after = _rows(tmp_path, "b")
+    assert after[:2] == before and sorted(r["n"] for r in after) == [64, 96, 128]
+
+
+@needs_cluster
+def test_sigterm_cancels_the_queued_and_running_tasks_and_no_row_comes_after(
+    tmp_path: Path, cluster: None
+) -> None:
+    """Its tasks play "another node": their setup hides them from the command's reaper (no
+    ATTNBENCH_INVOCATION of the command) and from its liveness check (another pid space),
+    so only SLURM can stop them. SIGTERM while two run and two wait: exit 143, one line,
+    none of them left in the queue nor running, and no row stored after that line."""
+    elsewhere = tmp_path / "elsewhere.sh"
+    elsewhere.write_text(
+        'export ATTNBENCH_INVOCATION="$ATTNBENCH_INVOCATION-elsewhere"\n'
+        'export ATTNBENCH_STARTED="$(echo "$ATTNBENCH_STARTED" | cut -d" " -f1,2) elsewhere"\n'
+        f"export ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere\n"
+    )
+    args = _args("c", "attention=vanilla,linformer", "n=64,128", "k=16", seconds=8)
+    args.append(f'hydra.launcher.setup=["source {elsewhere}"]')
+    proc = _start(tmp_path, args)
+    job = _job(tmp_path, "c")
+    _until(lambda: sorted(_queue(job, "").values()) == ["PENDING", "PENDING", "RUNNING", "RUNNING"])
+    _until(lambda: len(_processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere")) >= 2)
+    os.kill(proc.pid, signal.SIGTERM)
+    signalled = time.time()
+    _, err = proc.communicate(timeout=120)
+    took = time.time() - signalled
+    rows = _rows(tmp_path, "c")
+    assert proc.returncode == 143, err
+    line = _last_line(err)
+    assert line.startswith(f"attnbench run: interrupted; {len(rows)} of 4 cells are stored"), line
+    assert took < 30, f"the command took {took:.1f} s to stop"
+    assert _queue(job, "") == {}, "every task of the array left the queue before the line"
+    assert _processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere") == []
+    time.sleep(5)
+    assert _rows(tmp_path, "c") == rows, "a row was stored after the command's last line"
+
+
+@needs_cluster
+def test_a_task_cancelled_while_pending_ends_the_command_in_one_line(
+    tmp_path: Path, cluster: None
+) -> None:
+    """One task at a time (array_parallelism=1): the third is cancelled while it waits. It
+    never writes a result and, without accounting, sacct cannot say what became of it;
+    squeue no longer lists it, so the command ends within seconds, naming the cell and the
+    job, and cancels the rest."""
+    args = _args("d", "attention=vanilla", "n=64,96,128", seconds=8, array_parallelism=1)
+    proc = _start(tmp_path, args)
+    job = _job(tmp_path, "d")
+    _until(lambda: _queue(job).get(f"{job}_0") == "RUNNING", what="the first task runs")
+    assert _queue(job).get(f"{job}_2") == "PENDING"
+    subprocess.run(["scancel", f"{job}_2"], check=True, timeout=30)
+    cancelled = time.time()
+    _, err = proc.communicate(timeout=120)
+    took = time.time() - cancelled
+    assert proc.returncode == 1, err
+    line = _last_line(err)
+    assert line.startswith(
+        f"attnbench run: error: SLURM job {job}_2 (n=128) was cancelled before it ran;"
+    ), line
+    assert "0 of 3 cells are stored" in line, line
+    assert took < 30, f"the command took {took:.1f} s to end"
+    assert _queue(job, "") == {}
+
+
+@needs_cluster
+def test_a_sweep_sbatch_refuses_is_one_line_and_exit_2(tmp_path: Path, cluster: None) -> None:
+    """More memory per task than any node has: sbatch refuses the array, the command says
+    sbatch's reason in one line, and nothing is queued."""
+    args = _args("e", "attention=vanilla", "n=64,128", mem_gb=10**6)
+    done = subprocess.run(
+        [*CLI, *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    line = _last_line(done.stderr)
+    assert line.startswith("attnbench run: error: sbatch refused the sweep: sbatch: error:"), line
+    assert [ln for ln in done.stderr.splitlines() if "sbatch" in ln] == [line]
+    assert _rows(tmp_path, "e") == [] and _jobs(tmp_path) == []
+
+
+class _Job:
+    """What the watcher reads of a submitit job: where its result and logs would be."""
+
+    def __init__(self, folder: Path, job_id: str) -> None:
+        self.paths = type("Paths", (), {})()
+        self.paths.result_pickle = folder / f"{job_id}_0_result.pkl"
+        self.paths.stdout = folder / f"{job_id}_0_log.out"
+        self.paths.stderr = folder / f"{job_id}_0_log.err"
+
+
+def test_tasks_the_queue_forgot_are_judged_by_sacct_where_there_is_accounting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The accounting path, which the single-node cluster (no slurmdbd) cannot take, with
+    SLURM's answers as such a cluster gives them replayed to the watcher (no cluster needed).
+    squeue has forgotten array 7 (its tasks ended over MinJobAge ago); sacct says task 0
+    completed, task 1 was cancelled: task 0, its result file not there yet, is left to
+    submitit (which waits for a slow file system), task 1 ends the command. Without
+    accounting the same tasks have left the queue: one without its result ends the command.
+    A controller that does not answer is no verdict."""
+    pytest.importorskip("submitit")
+    from attnbench.sweep import slurm
+
+    def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], code, out, err)
+
+    answers = {
+        "squeue": done(1, err="slurm_load_jobs error: Invalid job id specified\n"),
+        "sacct": done(0, "JobID|State\n7_0|COMPLETED\n7_0.batch|COMPLETED\n7_1|CANCELLED by 0\n"),
+    }
+    monkeypatch.setattr(slurm, "_run", lambda command: answers[command[0]])
+
+    def tasks() -> dict[str, slurm.Task]:
+        return {f"7_{i}": slurm.Task(_Job(tmp_path, f"7_{i}"), f"n={64 * (i + 1)}") for i in (0, 1)}
+
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    watcher = slurm.Watcher()
+    with pytest.raises(slurm.Failed) as e:
+        watcher.update(force=True)
+    assert (str(e.value), e.value.code) == ("SLURM job 7_1 (n=128) was cancelled before it ran", 1)
+    assert watcher.get_state("7_0", "cache") == "COMPLETED" and watcher.is_done("7_0", "cache")
+
+    answers["sacct"] = done(1, err="Slurm accounting storage is disabled\n")
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    (tmp_path / "7_0_0_result.pkl").touch()  # task 0 gave its result
+    (tmp_path / "7_1_0_log.out").touch()  # task 1 started
+    watcher = slurm.Watcher()
+    with pytest.raises(slurm.Failed) as e:
+        watcher.update(force=True)
+    assert str(e.value).startswith("SLURM job 7_1 (n=128) left SLURM's queue without its result")
+    assert watcher.get_state("7_0", "cache") == slurm.LEFT  # done: its result is there
+
+    answers["squeue"] = done(1, err="slurm_load_jobs error: Unable to contact slurm controller\n")
+    monkeypatch.setattr(slurm, "_tasks", tasks())
+    slurm.Watcher().update(force=True)
+    assert {t.state for t in slurm._tasks.values()} == {"UNKNOWN"}
