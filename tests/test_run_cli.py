@@ -105,6 +105,8 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: approx, batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
+        # a single cell: k that would change nothing is refused, as for the quality tasks
+        (("attention=vanilla", "k=64"), "k: attention=vanilla has no budget: k must be null"),
         (("n=-1",), "n: must be an integer >= 1, got -1"),
         (("attention=linformer", "n=512", "k=1024"), "k: must be at most n=512, got 1024"),
         (("ceiling=lots",), "ceiling: must be a number of bytes or a size like 16GB"),

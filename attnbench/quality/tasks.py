@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench.quality import listops, runs
-from attnbench.registry import info
 from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
@@ -213,8 +212,6 @@ def validate(cell: Cell) -> None:
         trained = tuple(REGISTRY["listops"].defaults())
         for key, _ in dict(cell.quality).get("listops") or ():
             check_choice("quality.listops", key, trained, "a setting of task=listops")
-    if cell.k is not None and info(cell.attention).budget is None:
-        raise ValueError(f"k: attention={cell.attention} has no budget (task={task.name})")
     s = settings(cell)
     check_int(f"quality.{task.name}.seed", s["seed"], low=0)
     task.check(cell, s)

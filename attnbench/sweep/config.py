@@ -67,7 +67,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     return Cell(
         attention=name,
         n=cfg.n,
-        k=cells.kept_k(name, cfg.k, cfg.get("task", "cost"), in_sweep=in_sweep),
+        k=cells.kept_k(name, cfg.k, in_sweep=in_sweep),
         batch=cfg.batch,
         dtype=cfg.dtype,
         device=cfg.device.name,
