@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_store import ConfigStore
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
@@ -135,15 +138,60 @@ def register_user_mechanisms() -> None:
             cs.store(group="attention", name=name, node={"name": name, "params": {}})
 
 
+def _unknown(group: str, option: Any, options: list[str]) -> str:
+    """The one line for an option a config group does not have."""
+    allowed = f"; allowed: {', '.join(options)}" if options else ""
+    return f"{group}: unknown option {option!r}{allowed}"
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     found = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if found:
         group, option = found.groups()
         options = [o for o in re.findall(r"^\t(\S+)", text, re.M) if "=" not in o]
-        allowed = f"; allowed: {', '.join(options)}" if options else ""
-        return f"{group}: unknown option {option!r}{allowed}"
+        return _unknown(group, option, options)
     return " ".join(text.split())
+
+
+class GroupOptions:
+    """The options (or, with ``groups``, the subgroups) of a config group, asked of Hydra's
+    config loader once per group and command. ``search`` adds ``--config-dir``, whose
+    groups and options count too."""
+
+    def __init__(self, loader: ConfigLoader, search: list[str]) -> None:
+        self.loader, self.search = loader, search
+        self.listed: dict[tuple[str, bool], list[str]] = {}
+
+    def __call__(self, group: str, groups: bool = False) -> list[str]:
+        if (group, groups) not in self.listed:
+            self.listed[group, groups] = self.loader.get_group_options(
+                group,
+                results_filter=ObjectType.GROUP if groups else ObjectType.CONFIG,
+                overrides=self.search,
+            )
+        return self.listed[group, groups]
+
+
+def check_choices(overrides: list[Override], options: GroupOptions) -> None:
+    """Each config group an override chooses (``attention=``, ``device=``, ``+sweep=``, a
+    sweep's ``attention: a,b``) names one of the group's options, as typed. Hydra resolves a
+    choice as a path under the group, so ``device=../../conf/config`` loaded another file
+    and failed on a name the user never typed (or silently measured it); removing a group
+    (``~device``, ``device=null``) left a traceback."""
+    for o in overrides:
+        group = o.key_or_group
+        parent, _, name = group.rpartition("/")
+        if group.split("/")[0] == "hydra" or name not in options(parent, groups=True):
+            continue  # a value, not a group (Hydra's own groups are Hydra's to check)
+        if o.is_delete() or o.value() is None:
+            raise ValueError(f"{group}: cannot be removed; allowed: {', '.join(options(group))}")
+        typed = (
+            o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        )
+        for option in typed:
+            if option not in options(group):
+                raise ValueError(_unknown(group, option, options(group)))
 
 
 FLAGS_WITH_VALUE = {
@@ -195,8 +243,11 @@ def expand_jobs(
     register_user_mechanisms()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            loader = GlobalHydra.instance().config_loader()
+            parser = OverridesParser.create(config_loader=loader)
             parsed = parser.parse_overrides(overrides)
+            options = GroupOptions(loader, search)
+            check_choices(parsed, options)
             fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
             base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
             multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
@@ -209,6 +260,7 @@ def expand_jobs(
             params = base.hydra.sweeper.params
             params = OmegaConf.to_container(params, resolve=False) if params else {}
             every = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
+            check_choices(every, options)  # the sweep file's choices too
             jobs = compose_each(compose, parser, config_name, split_sweep(every), search)
     except (HydraException, ConfigCompositionException, ImportError) as e:
         raise ValueError(_one_line(e)) from None
