@@ -28,7 +28,7 @@ from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.row_fields import FIELDS, markdown_table
 from attnbench.store import CorruptLine
-from attnbench.validators import check_number
+from attnbench.validators import check_limit, check_number
 
 REFERENCE = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
 ARCHITECTURE = Path(__file__).parent.parent / "docs/architecture.md"
@@ -190,6 +190,14 @@ def test_check_number_says_what_is_allowed() -> None:
         check_number("x", 1, low=0, high=1, open_low=True, open_high=True)
     with pytest.raises(ValueError, match="x: must be a number >= 0, got True"):
         check_number("x", True, low=0)
+
+
+def test_a_time_limit_of_0_or_null_is_no_limit() -> None:
+    """One rule for cell_timeout_s: 0 (the config's spelling) and null both mean none."""
+    assert check_limit("t", 0) is None and check_limit("t", None) is None
+    assert check_limit("t", 5) == 5.0
+    with pytest.raises(ValueError, match=r"^t: must be a number of seconds >= 0 \(0 or null: no"):
+        check_limit("t", -1)
 
 
 def test_the_row_record_is_the_schema_table() -> None:

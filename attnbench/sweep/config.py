@@ -36,6 +36,7 @@ from attnbench.validators import (
     check_bool,
     check_choice,
     check_int,
+    check_limit,
     check_name,
     check_number,
     parse_size,
@@ -271,7 +272,8 @@ def check_run_keys(cfg: DictConfig) -> None:
     """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
     for key in ("rerun", "progress", "report", "timing.flush_l2"):
         check_bool(key, OmegaConf.select(cfg, key))
-    for key in ("cell_timeout_s", "timing.min_seconds", "timing.time_budget_s"):
+    check_limit("cell_timeout_s", cfg.cell_timeout_s)
+    for key in ("timing.min_seconds", "timing.time_budget_s"):
         check_number(key, OmegaConf.select(cfg, key), low=0)
     check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
 
