@@ -177,9 +177,9 @@ class GroupOptions:
 def check_choices(overrides: list[Override], options: GroupOptions) -> None:
     """Each config group an override chooses (``attention=``, ``device=``, ``+sweep=``, a
     sweep's ``attention: a,b``) names one of the group's options, as typed. Hydra resolves a
-    choice as a path under the group, so ``device=../../conf/config`` loaded another file
-    and failed on a name the user never typed (or silently measured it); removing a group
-    (``~device``, ``device=null``) left a traceback."""
+    choice as a path under the group, so ``device=../../conf/config`` would load another
+    file and fail on a name the user never typed; a group removed (``~device``,
+    ``device=null``) would leave a config without it, which no cell can be made from."""
     for o in overrides:
         group = o.key_or_group
         parent, _, name = group.rpartition("/")
