@@ -123,23 +123,32 @@ def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
     return ceiling
 
 
-def kept_k(attention: str, k: int | None, task: str, *, in_sweep: bool) -> int | None:
-    """The ``k`` a cell keeps: a mechanism's budget where it has one. A mechanism without a
-    budget ignores ``k`` (None: the same cell, so a sweep over k measures it once), except in
-    a single quality cell, where it is kept so that :mod:`attnbench.quality.tasks` refuses
-    it: a quality figure labelled with a k that changed nothing would mislead."""
-    if attnbench.info(attention).budget or (task != "cost" and not in_sweep):
+def kept_k(attention: str, k: int | None, *, in_sweep: bool) -> int | None:
+    """The ``k`` a cell keeps, for every task alike: a mechanism's budget where it has one.
+    In a sweep, a mechanism without a budget drops ``k`` (None: the same cell at every k, so
+    a sweep over mechanisms and k measures it once, as the baseline of each k); a single
+    cell keeps it, so that :func:`check_k` refuses it: a row labelled with a k that changed
+    nothing would mislead."""
+    if attnbench.info(attention).budget or not in_sweep:
         return k
     return None
 
 
 def check_k(attention: str, n: int, k: int | None) -> None:
-    """``k`` is a positive integer even where the mechanism ignores it (k=0 is a typo), and
-    a fixed-length mechanism cannot project n positions onto more than n."""
+    """``k`` is a positive integer (k=0 is a typo), given only to a mechanism with a budget
+    (a sweep drops it for the others: :func:`kept_k`), and a fixed-length mechanism cannot
+    project n positions onto more than n."""
     if k is None:
         return
     check_int("k", k)
-    if attnbench.info(attention).fixed_max_len and k > n:
+    info = attnbench.info(attention)
+    if info.budget is None:
+        budgeted = [m for m in attnbench.names() if attnbench.info(m).budget]
+        raise ValueError(
+            f"k: attention={attention} has no budget: k must be null (k sets the budget of "
+            f"{', '.join(budgeted)}), got {k}"
+        )
+    if info.fixed_max_len and k > n:
         raise ValueError(f"k: must be at most n={n}, got {k}")
 
 

@@ -62,6 +62,20 @@ def check_number(
     return float(value)
 
 
+def check_limit(name: str, value: Any) -> float | None:
+    """A time limit in seconds, or None for no limit: ``0`` and ``null`` both say "no limit"
+    (0 the config's spelling, null the reader's), so every caller reads one rule."""
+    if value is None:
+        return None
+    try:
+        seconds = check_number(name, value, low=0)
+    except ValueError:
+        raise ValueError(
+            f"{name}: must be a number of seconds >= 0 (0 or null: no limit), got {value!r}"
+        ) from None
+    return seconds or None
+
+
 def check_choice(name: str, value: Any, allowed: Sequence[Any], what: str | None = None) -> Any:
     """``value`` if it is one of ``allowed``; ``what`` names the kind (``a mechanism``)."""
     if value not in allowed:

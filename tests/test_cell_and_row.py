@@ -12,14 +12,23 @@ from pathlib import Path
 import pytest
 
 from attnbench import row as rows
-from attnbench.cell import Cell, check_k, key, label, left_out, resolve_ceiling, validate
+from attnbench.cell import (
+    Cell,
+    check_k,
+    kept_k,
+    key,
+    label,
+    left_out,
+    resolve_ceiling,
+    validate,
+)
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.row_fields import FIELDS, markdown_table
 from attnbench.store import CorruptLine
-from attnbench.validators import check_number
+from attnbench.validators import check_limit, check_number
 
 REFERENCE = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
 ARCHITECTURE = Path(__file__).parent.parent / "docs/architecture.md"
@@ -53,7 +62,7 @@ def test_k_against_n_one_rule_two_strictnesses() -> None:
     with pytest.raises(ValueError, match="k: must be at most n=512, got 513"):
         check_k("linformer", 512, 513)
     with pytest.raises(ValueError, match="k: must be an integer >= 1, got 0"):
-        check_k("vanilla", 512, 0)  # even where the mechanism ignores k
+        check_k("vanilla", 512, 0)  # even where the mechanism has no budget
     assert left_out(Cell("linformer", 512, k=512)) == "k=512 >= n=512"  # a sweep leaves it out
     assert left_out(Cell("linformer", 512, k=256)) is None
     assert left_out(Cell("performer", 64, k=256)) is None  # nb_features is free
@@ -64,6 +73,17 @@ def test_k_against_n_one_rule_two_strictnesses() -> None:
     assert left_out(Cell("linformer", 512, k=64, params=(("causal", True),))) == (
         "has no causal form"
     )
+
+
+@pytest.mark.parametrize("task", ["cost", "approx", "listops"])
+def test_k_without_a_budget_one_rule_for_every_task(task: str) -> None:
+    """A single cell refuses k for a mechanism without a budget, whatever its task; a sweep
+    drops it, so that the mechanism is one cell, measured once, at every k."""
+    assert kept_k("vanilla", 64, in_sweep=False) == 64
+    assert kept_k("vanilla", 64, in_sweep=True) is None
+    assert kept_k("linformer", 64, in_sweep=True) == 64
+    with pytest.raises(ValueError, match=r"^k: attention=vanilla has no budget: k must be null"):
+        validate(Cell("vanilla", 64, k=32, task=task, dtype="fp32", device="cpu"))
 
 
 def test_the_ceiling_is_resolved_in_one_place() -> None:
@@ -170,6 +190,14 @@ def test_check_number_says_what_is_allowed() -> None:
         check_number("x", 1, low=0, high=1, open_low=True, open_high=True)
     with pytest.raises(ValueError, match="x: must be a number >= 0, got True"):
         check_number("x", True, low=0)
+
+
+def test_a_time_limit_of_0_or_null_is_no_limit() -> None:
+    """One rule for cell_timeout_s: 0 (the config's spelling) and null both mean none."""
+    assert check_limit("t", 0) is None and check_limit("t", None) is None
+    assert check_limit("t", 5) == 5.0
+    with pytest.raises(ValueError, match=r"^t: must be a number of seconds >= 0 \(0 or null: no"):
+        check_limit("t", -1)
 
 
 def test_the_row_record_is_the_schema_table() -> None:

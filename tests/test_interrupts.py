@@ -116,7 +116,10 @@ def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: P
     stale_claims = tmp / f"attnbench-{dead}-abc"
     live_plan = tmp / f"attnbench-plan-{os.getpid()}-y.json"  # this process is alive
     young = tmp / f"attnbench-plan-{dead + 1}-z.json"  # too new to judge
-    stale_plan.write_text("[]")
+    elsewhere = tmp_path / "elsewhere"  # a run directory of the dead command, not this one's
+    (elsewhere / claims.RUN_CLAIMS).mkdir(parents=True)
+    (elsewhere / claims.RUN_CLAIMS / "k").touch()  # the claim its killed job left
+    stale_plan.write_text(f'[["{elsewhere}", "k"]]')
     stale_claims.mkdir()
     (stale_claims / "key").touch()
     live_plan.write_text("[]")
@@ -136,8 +139,50 @@ def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: P
     )
     assert done.returncode == 0, done.stderr
     assert not stale_plan.exists() and not stale_claims.exists()
+    assert not (elsewhere / claims.RUN_CLAIMS).exists(), "a dead plan's unheld claims go too"
     assert live_plan.exists() and young.exists() and worktree.exists()
     assert _ours(tmp_path) == sorted(p.name for p in (live_plan, young, worktree))
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_a_claim_left_by_a_command_killed_with_its_reaper_goes_with_the_next(
+    tmp_path: Path,
+) -> None:
+    """``kill -9`` to the whole process group mid-cell: the command, its job and its reaper
+    die at once, and the cell's claim file stays (unlocked) in the run directory. The next
+    command on that run directory, measuring another cell, removes it: nobody holds it."""
+    mark = tmp_path.name
+    env = _env(tmp_path, ATTNBENCH_TEST_MARK=mark)
+    base = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "device=cpu")
+    proc = subprocess.Popen(
+        [*CLI, *base, "n=64", "timing.min_seconds=60"],  # a cell that times for a minute
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob("results/single/*/.claims/*")) and time.time() < deadline:
+            time.sleep(0.1)
+        (claim,) = tmp_path.glob("results/single/*/.claims/*")  # held: the cell is measured
+        time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command, its job and its reaper
+        proc.wait()
+    assert _gone(mark), "nothing of the killed command is left to tidy"
+    assert claim.exists(), "the premise: a SIGKILLed holder leaves its claim file"
+    done = subprocess.run(
+        [*CLI, *base, "n=32", "timing.min_seconds=0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("results/**/.claims")), "an unheld claim outlived the next"
 
 
 PLUGIN = """

@@ -183,8 +183,11 @@ def test_bad_input_is_one_line() -> None:
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"^n: must be at least 64 for listops"):
         listops.check_n(32, max_len=64)
-    with pytest.raises(ValueError, match=r"^min_len: must be at most 17, the longest"):
+    # no expression of 20 tokens at depth 3 (at most 17): the depth that has one is named
+    with pytest.raises(ValueError, match=r"^max_depth: must be at least 4 at max_args=3, so"):
         listops.generate(1, seed=0, min_len=20, max_len=30, max_depth=3, max_args=3)
+    with pytest.raises(ValueError, match=r"^quality.listops.max_args: must be an integer >= 2"):
+        listops.check_shape(4, 16, 3, 1, prefix="quality.listops.")
     with pytest.raises(ValueError, match=r"^tokens: unknown token"):
         listops.evaluate(["[MAX", "x", "]"])
     with pytest.raises(ValueError, match=r"^tokens: "):

@@ -123,6 +123,21 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
         (("task=spectrum", "n=64"), "quality.spectrum.index: must be at most n=64, got 128"),
         (("task=approx", "quality.approx.inputs=real"), "quality.approx.inputs: must be one of"),
         (("task=approx", "mode=train"), "mode: task=approx measures a quality"),
+        # the training settings are checked before anything runs, not stored as error rows
+        (("task=listops", "quality.listops.steps=0"), "quality.listops.steps: must be an"),
+        (("task=listops", "quality.listops.lr=0"), "quality.listops.lr: must be a number > 0"),
+        (
+            ("task=listops", "quality.listops.max_depth=2"),
+            "quality.listops.max_depth: must be at least 4 at max_args=10",
+        ),
+        (
+            ("task=approx", "quality.approx.inputs=listops", "quality.listops.warmup=-1"),
+            "quality.listops.warmup: must be an integer >= 0, got -1",
+        ),
+        (
+            ("task=spectrum", "quality.spectrum.inputs=listops", "+quality.listops.step=9"),
+            "quality.listops: must be a setting of task=listops",
+        ),
     ],
 )
 def test_bad_quality_input_is_one_line_exit_2_and_writes_nothing(

@@ -104,7 +104,17 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("attention=foo",), "attention: unknown option 'foo'; allowed: linear, linformer"),
         (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: approx, batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
+        # a choice is an option of its group, named as typed: not a path to another file
+        (("device=../../conf/config",), "device: unknown option '../../conf/config'; allowed:"),
+        (("model=../config",), "model: unknown option '../config'; allowed: approx, base"),
+        (("attention=../model/tiny",), "attention: unknown option '../model/tiny'"),
+        (("-m", "attention=vanilla,../config"), "attention: unknown option '../config'"),
+        (("+sweep=../config",), "sweep: unknown option '../config'; allowed: approx"),
+        (("~device",), "device: cannot be removed; allowed: a100_40gb"),
+        (("attention=null",), "attention: cannot be removed; allowed: linear"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
+        # a single cell: k that would change nothing is refused, as for the quality tasks
+        (("attention=vanilla", "k=64"), "k: attention=vanilla has no budget: k must be null"),
         (("n=-1",), "n: must be an integer >= 1, got -1"),
         (("attention=linformer", "n=512", "k=1024"), "k: must be at most n=512, got 1024"),
         (("ceiling=lots",), "ceiling: must be a number of bytes or a size like 16GB"),
@@ -113,6 +123,7 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("+sweep=smoke", "n=0"), "n: must be an integer >= 1, got 0"),
         (("+sweep=smoke", "report_baseline=vanila"), "report_baseline: must be a mechanism"),
         (("+sweep=smoke", "report=maybe"), "report: must be true or false, got 'maybe'"),
+        (("cell_timeout_s=-1",), "cell_timeout_s: must be a number of seconds >= 0 (0 or null"),
         (("causal=maybe",), "causal: must be true or false, got 'maybe'"),
         (
             ("attention=linformer", "k=64", "causal=true"),
@@ -138,6 +149,7 @@ def test_help_helps(tmp_path: Path) -> None:
         "attention:",
         "sweep: approx, batches, ceilings, compare",
         "device: a100_40gb",
+        "cell_timeout_s (seconds; 0 or null: no limit)",  # 0 is no limit: said, not implied
     ):
         assert word in out.stdout
     top = subprocess.run(
@@ -281,7 +293,8 @@ def test_a_timeout_is_a_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
 
 def test_a_single_cell_says_where_it_stored_its_row(tmp_path: Path) -> None:
     args = ("attention=vanilla", "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB")
-    out = run(*args, "timing.min_seconds=0", "progress=false", cwd=tmp_path)
+    # cell_timeout_s=null: no limit, as 0 says
+    out = run(*args, "timing.min_seconds=0", "progress=false", "cell_timeout_s=null", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     (cells,) = tmp_path.glob("results/single/*/cells.jsonl")
     assert f"attnbench: row stored in {cells.relative_to(tmp_path)}" in out.stdout

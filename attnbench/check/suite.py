@@ -70,7 +70,7 @@ def load_suite(
     if config_dir is not None and not Path(config_dir).is_dir():
         raise Misuse(f"--config-dir: no such directory: {config_dir}")
     try:
-        jobs, _ = expand_jobs([f"+sweep={name}"], config_dir)
+        jobs, multirun = expand_jobs([f"+sweep={name}"], config_dir)
     except ValueError as e:
         raise Misuse(f"--suite: {e}") from None
     if not jobs or not isinstance(jobs[0].get("check"), DictConfig):
@@ -87,7 +87,7 @@ def load_suite(
     skipped: list[tuple[str, str]] = []
     for cfg in jobs:
         try:
-            cell = cell_from_cfg(cfg)
+            cell = cell_from_cfg(cfg, multirun)  # k as a sweep keeps it
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}") from None
         if left_out(cell) is not None:

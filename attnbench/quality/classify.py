@@ -183,13 +183,13 @@ def train(
     started = time.perf_counter()
     params = dict(params or {})
     check_choice("attention", attention, attnbench.names(), "a registered mechanism")
-    max_len = n if max_len is None else max_len
-    n = listops.check_n(n, max_len)
-    min_len = max(1, max_len // 4) if min_len is None else min_len
-    _check_budget(
-        steps=steps, batch=batch, lr=lr, seed=seed, warmup=warmup, weight_decay=weight_decay,
-        train_examples=train_examples, test_examples=test_examples, eval_every=eval_every,
+    n = listops.check_n(n, n if max_len is None else max_len)
+    check_settings(
+        n, steps=steps, batch=batch, lr=lr, seed=seed, warmup=warmup, weight_decay=weight_decay,
+        train_examples=train_examples, test_examples=test_examples, max_depth=max_depth,
+        max_args=max_args, eval_every=eval_every, min_len=min_len, max_len=max_len,
     )  # fmt: skip
+    min_len, max_len = lengths(n, min_len, max_len)
     sets = listops.splits(
         n, seed, train_examples, test_examples,
         min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args,
@@ -216,20 +216,31 @@ def train(
     }
 
 
-def _check_budget(
-    *, steps: int, batch: int, lr: float, seed: int, warmup: int, weight_decay: float,
-    train_examples: int, test_examples: int, eval_every: int,
+def lengths(n: int, min_len: int | None = None, max_len: int | None = None) -> tuple[int, int]:
+    """(min_len, max_len) of the expressions: by default ``n // 4``..``n``, LRA's ratio."""
+    max_len = n if max_len is None else max_len
+    return (max(1, max_len // 4) if min_len is None else min_len), max_len
+
+
+def check_settings(
+    n: int, *, prefix: str = "", steps: int, batch: int, lr: float, seed: int, warmup: int,
+    weight_decay: float, train_examples: int, test_examples: int, max_depth: int,
+    max_args: int, eval_every: int, min_len: int | None = None, max_len: int | None = None,
 ) -> None:  # fmt: skip
-    """One line for the first bad setting of the training budget, in this order."""
-    check_int("steps", steps)
-    check_int("batch", batch)
-    check_number("lr", lr, low=0, open_low=True)
-    check_int("seed", seed, low=0)
-    check_int("warmup", warmup, low=0)
-    check_number("weight_decay", weight_decay, low=0)
-    check_int("train_examples", train_examples)
-    check_int("test_examples", test_examples)
-    check_int("eval_every", eval_every)
+    """One line for the first bad setting of a training run at a valid ``n``, in this order, named
+    ``prefix`` + its name. :func:`train` checks its own arguments with it; the listops task
+    checks a cell's ``quality.listops`` block with it (``prefix="quality.listops."``) before
+    any cell runs, so a typo is refused rather than stored as an ``error`` row."""
+    check_int(f"{prefix}steps", steps)
+    check_int(f"{prefix}batch", batch)
+    check_number(f"{prefix}lr", lr, low=0, open_low=True)
+    check_int(f"{prefix}seed", seed, low=0)
+    check_int(f"{prefix}warmup", warmup, low=0)
+    check_number(f"{prefix}weight_decay", weight_decay, low=0)
+    check_int(f"{prefix}train_examples", train_examples)
+    check_int(f"{prefix}test_examples", test_examples)
+    check_int(f"{prefix}eval_every", eval_every)
+    listops.check_shape(*lengths(n, min_len, max_len), max_depth, max_args, prefix)
 
 
 _Optimizer = tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]

@@ -66,6 +66,38 @@ class _TooLong(Exception):
     """Raised inside the recursion once the expression exceeds ``max_len``."""
 
 
+def _longest(max_depth: int, max_args: int, cap: int) -> int:
+    """The longest expression the rules allow (1 at max_depth, 2 + max_args·(below) above),
+    counted up to ``cap`` (beyond it, the exact figure does not matter)."""
+    longest = 1
+    for _ in range(max_depth - 1):
+        longest = min(2 + max_args * longest, cap)
+    return longest
+
+
+def check_shape(
+    min_len: int, max_len: int, max_depth: int, max_args: int, prefix: str = ""
+) -> None:
+    """One line for the first bad limit of the expressions :func:`generate` draws, named
+    ``prefix`` + its name (``quality.listops.`` for a cell's settings, checked before any
+    cell runs). Limits under which no expression reaches ``min_len`` tokens are refused by
+    naming the depth that would: rejection would otherwise draw for ever."""
+    check_int(f"{prefix}min_len", min_len)
+    check_int(f"{prefix}max_len", max_len, low=min_len)
+    check_int(f"{prefix}max_depth", max_depth, low=2)  # depth 1 is a lone digit: no expression
+    check_int(f"{prefix}max_args", max_args, low=2)
+    least = 2  # the longest expression grows with the depth until it passes max_len
+    while _longest(least, max_args, max_len + 1) < min_len:
+        least += 1
+    if max_depth < least:
+        raise ValueError(
+            f"{prefix}max_depth: must be at least {least} at max_args={max_args}, so that an "
+            f"expression can reach min_len={min_len} tokens (at most "
+            f"{_longest(max_depth, max_args, max_len + 1)} at max_depth={max_depth}); "
+            f"got {max_depth}"
+        )
+
+
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int, out: list[str], cap: int):
     """Append one subtree's tokens to ``out``; LRA's draws, in LRA's order."""
     r = rng.random() if depth < max_depth else 1.0
@@ -101,21 +133,10 @@ def generate(
     """
     check_int("n_examples", n_examples)
     check_int("seed", seed, low=0)
-    check_int("min_len", min_len)
-    check_int("max_len", max_len, low=min_len)
-    check_int("max_depth", max_depth, low=2)  # depth 1 is a lone digit: no expression
-    check_int("max_args", max_args, low=2)
+    check_shape(min_len, max_len, max_depth, max_args)
     rng = random.Random(seed)
     seen = {tuple(t) for t in exclude}
     out: list[tuple[list[str], int]] = []
-    longest = 1  # the longest tree the rules allow: 1 at max_depth, 2 + max_args·(below) above
-    for _ in range(max_depth - 1):
-        longest = min(2 + max_args * longest, max_len + 1)
-    if longest < min_len:
-        raise ValueError(
-            f"min_len: must be at most {longest}, the longest expression at "
-            f"max_depth={max_depth}, max_args={max_args}; got {min_len}"
-        )
     misses = 0
     while len(out) < n_examples:
         misses += 1

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench.quality import listops, runs
-from attnbench.registry import info
 from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
@@ -68,11 +67,22 @@ class Task:
         return {s.name: s.default for s in self.settings if not s.carried}
 
 
+def _check_training(n: int, s: dict[str, Any]) -> None:
+    """The settings of a ListOps training run at ``n``, named by their ``quality.listops``
+    keys: task=listops's own, or those of the trained model that ``inputs=listops`` reads.
+    Checked here, before any cell runs, by the rules the training itself applies
+    (:func:`attnbench.quality.classify.check_settings`)."""
+    from attnbench.quality import classify
+
+    listops.check_n(n)
+    classify.check_settings(n, prefix="quality.listops.", **s)
+
+
 def _check_inputs(task: str, cell: Cell, s: dict[str, Any]) -> None:
     check_choice(f"quality.{task}.inputs", s["inputs"], INPUTS)
     check_int(f"quality.{task}.batch", s["batch"])
     if s["inputs"] == "listops":
-        listops.check_n(cell.n)
+        _check_training(cell.n, s["listops"])
 
 
 def _check_approx(cell: Cell, s: dict[str, Any]) -> None:
@@ -95,7 +105,7 @@ def _check_spectrum(cell: Cell, s: dict[str, Any]) -> None:
 
 
 def _check_listops(cell: Cell, s: dict[str, Any]) -> None:
-    listops.check_n(cell.n)
+    _check_training(cell.n, s)
 
 
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
@@ -198,8 +208,10 @@ def validate(cell: Cell) -> None:
     names = tuple(s.name for s in task.settings)
     for key, _ in cell.quality:
         check_choice(f"quality.{task.name}", key, names, "a setting of this task")
-    if cell.k is not None and info(cell.attention).budget is None:
-        raise ValueError(f"k: attention={cell.attention} has no budget (task={task.name})")
+    if any(s.carried for s in task.settings):  # the trained model's quality.listops block
+        trained = tuple(REGISTRY["listops"].defaults())
+        for key, _ in dict(cell.quality).get("listops") or ():
+            check_choice("quality.listops", key, trained, "a setting of task=listops")
     s = settings(cell)
     check_int(f"quality.{task.name}.seed", s["seed"], low=0)
     task.check(cell, s)

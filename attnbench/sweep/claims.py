@@ -44,8 +44,10 @@ _lifeline: int | None = None  # the reaper's pipe: its EOF says this command has
 
 def begin(plan: list[tuple[str, str]]) -> None:
     """Publish this command's plan and id to its jobs (through ``os.environ``), and start
-    the reaper that takes this command's processes with it when it ends."""
+    the reaper that takes this command's processes with it when it ends. Claims nobody
+    holds in its run directories go first: a command SIGKILLed with its reaper left them."""
     sweep_stale()
+    free_unheld(sorted({d for d, _ in plan}))
     fd, path = tempfile.mkstemp(prefix=f"{PLAN_PREFIX}{os.getpid()}-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(plan, f)
@@ -218,6 +220,19 @@ def _free_run_claims(pairs: list[tuple[str, str]]) -> None:
             _release(path, fd)
 
 
+def free_unheld(run_dirs: list[str]) -> None:
+    """Remove every claim file in ``run_dirs`` that nobody holds, whichever command left
+    it: one SIGKILLed together with its reaper (``kill -9`` to its process group) could not
+    tidy, and its plan, which names its claims, may be gone or too young to sweep. A held
+    claim is left alone (:func:`_free_run_claims` only takes an unlocked one)."""
+    for d in run_dirs:
+        try:
+            keys = [p.name for p in (Path(d) / RUN_CLAIMS).iterdir()]
+        except OSError:  # no claims there (or no run directory yet)
+            continue
+        _free_run_claims([(d, key) for key in keys])
+
+
 def end() -> None:
     """Remove this command's plan file and claim directory (temp files only) and the
     run-directory claims its killed jobs left."""
@@ -351,7 +366,8 @@ def _alive(pid: int) -> bool:
 
 def sweep_stale(min_age_s: float = 60.0) -> list[Path]:
     """Remove the plan files and claim directories of ``attnbench run`` commands that are no
-    longer alive (SIGKILLed with their reaper: nothing of theirs could clean up). Each name
+    longer alive (SIGKILLed with their reaper: nothing of theirs could clean up), and the
+    unheld claims a plan names in its run directories. Each name
     carries its command's pid; one whose pid is alive, or that is younger than ``min_age_s``
     (a pid reused at once), is left alone. Returns what was removed."""
     removed = []
@@ -374,7 +390,7 @@ def sweep_stale(min_age_s: float = 60.0) -> list[Path]:
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        else:  # its run directories' claims nobody holds go with it
+            _tidy(None, str(path))
         removed.append(path)
     return removed

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_store import ConfigStore
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,6 +36,7 @@ from attnbench.validators import (
     check_bool,
     check_choice,
     check_int,
+    check_limit,
     check_name,
     check_number,
     parse_size,
@@ -67,7 +71,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     return Cell(
         attention=name,
         n=cfg.n,
-        k=cells.kept_k(name, cfg.k, cfg.get("task", "cost"), in_sweep=in_sweep),
+        k=cells.kept_k(name, cfg.k, in_sweep=in_sweep),
         batch=cfg.batch,
         dtype=cfg.dtype,
         device=cfg.device.name,
@@ -136,15 +140,60 @@ def register_user_mechanisms() -> None:
             cs.store(group="attention", name=name, node={"name": name, "params": {}})
 
 
+def _unknown(group: str, option: Any, options: list[str]) -> str:
+    """The one line for an option a config group does not have."""
+    allowed = f"; allowed: {', '.join(options)}" if options else ""
+    return f"{group}: unknown option {option!r}{allowed}"
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     found = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if found:
         group, option = found.groups()
         options = [o for o in re.findall(r"^\t(\S+)", text, re.M) if "=" not in o]
-        allowed = f"; allowed: {', '.join(options)}" if options else ""
-        return f"{group}: unknown option {option!r}{allowed}"
+        return _unknown(group, option, options)
     return " ".join(text.split())
+
+
+class GroupOptions:
+    """The options (or, with ``groups``, the subgroups) of a config group, asked of Hydra's
+    config loader once per group and command. ``search`` adds ``--config-dir``, whose
+    groups and options count too."""
+
+    def __init__(self, loader: ConfigLoader, search: list[str]) -> None:
+        self.loader, self.search = loader, search
+        self.listed: dict[tuple[str, bool], list[str]] = {}
+
+    def __call__(self, group: str, groups: bool = False) -> list[str]:
+        if (group, groups) not in self.listed:
+            self.listed[group, groups] = self.loader.get_group_options(
+                group,
+                results_filter=ObjectType.GROUP if groups else ObjectType.CONFIG,
+                overrides=self.search,
+            )
+        return self.listed[group, groups]
+
+
+def check_choices(overrides: list[Override], options: GroupOptions) -> None:
+    """Each config group an override chooses (``attention=``, ``device=``, ``+sweep=``, a
+    sweep's ``attention: a,b``) names one of the group's options, as typed. Hydra resolves a
+    choice as a path under the group, so ``device=../../conf/config`` would load another
+    file and fail on a name the user never typed; a group removed (``~device``,
+    ``device=null``) would leave a config without it, which no cell can be made from."""
+    for o in overrides:
+        group = o.key_or_group
+        parent, _, name = group.rpartition("/")
+        if group.split("/")[0] == "hydra" or name not in options(parent, groups=True):
+            continue  # a value, not a group (Hydra's own groups are Hydra's to check)
+        if o.is_delete() or o.value() is None:
+            raise ValueError(f"{group}: cannot be removed; allowed: {', '.join(options(group))}")
+        typed = (
+            o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        )
+        for option in typed:
+            if option not in options(group):
+                raise ValueError(_unknown(group, option, options(group)))
 
 
 FLAGS_WITH_VALUE = {
@@ -196,8 +245,11 @@ def expand_jobs(
     register_user_mechanisms()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            loader = GlobalHydra.instance().config_loader()
+            parser = OverridesParser.create(config_loader=loader)
             parsed = parser.parse_overrides(overrides)
+            options = GroupOptions(loader, search)
+            check_choices(parsed, options)
             fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
             base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
             multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
@@ -210,6 +262,7 @@ def expand_jobs(
             params = base.hydra.sweeper.params
             params = OmegaConf.to_container(params, resolve=False) if params else {}
             every = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides)
+            check_choices(every, options)  # the sweep file's choices too
             jobs = compose_each(compose, parser, config_name, split_sweep(every), search)
     except (HydraException, ConfigCompositionException, ImportError) as e:
         raise ValueError(_one_line(e)) from None
@@ -220,7 +273,8 @@ def check_run_keys(cfg: DictConfig) -> None:
     """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
     for key in ("rerun", "progress", "report", "timing.flush_l2"):
         check_bool(key, OmegaConf.select(cfg, key))
-    for key in ("cell_timeout_s", "timing.min_seconds", "timing.time_budget_s"):
+    check_limit("cell_timeout_s", cfg.cell_timeout_s)
+    for key in ("timing.min_seconds", "timing.time_budget_s"):
         check_number(key, OmegaConf.select(cfg, key), low=0)
     check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
 

@@ -36,6 +36,7 @@ from attnbench.store import RunStore, StoreError, read_rows
 from attnbench.sweep import claims
 from attnbench.sweep.config import cell_from_cfg, preset_from_cfg, register_user_mechanisms, run_dir
 from attnbench.sweep.finish import busy_line
+from attnbench.validators import check_limit
 
 
 class CellTimeout(BaseException):
@@ -44,9 +45,10 @@ class CellTimeout(BaseException):
 
 
 @contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise CellTimeout after ``seconds`` (main thread only; elsewhere no limit)."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise CellTimeout after ``seconds`` (None: no limit; main thread only, elsewhere no
+    limit either)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -70,9 +72,10 @@ def _isolated() -> bool:
         return False
 
 
-def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool) -> Row:
-    """One row for ``cell``; a timeout is a row too. An isolated cell killed by Ctrl-C or
-    SIGTERM is no row: it was interrupted, not broken, and the next command measures it."""
+def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate: bool) -> Row:
+    """One row for ``cell``; a timeout (after ``timeout_s``, None: no limit) is a row too. An
+    isolated cell killed by Ctrl-C or SIGTERM is no row: it was interrupted, not broken, and
+    the next command measures it."""
     if isolate:
         parent = os.getpid()  # the cell dies with this process (see _die_with_parent)
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
@@ -81,7 +84,7 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float, isolate: bool)
                 [sys.executable, "-m", "attnbench.sweep.job", "--cell", payload],
                 capture_output=True,
                 text=True,
-                timeout=timeout_s if timeout_s > 0 else None,
+                timeout=timeout_s,
             )
         except subprocess.TimeoutExpired:
             return _failed(cell, preset, f"timed out after {timeout_s:g} s")
@@ -156,7 +159,8 @@ def _job(cfg: DictConfig) -> Row | None:
         if not in_sweep:
             record_command(store, cfg)
         start = time.perf_counter()
-        row = measure(cell, preset, float(cfg.cell_timeout_s), _isolated())
+        timeout = check_limit("cell_timeout_s", cfg.cell_timeout_s)  # 0 or null: none
+        row = measure(cell, preset, timeout, _isolated())
         row.update(
             key=key,
             sweep=cfg.sweep_name,
