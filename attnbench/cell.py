@@ -270,7 +270,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
     for name in (*MODEL_FIELDS, "min_repeats", "cpu_batch"):
         check_int(name, getattr(cell, name))
-    if cell.threads is not None:  # against the allocation where the cell runs: cpus.use
+    if cell.threads is not None:  # against the allocation where the cell runs: env.use_threads
         check_int("timing.threads", cell.threads)
     check_n_fits(cell, ceiling - preset.overhead_bytes)
     params = cell.mechanism_params()

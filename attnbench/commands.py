@@ -30,8 +30,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """One Table 3 cell timed on the CPU, vanilla against Linformer: a first look."""
     import torch
 
-    from attnbench.env import fix_malloc
-    from attnbench.measure import cpus
+    from attnbench.env import fix_malloc, use_threads
     from attnbench.measure.timing import time_forward
 
     if args.k >= args.n:
@@ -40,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         return 2
     fix_malloc()  # steady CPU timings, as attnbench run has them
-    cpus.use(None)  # the CPUs this process was given, as attnbench run times on
+    use_threads(None)  # the CPUs this process was given, as attnbench run times on
     torch.manual_seed(0)
     x = torch.randn(1, args.n, 768)
     console = make_console()
@@ -62,7 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             patience_s=10.0,
         )
         t[name] = timing.median
-        if timing.busy:
+        if timing.busy and timing.contention is not None:
             busy.append(f"{name}: {timing.contention.why}")
         console.print(f"  {name:10s} {t[name] * 1e3:9.1f} ms per forward")
     if busy:

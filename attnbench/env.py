@@ -1,10 +1,19 @@
-"""What a figure was measured with: the one machine fingerprint of attnbench.
+"""What a figure was measured with: the one machine fingerprint of attnbench, and the CPUs.
 
 Two consumers ask the same question in two shapes: a row records the environment it was
 measured in (:func:`environment`, stored with every row and as a run's ``env.json``), and
 the regression gate compares the machine a stored baseline was taken on with this one
 (:func:`fingerprint`). Both read the CPU's name, the Python and torch versions from here, so
 they cannot disagree on what "the same machine" means.
+
+A CPU timing uses as many threads as the CPUs this process was given (:func:`use_threads`).
+torch starts as many intra-op threads as the machine has cores, whatever the process was
+allotted: under SLURM with one CPU per task it still ran two threads on a 2-core node, and
+per-cell times doubled or worse from the oversubscription. A benchmark times on exactly the
+CPUs it was given, and says how many: the CPU affinity the process runs under (which a
+SLURM task, ``taskset`` or a container's cpuset sets), narrowed by ``SLURM_CPUS_PER_TASK``
+where a scheduler says less than the affinity shows (a node without SLURM's affinity
+plugin), unless ``timing.threads`` asks for fewer.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any
 import torch
 
 import attnbench
+from attnbench.validators import check_int
 
 
 @functools.cache
@@ -54,9 +64,50 @@ def git_revision() -> str | None:
         return None
 
 
+SLURM_CPUS = "SLURM_CPUS_PER_TASK"
+
+
+def allocated() -> tuple[int, str]:
+    """(CPUs this process may run on, where that number comes from)."""
+    try:
+        cpus, source = len(os.sched_getaffinity(0)), "its CPU affinity"
+    except AttributeError:  # no sched_getaffinity (macOS): every CPU
+        cpus, source = os.cpu_count() or 1, "the CPU count"
+    slurm = os.environ.get(SLURM_CPUS, "")
+    if slurm.isdigit() and 0 < int(slurm) < cpus:
+        cpus, source = int(slurm), SLURM_CPUS
+    return cpus, source
+
+
+def resolve_threads(requested: int | None) -> int:
+    """The thread count for ``timing.threads`` (None: follow the allocation). More threads
+    than CPUs would time the threads' contention with each other, not the mechanism: one
+    line naming the key, what was asked and what is allowed."""
+    cpus, source = allocated()
+    if requested is None:
+        return cpus
+    check_int("timing.threads", requested)
+    if requested > cpus:
+        raise ValueError(
+            f"timing.threads: {requested} threads asked, but this process may run on {cpus} "
+            f"CPUs ({source}); allowed: 1 to {cpus}, or null to use them all"
+        )
+    return requested
+
+
+def use_threads(requested: int | None) -> int:
+    """Set torch's intra-op threads for ``timing.threads`` (see :func:`resolve_threads`); returns
+    the count now in use."""
+    threads = resolve_threads(requested)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
 @functools.cache
 def environment() -> dict[str, Any]:
-    """A row's ``env``: device, versions, git revision, threads."""
+    """A row's ``env``: device, versions, git revision, threads, the CPUs given (a timed
+    row's ``threads`` and ``cpus`` are those of its timing: the runner sets them)."""
     cuda = torch.cuda.is_available()
     return {
         "device_name": torch.cuda.get_device_name() if cuda else cpu_name(),
@@ -65,6 +116,7 @@ def environment() -> dict[str, Any]:
         "attnbench": attnbench.__version__,
         "git_revision": git_revision(),
         "threads": torch.get_num_threads(),
+        "cpus": allocated()[0],
         "python": platform.python_version(),
     }
 

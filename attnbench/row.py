@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnbench.measure.contention import is_busy
 from attnbench.quality.tasks import check_figures
 from attnbench.row_checks import shorten
 from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the row's words)
@@ -95,7 +96,7 @@ class _Record:
     def busy(self) -> bool:
         """Timed on a contended CPU, or its samples spread by an order of magnitude
         (:mod:`attnbench.measure.contention`): its time is no figure to compare."""
-        return bool((self.contention or {}).get("busy"))  # type: ignore[attr-defined]
+        return is_busy(self.contention)  # type: ignore[attr-defined]
 
     def spread(self) -> float | None:
         """The timing's IQR over its median: above :data:`NOISY` a report flags the time."""

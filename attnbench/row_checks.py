@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from attnbench.measure import contention as contention_keys
 from attnbench.validators import check_int, check_number
 
 # the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
@@ -143,22 +144,20 @@ def parts(name: str, value: Any) -> None:
         samples(f"{name}.{part}.samples_s", figures["samples_s"])
 
 
-# ``contention`` (attnbench.measure.contention.Share.as_dict): its keys and their checks
-CONTENTION_FIELDS = ("delay", "cpu_share", "contended", "load", "busy", "why", "gpu_others_bytes")
-
-
 def contention(name: str, value: Any) -> None:
     """How contended the CPU was while a row was timed; ``busy`` decides whether a report
     shows its time, so it must be a bool, and the shares finite numbers."""
     mapping(name, value)
     for key, v in value.items():
         where = f"{name}.{key}"
-        if key not in CONTENTION_FIELDS:
-            raise ValueError(f"{where}: unknown; allowed: {', '.join(CONTENTION_FIELDS)}")
+        if key not in contention_keys.FIELDS:
+            raise ValueError(f"{where}: unknown; allowed: {', '.join(contention_keys.FIELDS)}")
         if key == "busy" and not isinstance(v, bool):
             raise ValueError(f"{where}: must be true or false, got {shorten(repr(v))}")
-        if key == "contended" or (key == "gpu_others_bytes" and v is not None):
+        if key == "contended" or (key == contention_keys.GPU_OTHERS and v is not None):
             count(where, v)
+        elif key == "dropped_s":
+            samples(where, v)
         elif key == "why":
             text(where, v)
         elif key in ("delay", "cpu_share", "load") and v is not None:

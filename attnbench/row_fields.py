@@ -145,7 +145,8 @@ FIELDS: tuple[Field, ...] = (
     _f("time_device", str | None, text, "", "time", "where it was timed", column="seen"),
     _f("time_dtype", str | None, text, "", "time", "the dtype it was timed in"),
     _f("time_method", str | None, text, "", "time", "how it was timed"),
-    _f("time_samples_s", list[float] | None, samples, "s", "time", "every sample kept"),
+    _f("time_samples_s", list[float] | None, samples, "s", "time", "the samples the figure is"
+       " made of (contended ones not kept are in `contention.dropped_s`)"),
     _f("flops", int | None, count, "FLOP", "time", "forward matmul FLOPs per sequence"),
     _f("flops_backward", int | None, count, "FLOP", "time", "train rows: backward FLOPs per"
        " sequence"),
@@ -154,9 +155,11 @@ FIELDS: tuple[Field, ...] = (
        " per-repeat sum is `time_samples_s`"),
     _f("contention", dict[str, Any] | None, contention, "", "time", "the CPU while timing:"
        " `delay` (median run-queue delay share of the samples kept), `cpu_share` (CPU time ÷"
-       " wall × threads), `contended` (samples taken again), `load`, `busy` (true: the"
+       " wall × threads), `contended` (repeats over 10 % delay), `dropped_s` (those not kept),"
+       " `load`, `busy` (true: the"
        " time is no figure: kept out of ratios, efficiency lengths and plots), `why`; CUDA"
-       " rows: `gpu_others_bytes` (GPU memory held by other processes)", column="nested"),
+       " rows: `gpu_others_bytes` (GPU memory not held by torch's allocator: other processes"
+       " and the CUDA context)", column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -22,8 +22,8 @@ import torch
 
 import attnbench
 from attnbench.cell import Cell, Resolved, validate
-from attnbench.env import environment
-from attnbench.measure import contention, cpus
+from attnbench.env import allocated, environment, use_threads
+from attnbench.measure import contention
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward, time_parts
@@ -130,11 +130,11 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     res = res or validate(cell)
     row = Row.new(cell, res.ceiling, res.preset.overhead_bytes, environment())
     try:  # timed on the CPUs this process was given (or fewer, if timing.threads says so)
-        threads = cpus.use(cell.threads)
+        threads = use_threads(cell.threads)
     except ValueError as e:
         row.update(status="error", reason=str(e))
         return row
-    row.env = {**row.env, "threads": threads, "cpus": cpus.allocated()[0]}
+    row.env = {**row.env, "threads": threads, "cpus": allocated()[0]}
     why = attnbench.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
@@ -239,7 +239,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
     )
     _put_timing(row, timings, b, "cuda", cell.dtype, cell, res)
     if row.contention is not None:  # other processes on the GPU: what torch can read of them
-        row.contention["gpu_others_bytes"] = contention.gpu_others_bytes(dev)
+        row.contention[contention.GPU_OTHERS] = contention.gpu_others_bytes(dev)
 
 
 def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
@@ -253,7 +253,11 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
             f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "
             f"{2 + cell.min_repeats} {workload.what}s exceed time_budget_s="
             f"{cell.time_budget_s:g}"
-        ) + ("; machine busy: the CPU's rate was measured while contended" if busy else "")
+        )
+        if busy:  # the estimate may be the contention's, not the cell's: say so
+            row.reason += "; machine busy: the CPU's rate was measured while contended"
+            why = "the GEMM rate that estimates the cell's cost was read on a contended CPU"
+            row.contention = {"busy": True, "why": why}
         return
     model = build(cell, res, "cpu", torch.float32)
     x = make_input(b, cell, "cpu", torch.float32)
@@ -267,7 +271,7 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
         # contended repeats are taken again within what is left of the budget, and for no
         # longer than ten times the timing's own length: a busy machine slows a sweep
         # boundedly, and says so, rather than holding it until the machine is quiet
-        patience_s=min(cell.time_budget_s - work, 10 * min_seconds),
+        patience_s=min(cell.time_budget_s - work, max(10 * min_seconds, 1.0)),
     )
     _put_timing(row, timings, b, "cpu", "fp32", cell, res)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from attnbench import env as cpus
 from attnbench.check import verdicts
-from attnbench.measure import contention, cpus
+from attnbench.measure import contention
 from attnbench.report.efficiency import efficiency_lengths
 from attnbench.report.ratio import ratio
 from attnbench.row import Row
@@ -72,19 +73,26 @@ def _timed(size: int, hog: bool) -> dict:
 def test_a_timing_beside_a_busy_loop_on_its_cpu_is_busy_and_one_without_is_not() -> None:
     beside = _timed(640, hog=True)
     # the busy loop had its share of the CPU: every ~20 ms sample waited about half of it
-    assert beside["busy"] and "waited over 10%" in beside["why"], beside
-    assert beside["delay"] > 0.3 and beside["contended"] >= beside["repeats"] - 2, beside
+    assert beside["busy"] and "waited over 10%" in beside["why"] and beside["delay"] > 0.3, beside
     alone = _timed(192, hog=False)
-    # re-sampling finds the uncontended samples the figure is made of, on a busy CI too
-    assert not alone["busy"] and alone["delay"] <= contention.BUSY_DELAY, alone
+    # no false alarm: short repeats that had the CPU make the figure, on a loaded CI too
+    assert not alone["busy"], alone
 
 
 def test_samples_an_order_of_magnitude_apart_are_busy_without_a_scheduler_reading() -> None:
     quiet = [contention.Reading(0.01, 0.01, None)] * 3  # no schedstat: delay unknown
     share = contention.judge(quiet, [0, 1, 2], [1.116, 0.609, 0.00052], threads=1, wanted=3)
-    assert share.busy and share.delay is None and "2146x" in share.why
+    assert share.busy and share.delay is None and "1171x the fastest" in share.why
     share = contention.judge(quiet, [0, 1, 2], [1.0, 1.2, 0.9], threads=1, wanted=3)
     assert not share.busy and share.cpu_share == pytest.approx(1.0)
+    # one slow outlier among many is not a busy machine; the median is what is compared
+    many = [contention.Reading(0.01, 0.01, 0.0)] * 100
+    times = [1e-4] * 99 + [5e-3]
+    assert not contention.judge(many, range(100), times, threads=1, wanted=5).busy
+    # contended repeats not kept are kept here: every sample is in the row
+    mixed = [contention.Reading(0.01, 0.01, 0.5), *many[:3]]
+    share = contention.judge(mixed, [1, 2, 3], [9.0, 1.0, 1.1, 1.0], threads=1, wanted=3)
+    assert not share.busy and share.contended == 1 and share.dropped_s == (9.0,)
 
 
 def _row(attention: str, n: int, t: float, busy: bool = False) -> Row:
@@ -115,21 +123,39 @@ def test_a_busy_time_is_shown_as_busy_never_as_a_ratio() -> None:
 
 
 def test_the_end_of_a_busy_sweep_says_so() -> None:
-    quiet = {"contention": {"busy": False}, "reason": None}
+    quiet = {"contention": {"busy": False}, "time_per_seq_s": 1.0}
     assert busy_line([quiet]) is None
-    skipped = {"reason": "time skipped: ~3 s per forward; machine busy: the CPU's rate ..."}
-    line = busy_line([quiet, {"contention": {"busy": True}}, skipped])
+    timed = {"contention": {"busy": True}, "time_per_seq_s": 1e-3}
+    skipped = {"contention": {"busy": True}, "time_per_seq_s": None}  # rate read while busy
+    line = busy_line([quiet, timed, skipped])
     assert line.startswith("attnbench: machine busy: 1 timings taken on a contended CPU")
     assert "1 not taken" in line and "rerun=true" in line
 
 
-def test_the_gate_gives_no_verdict_on_contended_samples() -> None:
+def test_the_gate_gives_no_verdict_on_contended_samples(tmp_path: Path) -> None:
+    from attnbench.check import run as gate
+    from attnbench.check.sampling import Samples
+    from attnbench.check.suite import Suite, SuiteCell
+
     a = [1.0 + 0.01 * i for i in range(10)]
     b = [2.0 + 0.01 * i for i in range(10)]  # twice as slow: a regression, if it were true
-    xs, ys, why = verdicts._uncontended(a, b, [], [0, 1, 2])  # 3 of B's 10 contended
+    xs, ys, why = verdicts._uncontended(a, b, [], [0, 1, 2], least=6)  # 3 of B's 10
     assert why.startswith("machine busy: 0 of A's 10 and 3 of B's 10 samples")
-    xs, ys, why = verdicts._uncontended(a, b, [], [4])  # one: judged without it
+    xs, ys, why = verdicts._uncontended(a, b, [], [4], least=6)  # one: judged without it
     assert why == "" and len(xs) == 10 and len(ys) == 9 and 2.04 not in ys
+    # a suite whose every cell ran contended: exit 3 (no verdict), not 2 (misuse), not 1
+    cell = SuiteCell("vanilla", {}, n=64, batch=1, d_model=64, n_heads=2, threshold=0.1)
+    suite = Suite(cells=[cell], skipped=[], settings={"alpha": 0.002, "threshold": 0.1})
+    got = Samples(versions={"A": {cell.name: a}, "B": {cell.name: b}})
+    got.contended = {"B": {cell.name: list(range(10))}}
+    results = gate._judge(suite, got.versions["A"], got)
+    assert [r.verdict for r in results] == ["busy"]
+    json_path = tmp_path / "r.json"
+    assert gate._conclude(results, {"wall_s": 1.0}, got.versions, got.contended, json_path) == 3
+    # a suite at alpha 0.05 needs 4 rounds, not 6: 4 uncontended are judged, not busy
+    few = Suite(cells=[cell], skipped=[], settings={"alpha": 0.05, "threshold": 0.1})
+    got = Samples(versions={"A": {cell.name: a[:4]}, "B": {cell.name: b[:4]}})
+    assert [r.verdict for r in gate._judge(few, got.versions["A"], got)] == ["regressed"]
 
 
 @LINUX
@@ -149,24 +175,26 @@ def test_another_process_is_read_by_its_pid_as_the_gate_reads_its_workers() -> N
         for p in loops:
             p.kill()
             p.wait()
-    assert got.contended and 0.3 < got.delay < 0.7, got
+    assert got.contended and got.delay > 0.3, got  # more if CI loads that CPU too
     assert got.cpu_s < 0.8 * got.wall_s, got
 
 
 def test_threads_follow_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     given = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv(cpus.SLURM_CPUS, raising=False)
-    assert cpus.allocated()[0] == given and cpus.resolve(None) == given
+    assert cpus.allocated()[0] == given and cpus.resolve_threads(None) == given
     monkeypatch.setenv(cpus.SLURM_CPUS, "1")
-    assert cpus.allocated() == (1, cpus.SLURM_CPUS) and cpus.resolve(None) == 1
+    assert cpus.allocated()[0] == 1 and cpus.resolve_threads(None) == 1
+    if given > 1:  # SLURM says less than the affinity: it is the source
+        assert cpus.allocated()[1] == cpus.SLURM_CPUS
     with pytest.raises(
         ValueError,
         match=r"^timing.threads: 2 threads asked, but this process"
-        r" may run on 1 CPUs \(SLURM_CPUS_PER_TASK\); allowed: 1 to 1",
+        r" may run on 1 CPUs \(.*\); allowed: 1 to 1",
     ):
-        cpus.resolve(2)
+        cpus.resolve_threads(2)
     with pytest.raises(ValueError, match=r"^timing.threads: must be an integer >= 1, got 0"):
-        cpus.resolve(0)
+        cpus.resolve_threads(0)
 
 
 CELL = (
@@ -194,6 +222,17 @@ def test_a_cell_times_on_the_cpus_it_was_given_and_says_so(tmp_path: Path) -> No
     assert slurm.returncode == 0, slurm.stderr
     (row,) = read_rows(next(tmp_path.glob("results/single/*/cells.jsonl")))
     assert row["env"]["threads"] == 1
+
+
+def test_threads_are_checked_where_the_jobs_run() -> None:
+    """Under SLURM the jobs' CPUs are the compute node's: the command does not refuse a
+    thread count its own machine lacks (each job checks it, as an error row)."""
+    from attnbench.sweep.config import prevalidate
+
+    many = f"timing.threads={cpus.allocated()[0] + 1}"
+    with pytest.raises(ValueError, match=r"^timing\.threads: "):
+        prevalidate([*CELL, many])
+    assert len(prevalidate([*CELL, many, "hydra/launcher=submitit_slurm"])) == 1
 
 
 def test_more_threads_than_cpus_are_refused_before_anything_runs(tmp_path: Path) -> None:

@@ -163,10 +163,12 @@ def _until(test, within_s: float = 120, what: str = "") -> None:
 
 
 def _last_line(err: str) -> str:
-    """The command's one line: no traceback, one line of its own."""
+    """The command's last line: no traceback, one line of its own (before it, the plan's
+    notes, e.g. ``vanilla ignores k: measured once``)."""
     assert "Traceback" not in err, err
-    (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run:")]
-    return line
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1].startswith("attnbench run:"), err
+    return lines[-1]
 
 
 def _processes_with(needle: str) -> list[int]:
@@ -204,7 +206,7 @@ def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path, cluster: 
     assert (_run_dir(tmp_path, "a") / "report" / "index.html").is_file()
     assert "sacct" not in done.stderr  # states came from squeue: no accounting here
     for row in rows:
-        assert row["env"]["threads"] == 1  # needs threads-follow-allocation (main)
+        assert row["env"]["threads"] == 1  # one CPU per task: one thread
 
 
 @needs_cluster

@@ -83,6 +83,7 @@ def run(
         "settings": settings,
         "fingerprint": here,
         "wall_s": round(time.time() - started, 1),
+        "retried": got.retried,  # samples taken again because the worker waited for a CPU
     }
     samples = {"A": a, "B": got.versions["B"]}
     return _conclude(results, meta, samples, got.contended, json_path)
@@ -145,7 +146,7 @@ def _judge(
     why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
     results = verdicts.judge(the_suite, a, got.versions["B"], why_not, got.contended)
     failed = [r for r in results if r.verdict in verdicts.FAILING]
-    if not failed and not any(r.stats for r in results):
+    if not failed and not any(r.stats or r.verdict == "busy" for r in results):
         raise Misuse(
             "nothing to compare: no cell ran in both versions ("
             + "; ".join(f"{r.cell}: {r.verdict} {r.note}" for r in results)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.check import Misuse
-from attnbench.check.stats import Verdict, compare
+from attnbench.check.stats import Verdict, compare, min_samples
 from attnbench.check.suite import Suite
 
 # of the JSON this package writes (results and stored baselines). 2: cells are named by
@@ -22,9 +22,9 @@ SCHEMA = 2
 FAILING = ("regressed", "broken")  # verdicts that fail the check
 VERDICTS = ("regressed", "broken", "busy", "improved", "same", "new", "gone", "skipped")
 # a cell is judged on its uncontended samples only, and only while contended ones are at
-# most this share of either version's, and at least MIN_SAMPLES of each are left
+# most this share of either version's and enough of each are left for the rank test to reach
+# alpha (stats.min_samples)
 BUSY_SHARE = 0.25
-MIN_SAMPLES = 6  # the fewest with which the one-sided rank test can reach p < 0.002
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,10 @@ def judge(
     for c in suite.cells:
         if c.name in a and c.name in b:
             xs, ys, busy = _uncontended(
-                a[c.name], b[c.name], *(contended.get(v, {}).get(c.name, []) for v in "AB")
+                a[c.name],
+                b[c.name],
+                *(contended.get(v, {}).get(c.name, []) for v in "AB"),
+                least=min_samples(s["alpha"]),
             )
             if busy:
                 results.append(CellResult(c.name, c.threshold, "busy", note=busy))
@@ -82,22 +85,24 @@ def judge(
 
 
 def _uncontended(
-    a: list[float], b: list[float], busy_a: list[int], busy_b: list[int]
+    a: list[float], b: list[float], busy_a: list[int], busy_b: list[int], least: int
 ) -> tuple[list[float], list[float], str]:
     """Both versions' samples without their contended rounds, and why the cell is busy
-    ("" where it can be judged)."""
-    xs = [x for i, x in enumerate(a) if i not in set(busy_a)]
-    ys = [y for i, y in enumerate(b) if i not in set(busy_b)]
+    ("" where it can be judged: contended rounds at most :data:`BUSY_SHARE` of either
+    version's, and ``least`` samples of each left)."""
+    if not busy_a and not busy_b:
+        return a, b, ""
+    skip_a, skip_b = set(busy_a), set(busy_b)
+    xs = [x for i, x in enumerate(a) if i not in skip_a]
+    ys = [y for i, y in enumerate(b) if i not in skip_b]
     too_many = len(busy_a) > BUSY_SHARE * len(a) or len(busy_b) > BUSY_SHARE * len(b)
-    if too_many or min(len(xs), len(ys)) < MIN_SAMPLES:
-        return (
-            xs,
-            ys,
-            (
-                f"machine busy: {len(busy_a)} of A's {len(a)} and {len(busy_b)} of B's {len(b)} "
-                "samples ran on a contended CPU, even taken again"
-            ),
+    if too_many or min(len(xs), len(ys)) < least:
+        left = "" if too_many else f", leaving fewer than the {least} the test needs"
+        why = (
+            f"machine busy: {len(busy_a)} of A's {len(a)} and {len(busy_b)} of B's {len(b)} "
+            f"samples ran on a contended CPU, even taken again{left}"
         )
+        return xs, ys, why
     return xs, ys, ""
 
 

@@ -26,27 +26,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # A sample is contended when its threads waited for a CPU more than this share of the time
-# they were runnable: a single-threaded step then took >= 1/(1 - 0.1) = 1.11x its own time.
-# On this project's quiet 2-core machine samples read 0.000-0.005; beside a busy loop on the
-# same CPU, 0.24 (2 threads) to 0.55 (1 thread) (docs/measurement.md, "Contention").
+# they were runnable: a single-threaded step then took >= 1/(1 - 0.1) = 1.11x its own time,
+# about the gate's threshold. Where it fires: docs/measurement.md, "Contention and threads".
 BUSY_DELAY = 0.10
-# Samples of one timing whose largest is this many times their smallest were not all taken
-# under the same conditions, whatever the scheduler says (a cell's samples on a quiet
-# machine stay within 1.5x: docs/measurement.md): no median of them is a figure.
+# A timing whose median is more than this many times its fastest sample is not one figure,
+# whatever the scheduler says: noise on a quiet machine moves a cell by tens of percent, not
+# 10x (docs/measurement.md, "Quieter timings"). The median against the fastest, not the
+# slowest against the fastest: one slow outlier among a thousand samples is not a busy machine.
 WILD_SPREAD = 10.0
+# the keys of a row's ``contention`` (Share.as_dict, and gpu_others_bytes on CUDA)
+GPU_OTHERS = "gpu_others_bytes"
+FIELDS = ("delay", "cpu_share", "contended", "dropped_s", "load", "busy", "why", GPU_OTHERS)
+
+
+def is_busy(stored: dict | None) -> bool:
+    """Whether a stored ``contention`` says the time is no figure (a row, as a dict)."""
+    return bool((stored or {}).get("busy"))
 
 
 class Sched:
     """The scheduler's counts for one process (``pid``; None: this one), summed over its
     threads. Each thread's schedstat file is opened once and read again with ``pread``:
-    reading them anew by path cost ~0.19 ms per sample, longer than the smallest samples
-    timed; this costs ~0.01 ms. Close it when done (a context manager)."""
+    reading them anew by path cost ~0.19 ms per window, longer than the smallest samples
+    timed; a window now costs ~0.03 ms. Close it when done (a context manager)."""
 
     def __init__(self, pid: int | None = None) -> None:
         self.pid = pid
         self.tasks = f"/proc/{pid or 'self'}/task"
         self._fds: dict[str, int] = {}
-        self.readable = self.read() is not None
 
     def read(self) -> tuple[int, int] | None:
         """(ran, waited) nanoseconds over the threads alive now, or None where the kernel
@@ -65,7 +72,8 @@ class Sched:
                 fields = os.pread(self._fds[tid], 128, 0).split()
                 ran, waited, found = ran + int(fields[0]), waited + int(fields[1]), True
             except (OSError, IndexError, ValueError):  # ended while we listed them
-                self._fds.pop(tid, None)
+                if (fd := self._fds.pop(tid, None)) is not None:
+                    os.close(fd)
         return (ran, waited) if found else None
 
     def cpu_s(self) -> float:
@@ -147,12 +155,12 @@ def gpu_others_bytes(device: object) -> int | None:
 
 
 def spread(samples: Sequence[float]) -> float | None:
-    """Largest sample over smallest: above :data:`WILD_SPREAD` the samples disagree by an
-    order of magnitude."""
-    positive = [s for s in samples if s > 0]
+    """The median sample over the fastest: above :data:`WILD_SPREAD` the median is not the
+    time of the work but of whatever held the CPU."""
+    positive = sorted(s for s in samples if s > 0)
     if len(positive) < 2:
         return None
-    return max(positive) / min(positive)
+    return positive[(len(positive) - 1) // 2] / positive[0]
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,8 @@ class Share:
     ``delay``: the median delay share of the samples kept (None: unknown here);
     ``cpu_share``: CPU time ÷ (wall time × threads) over every sample taken (near 1 where
     the code keeps every thread busy; lower for serial code, and under contention);
-    ``contended``: samples taken over :data:`BUSY_DELAY` (re-sampled, not kept); ``busy``:
+    ``contended``: repeats taken over :data:`BUSY_DELAY`, and ``dropped_s`` the seconds of
+    those not kept (re-sampled: every sample is kept, in the figure or here); ``busy``:
     whether the figure is not to be trusted, with ``why``."""
 
     delay: float | None
@@ -171,12 +180,14 @@ class Share:
     load: float | None
     busy: bool
     why: str = ""
+    dropped_s: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
             "delay": None if self.delay is None else round(self.delay, 4),
             "cpu_share": None if self.cpu_share is None else round(self.cpu_share, 3),
             "contended": self.contended,
+            "dropped_s": list(self.dropped_s),
             "load": self.load,
             "busy": self.busy,
         }
@@ -207,7 +218,8 @@ def judge(
             "time for a CPU"
         )
     elif (s := spread([whole[i] for i in kept])) is not None and s > WILD_SPREAD:
-        why = f"samples differ {s:.0f}x (largest over smallest)"
+        why = f"the median sample is {s:.0f}x the fastest"
     delays = sorted(d for i in kept if (d := readings[i].delay) is not None)
     median = delays[len(delays) // 2] if delays else None
-    return Share(median, cpu_share, contended, load(), bool(why), why)
+    dropped = tuple(whole[i] for i in sorted(set(range(len(whole))) - set(kept)))
+    return Share(median, cpu_share, contended, load(), bool(why), why, dropped)

@@ -115,7 +115,8 @@ def time_parts(
     flush = (
         torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda and flush_l2 else None
     )
-    patience = 3 * min_seconds if patience_s is None else max(patience_s, min_seconds)
+    # min_seconds=0 still leaves a second to take contended repeats again
+    patience = max(3 * min_seconds, 1.0) if patience_s is None else max(patience_s, min_seconds)
     samples: list[list[float]] = [[] for _ in parts]
     readings: list[contention.Reading] = []
     timed = 0.0  # seconds of uncontended timed work so far (reading the scheduler is not)
@@ -145,6 +146,9 @@ def time_parts(
                 for part, end in zip(parts, events[1:], strict=True):
                     part()
                     end.record()
+                # the host's delay counts while it launches the work (a late launch leaves
+                # the GPU idle between events); waiting for the GPU is not the host's
+                reading = window.close()
                 events[-1].synchronize()
                 for i in range(len(parts)):
                     samples[i].append(events[i].elapsed_time(events[i + 1]) / 1e3)
@@ -153,7 +157,8 @@ def time_parts(
                     t0 = time.perf_counter()
                     part()
                     samples[i].append(time.perf_counter() - t0)
-            readings.append(window.close())
+                reading = window.close()
+            readings.append(reading)
             if not readings[-1].contended:
                 timed += sum(s[-1] for s in samples)
     method, threads = "cuda-events" if cuda else "perf_counter", torch.get_num_threads()

@@ -29,7 +29,9 @@ import attnbench
 from attnbench import cell as cells
 from attnbench.attention import BUILTINS
 from attnbench.cell import Cell
-from attnbench.measure import cpus, presets
+from attnbench.env import resolve_threads
+from attnbench.measure import presets
+from attnbench.sweep import slurm
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
 from attnbench.validators import (
@@ -233,10 +235,13 @@ def expand_jobs(
     config_dir: str | None = None,
     config_name: str = "config",
     multirun: bool = False,
+    launcher: list[str] | None = None,
 ) -> tuple[list[DictConfig], bool]:
     """Every job's composed config, expanded exactly as a multirun will expand them (sweep
-    file params first, the command line winning), and whether the command is a multirun.
-    Raises ValueError with one line on a bad override."""
+    file params first, the command line winning), and whether the command is a multirun;
+    ``launcher``, if given, receives the Hydra launcher's ``_target_`` (however it was
+    chosen: command line, sweep file, ``--config-dir``). Raises ValueError with one line on
+    a bad override."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -253,6 +258,8 @@ def expand_jobs(
             fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
             base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
             multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
+            if launcher is not None:
+                launcher.append(str(base.hydra.launcher.get("_target_", "")))
             if not multirun:
                 if len(fixed) != len(parsed):
                     raise ValueError(
@@ -279,27 +286,24 @@ def check_run_keys(cfg: DictConfig) -> None:
     check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
 
 
-def _remote_launcher(overrides: list[str]) -> bool:
-    """Do this command's jobs run on other machines (``hydra/launcher=submitit_slurm``), whose
-    CPUs this process cannot see? Then ``timing.threads`` is checked by each job, where it
-    runs (an ``error`` row naming the key)."""
-    return any(o.split("=", 1)[0] == "hydra/launcher" and "slurm" in o for o in overrides)
-
-
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     """Validate every cell of ``attnbench run ARGS`` before Hydra starts; returns the
     distinct (run dir, cell key) pairs the command will fill (the progress bar's cells).
     Each run directory and Hydra's ``<out_dir>/<sweep_name>/.hydra`` must be writable: a
     read-only or misplaced ``out_dir`` is one line here, not a traceback once cells ran."""
     overrides, valued, bare = split_args(args)
+    launcher: list[str] = []
     jobs, is_sweep = expand_jobs(
         overrides,
         valued.get("--config-dir", valued.get("-cd")),
         valued.get("--config-name", valued.get("-cn", "config")),
         multirun=bool(bare & {"-m", "--multirun"}),
+        launcher=launcher,
     )
     plan: dict[tuple[str, str], None] = {}
-    here = not _remote_launcher(overrides)
+    # jobs on other machines (SLURM) check timing.threads against their own CPUs, where
+    # they run (an error row naming the key); this process's CPUs say nothing of theirs
+    here = not slurm.runs_elsewhere(launcher[0])
     left_out: list[str] = []
     once: dict[str, None] = {}  # why some jobs are one cell: said once each, not per job
     for cfg in jobs:
@@ -316,15 +320,12 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         preset = preset_from_cfg(cfg)
         cells.validate(cell, preset)
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
-            cpus.resolve(cell.threads)
+            resolve_threads(cell.threads)
         planned = (where, cells.key(cell, preset))
-        if planned in plan:
-            ignored = cfg.k is not None and cell.k is None
-            once[
-                f"{cell.attention} ignores k: measured once"
-                if ignored
-                else f"{cell.label}: the same cell as another job, measured once"
-            ] = None
+        if cfg.k is not None and cell.k is None:  # said whether or not k was swept
+            once[f"{cell.attention} ignores k: measured once"] = None
+        elif planned in plan:
+            once[f"{cell.label}: the same cell as another job, measured once"] = None
         plan[planned] = None
     if left_out:
         print(

@@ -8,9 +8,11 @@ failed sweep.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
+from attnbench.measure.contention import is_busy
 from attnbench.row_fields import STATUSES
 from attnbench.sweep import claims
 
@@ -34,13 +36,14 @@ def summary_and_reports(config: DictConfig) -> None:
         print(line, flush=True)
 
 
-def busy_line(rows: list[dict]) -> str | None:
+def busy_line(rows: list[dict[str, Any]]) -> str | None:
     """What the end of a sweep says when the machine was busy: how many of its timings were
     taken on a contended CPU (no figure: left out of ratios, efficiency lengths and plots)
-    or not taken because the CPU's rate was read while it was contended."""
-    busy = sum(bool((r.get("contention") or {}).get("busy")) for r in rows)
-    unread = sum("machine busy" in str(r.get("reason") or "") for r in rows)
-    if not busy and not unread:
+    or not taken because the CPU's rate was read while it was contended (busy, no time)."""
+    marked = [r for r in rows if is_busy(r.get("contention"))]
+    unread = sum(not r.get("time_per_seq_s") for r in marked)
+    busy = len(marked) - unread
+    if not marked:
         return None
     what = []
     if busy:

@@ -230,7 +230,7 @@ def _summary(row: Row) -> str:
     if row.time_per_seq_s:
         parts.append(f"{row.time_per_seq_s * 1e3:.2f} ms/seq on {row.time_device}")
         if row.busy:
-            parts.append(f"machine busy: {row.contention.get('why')}")
+            parts.append(f"machine busy: {(row.contention or {}).get('why')}")
     q = row.quality or {}
     if "rel_frobenius" in q:
         parts.append(

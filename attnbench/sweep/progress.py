@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from attnbench.measure.contention import is_busy
 from attnbench.store import RunStore, StoreError
 from attnbench.sweep import claims, finish, slurm
 from attnbench.sweep.config import run_dir
@@ -133,4 +134,4 @@ class Progress(Callback):
 
 def _busy(row: dict[str, Any]) -> str:
     """`` busy`` after a time taken on a contended CPU (a stored row, as a dict)."""
-    return " busy" if (row.get("contention") or {}).get("busy") else ""
+    return " busy" if is_busy(row.get("contention")) else ""

@@ -1,7 +1,7 @@
 """SLURM's side of ``attnbench run`` under hydra-submitit-launcher: the command knows its job
 array, watches it without an accounting daemon, and takes it with it when it stops.
 
-Why a module of its own (issue #25). submitit waits on each task's result file and asks
+Why a module of its own: submitit waits on each task's result file and asks
 ``sacct`` for the task's state in between. Without accounting ``sacct`` fails, every state
 reads UNKNOWN ("not finished"), and a task cancelled while pending, which never writes a
 result, was waited for for ever. And nothing cancelled the array when the command was
@@ -68,6 +68,13 @@ class Failed(BaseException):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+def runs_elsewhere(launcher: str) -> bool:
+    """Do the jobs of Hydra launcher ``launcher`` (its ``_target_``) run on other machines,
+    whose CPUs this process cannot see? SLURM's do; submitit_local's, like every other
+    launcher's, run here."""
+    return "submitit" in launcher and "Local" not in launcher
 
 
 def watch(config: DictConfig) -> None:
