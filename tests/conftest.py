@@ -101,3 +101,15 @@ def run_cli(
         env={**os.environ, **(env or {})},
         preexec_fn=preexec_fn,
     )
+
+
+def processes_with(needle: str) -> list[int]:
+    """Live processes whose environment holds ``needle`` (a command's and its workers')."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.sweep import claims
+from tests.conftest import processes_with
 
 CLI = (sys.executable, "-m", "attnbench.cli", "run")
 
@@ -38,27 +39,15 @@ def _ours(tmp: Path) -> list[str]:
     return sorted(left + [str(p) for p in tmp.glob("results/**/.claims")])
 
 
-def _processes_with(needle: str) -> list[int]:
-    """Live processes whose environment holds ``needle`` (the command's and its workers')."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and needle.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def _gone(needle: str, within_s: float = 60.0) -> bool:
     """Whether every process carrying ``needle`` is gone within ``within_s``. The reaper
     polls every 0.5 s, gives resource trackers 3 s and scans /proc: 10 s was crossed when
     two test suites loaded 2 cores (the reaper did finish). A process that lingers, the
     failure this looks for, stays past any bound."""
     deadline = time.time() + within_s
-    while _processes_with(needle) and time.time() < deadline:
+    while processes_with(needle) and time.time() < deadline:
         time.sleep(0.1)
-    return not _processes_with(needle)
+    return not processes_with(needle)
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_with
+
 CLI = (sys.executable, "-m", "attnbench.cli", "run")
 REQUIRED = os.environ.get("ATTNBENCH_REQUIRE_SLURM") == "1"
 
@@ -171,17 +173,6 @@ def _last_line(err: str) -> str:
     return lines[-1]
 
 
-def _processes_with(needle: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and needle.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 @needs_cluster
 def test_a_sweep_stores_every_cell_once_and_its_report(tmp_path: Path, cluster: None) -> None:
     args = _args("a", "attention=vanilla,linformer", "n=64,128", "k=16")
@@ -264,7 +255,7 @@ def test_sigterm_cancels_the_queued_and_running_tasks_and_no_row_comes_after(
     proc = _start(tmp_path, args)
     job = _job(tmp_path, "c")
     _until(lambda: sorted(_queue(job, "").values()) == ["PENDING", "PENDING", "RUNNING", "RUNNING"])
-    _until(lambda: len(_processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere")) >= 2)
+    _until(lambda: len(processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere")) >= 2)
     os.kill(proc.pid, signal.SIGTERM)
     signalled = time.time()
     _, err = proc.communicate(timeout=120)
@@ -275,7 +266,7 @@ def test_sigterm_cancels_the_queued_and_running_tasks_and_no_row_comes_after(
     assert line.startswith(f"attnbench run: interrupted; {len(rows)} of 4 cells are stored"), line
     assert took < 30, f"the command took {took:.1f} s to stop"
     assert _queue(job, "") == {}, "every task of the array left the queue before the line"
-    assert _processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere") == []
+    assert processes_with(f"ATTNBENCH_TEST_MARK={tmp_path.name}-elsewhere") == []
     time.sleep(5)
     assert _rows(tmp_path, "c") == rows, "a row was stored after the command's last line"
 
