@@ -126,19 +126,27 @@ def cpu_matmul_rate() -> tuple[float, bool]:
 
 
 def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
-    """Measure one cell; always a row (see the module docstring). Validates first."""
+    """Measure one cell; always a row (see the module docstring). Validates first. Timed on
+    the CPUs this process was given (or fewer, if ``timing.threads`` says so); the caller's
+    thread count is back as it was afterwards."""
     res = res or validate(cell)
     row = Row.new(cell, res.ceiling, res.preset.overhead_bytes, environment())
-    try:  # timed on the CPUs this process was given (or fewer, if timing.threads says so)
-        threads = use_threads(cell.threads)
-    except ValueError as e:
+    before = torch.get_num_threads()
+    try:
+        row.env = {**row.env, "threads": use_threads(cell.threads), "cpus": allocated()[0]}
+        _run(cell, res, row)
+    except ValueError as e:  # timing.threads above what this process was given
         row.update(status="error", reason=str(e))
-        return row
-    row.env = {**row.env, "threads": threads, "cpus": allocated()[0]}
+    finally:
+        torch.set_num_threads(before)
+    return row
+
+
+def _run(cell: Cell, res: Resolved, row: Row) -> None:
     why = attnbench.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
-        return row
+        return
     try:
         if cell.task != "cost":  # a quality beside the cost
             row.update(quality=tasks.run(cell))
@@ -148,7 +156,6 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
         row.update(status="oom", reason=_first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep
         row.update(status="error", reason=f"{type(e).__name__}: {_first_line(e)}")
-    return row
 
 
 def _first_line(e: BaseException) -> str:

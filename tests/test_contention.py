@@ -271,3 +271,21 @@ def test_a_cell_timed_beside_a_busy_loop_is_stored_busy_and_said_last(tmp_path: 
     )
     table = next(tmp_path.glob("results/busy/*/report/table3.md")).read_text()
     assert "busy" in table and "machine busy: " in table
+
+
+def test_a_cell_leaves_the_callers_thread_count_as_it_was() -> None:
+    import torch
+
+    from attnbench.cell import Cell
+    from attnbench.runner import run_cell
+
+    cell = Cell("vanilla", 64, layers=1, d_model=64, n_heads=2, d_ff=128, dtype="fp32",
+                device="cpu", batch=2, min_repeats=2, min_seconds=0.01)  # fmt: skip
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        row = run_cell(cell)
+        assert row.status == "ok" and row.env["threads"] == cpus.allocated()[0]
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
