@@ -55,7 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             lambda m=model: m(x),
             x.device,
             min_repeats=args.repeats,
-            max_repeats=4 * args.repeats,  # room to take contended forwards again
+            max_repeats=10 * args.repeats,  # room to take contended forwards again
             min_seconds=0.0,
             warmup=1,
             patience_s=10.0,

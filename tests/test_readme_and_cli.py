@@ -64,7 +64,11 @@ def test_cli_list_shows_every_mechanism_and_why_not() -> None:
 def test_cli_demo_runs_one_cell() -> None:
     out = _cli("demo", "--n", "64", "--k", "16", "--repeats", "1")
     assert out.returncode == 0, out.stderr
-    assert re.search(r"time ratio \(vanilla / linformer\): \d+\.\d\dx", out.stdout)
+    assert re.search(r"vanilla +\d+\.\d ms per forward", out.stdout), out.stdout
+    # a ratio, or, where every forward waited for a CPU (a loaded CI), no ratio and why
+    assert re.search(r"time ratio \(vanilla / linformer\): \d+\.\d\dx", out.stdout) or re.search(
+        r"no time ratio: machine busy \(\w+: \d+ of \d+ samples waited over 10%", out.stdout
+    ), out.stdout
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,21 @@ class Terminated(BaseException):
     rows stand, this command's temp files go."""
 
 
+_signalled: list[int] = []  # the signals that asked this command to stop
+
+
 def _terminate(signum: int, frame: object) -> None:
+    _signalled.append(signum)
     raise Terminated
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C, remembered: a KeyboardInterrupt that lands inside a library's cleanup (a
+    ``__del__`` while Hydra composes the next job) is swallowed there and leaves an error
+    of the library's own, with which Hydra exits 1; the command still knows it was asked
+    to stop, and says so as for any Ctrl-C."""
+    _signalled.append(signum)
+    raise KeyboardInterrupt
 
 
 def main(args: list[str]) -> int:
@@ -36,6 +49,9 @@ def main(args: list[str]) -> int:
     and how to resume, exit 130 (143), no temp files left."""
     fix_malloc()  # steadier CPU timings, here and in every worker this command starts
     signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not if ignored
+        signal.signal(signal.SIGINT, _interrupt)
+    _signalled.clear()
     plan: list[tuple[str, str]] = []
     try:
         if not any(
@@ -61,10 +77,13 @@ def main(args: list[str]) -> int:
         resume = f"; {_stored(plan)}" if e.code == 1 else ""
         print(f"attnbench run: error: {e}{resume}{left}", file=sys.stderr)
         return e.code
-    except (KeyboardInterrupt, Terminated) as e:
+    except (KeyboardInterrupt, Terminated, SystemExit) as e:
+        if isinstance(e, SystemExit) and not _signalled:
+            raise  # Hydra's own exit (an error it reported), not an interrupt
         left = _stop()  # no worker or SLURM task may store a row after the line below
         print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+        terminated = isinstance(e, Terminated) or signal.SIGTERM in _signalled
+        return 143 if terminated else 130
     finally:  # the plan and the claims of this command are of no use after it
         claims.end()
     return 0
