@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnbench.registry import make_config, mechanism_class
+from attnbench.registry import gqa_kwargs, make_config, mechanism_class
 from attnbench.validators import check_int
 
 
@@ -34,8 +34,15 @@ class EncoderLayer(nn.Module):
         """The FFN's two matmuls, d → d_ff → d: 2 · 2·b·n·d·d_ff."""
         return 2 * 2 * b * n * self.fc1.in_features * self.fc1.out_features
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        x = self.norm1(x + self.attn(x, key_padding_mask))
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, state: Any = None
+    ) -> Tensor:
+        """The layer over x; with a ``state`` its incremental form (``attn.extend``)."""
+        if state is None:
+            a = self.attn(x, key_padding_mask)
+        else:
+            a = self.attn.extend(x, state, key_padding_mask)
+        x = self.norm1(x + a)
         return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))  # (b, n, d)
 
 
@@ -66,6 +73,33 @@ class Encoder(nn.Module):
                 x = layer(x, key_padding_mask)
         return x
 
+    # -- the decoder form: a serving engine's prefill and decode steps --------------------------
+
+    def new_state(
+        self, b: int, capacity: int, dtype: torch.dtype, device: torch.device | str
+    ) -> list[Any]:
+        """Every layer's empty state for b sequences of up to ``capacity`` tokens."""
+        device = torch.device(device)
+        return [layer.attn.new_state(b, capacity, dtype, device) for layer in self.layers]
+
+    def extend(
+        self, x: Tensor, states: list[Any], key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """The next c tokens (b, c, d) of every sequence through every layer, each layer's
+        state updated in place: a prefill (from empty states) or a decode step (c = 1).
+        Prompts of different lengths are padded on the left (True = padding)."""
+        for layer, state in zip(self.layers, states, strict=True):
+            x = layer(x, key_padding_mask, state)
+        return x
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        """Bytes one sequence keeps between tokens at context n, over every layer."""
+        return sum(layer.attn.state_bytes(n, itemsize) for layer in self.layers)
+
+    def step_flops(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one decode step (one token of b sequences seeing n tokens)."""
+        return sum(layer.attn.step_flops(b, n) + layer.ffn_flops(b, 1) for layer in self.layers)
+
     def flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one forward: each layer's attention plus its two FFN matmuls."""
         return sum(layer.attn.flops(b, n) + layer.ffn_flops(b, n) for layer in self.layers)
@@ -87,17 +121,24 @@ def build_model(
     n_heads: int = 12,
     d_ff: int = 3072,
     max_seq_len: int,
+    kv_heads: int | None = None,
     **params: Any,
 ) -> Encoder:
     """A RoBERTa-base-shaped encoder using mechanism ``attention`` in every layer, in eval mode.
 
     ``params`` are the mechanism's own (e.g. Linformer's ``k``, ``sharing``); bad ones raise
-    ``ValueError`` naming the parameter.
+    ``ValueError`` naming the parameter. ``kv_heads``: grouped-query attention's key/value
+    heads (None: as many as ``n_heads``), for the mechanisms registered with ``gqa``.
     """
     check_int("layers", layers)
     check_int("d_ff", d_ff)
     cfg = make_config(attention, params)
     attns = mechanism_class(attention).build_stack(
-        layers, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg
+        layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        max_seq_len=max_seq_len,
+        cfg=cfg,
+        **gqa_kwargs(attention, n_heads, kv_heads),
     )
     return Encoder(attns, d_model, d_ff).eval()

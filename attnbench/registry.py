@@ -44,6 +44,8 @@ class Info:
     unavailable: str | None  # one line, or None when it can run here
     cannot_train: str | None = None  # why mode=train is refused, or None: it trains
     limits: str | None = None  # what of the common contract it does not meet, or None
+    cannot_decode: str | None = None  # why mode=decode is refused, or None: it decodes
+    gqa: bool = False  # builds with kv_heads < n_heads (grouped-query attention)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class _Spec:
 
 
 _REGISTRY: dict[str, _Spec] = {}
+# what a mechanism registered without an incremental form says when asked to decode
+NO_DECODE = "has no incremental form registered (new_state, extend_attend, state_bytes)"
+_INCREMENTAL = ("new_state", "extend_attend", "state_bytes")
 _plugins_loaded = False
 
 
@@ -72,12 +77,16 @@ def register(
     why_unavailable: Callable[[], str | None] = lambda: None,
     cannot_train: str | None = None,
     limits: str | None = None,
+    cannot_decode: str | None = NO_DECODE,
+    gqa: bool = False,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
     Refuses nonsense at registration time rather than at first use: a duplicate name, a class
     that is not a :class:`MultiHeadAttention`, a config that is not a dataclass, a budget that is
-    not one of the config's fields, or devices/dtypes outside the known sets.
+    not one of the config's fields, devices/dtypes outside the known sets, or a claim to
+    decode (``cannot_decode=None``) by a class without a causal form or without the three
+    methods of the incremental form.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"register: name must be an identifier, got {name!r}")
@@ -96,6 +105,11 @@ def register(
             raise TypeError(f"register({name!r}): {cls!r} is not a MultiHeadAttention subclass")
         if name in _REGISTRY:
             raise ValueError(f"register: attention {name!r} is already registered")
+        if cannot_decode is None:
+            missing = [m for m in _INCREMENTAL if getattr(cls, m) is getattr(MultiHeadAttention, m)]
+            if missing or not causal:
+                why = f"does not implement {', '.join(missing)}" if missing else "is not causal"
+                raise TypeError(f"register({name!r}): cannot_decode=None, but {cls.__name__} {why}")
         defaults = {
             f.name: (f.default if f.default is not dataclasses.MISSING else None)
             for f in dataclasses.fields(config)
@@ -113,6 +127,8 @@ def register(
             unavailable=None,
             cannot_train=cannot_train,
             limits=limits,
+            cannot_decode=cannot_decode,
+            gqa=gqa,
         )
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls
@@ -177,14 +193,41 @@ def mechanism_class(name: str) -> type[MultiHeadAttention]:
     return _spec(name).cls
 
 
-def create(name: str, *, d_model: int, n_heads: int, max_seq_len: int, **params: Any) -> nn.Module:
+def gqa_kwargs(name: str, n_heads: int, kv_heads: int | None) -> dict[str, int]:
+    """``{"kv_heads": g}`` for a layer's constructor, or nothing when ``kv_heads`` is None or
+    equals ``n_heads`` (every mechanism builds that); grouped-query heads for a mechanism
+    without them is one line naming those that have them."""
+    if kv_heads is None or kv_heads == n_heads:
+        return {}
+    if not _spec(name).info.gqa:
+        have = [m for m in names() if _spec(m).info.gqa]
+        raise ValueError(
+            f"kv_heads: attention={name} has no grouped-query form; kv_heads works with "
+            f"{', '.join(have)} (null: as many as n_heads)"
+        )
+    return {"kv_heads": kv_heads}
+
+
+def create(
+    name: str,
+    *,
+    d_model: int,
+    n_heads: int,
+    max_seq_len: int,
+    kv_heads: int | None = None,
+    **params: Any,
+) -> nn.Module:
     """One multi-head attention layer: ``module(x, key_padding_mask=None)``.
 
     ``x`` is ``(batch, n, d_model)``; the mask is bool ``(batch, n)`` with True = padding.
+    ``kv_heads``: key/value heads for grouped-query attention (mechanisms with ``gqa``).
     Bad parameters raise ``ValueError`` naming the parameter and what is allowed.
     """
     cfg = make_config(name, params)
-    return _spec(name).cls(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+    gqa = gqa_kwargs(name, n_heads, kv_heads)
+    return _spec(name).cls(
+        d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa
+    )
 
 
 # the built-ins register themselves when their modules are imported; the registry imports

@@ -4,6 +4,15 @@ Each mechanism is a whole multi-head layer owning ``q_proj``, ``k_proj``, ``v_pr
 ``out_proj`` as ``nn.Linear(d_model, d_model)``, so every mechanism pays the same projection
 cost (a fair comparison) and weights port from fairseq / Hugging Face checkpoints. A subclass
 only implements :meth:`MultiHeadAttention.attend`.
+
+Grouped-query attention (``kv_heads`` < ``n_heads``, 1 = multi-query) shrinks ``k_proj`` and
+``v_proj`` to ``kv_heads`` heads, each shared by ``n_heads / kv_heads`` query heads; only a
+mechanism registered with ``gqa=True`` is built with it.
+
+A mechanism with an incremental (decode) form also implements :meth:`new_state`,
+:meth:`extend_attend` and :meth:`state_bytes`: a serving engine's prefill is ``extend`` from an
+empty state, its decode step ``extend`` by one token, and every part of attnbench that needs
+the bytes a sequence keeps between tokens asks :meth:`state_bytes`.
 """
 
 from __future__ import annotations
@@ -34,10 +43,25 @@ def blocked_keys(
     return blocked
 
 
+def check_kv_heads(kv_heads: int, n_heads: int) -> int:
+    """``kv_heads`` divides ``n_heads``: each key/value head serves a whole group of query
+    heads. The one rule, read by the layer and by a cell's validation."""
+    check_int("kv_heads", kv_heads)
+    if n_heads % kv_heads:
+        allowed = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+        raise ValueError(
+            f"kv_heads: must divide n_heads={n_heads} (one of {', '.join(map(str, allowed))}), "
+            f"got {kv_heads}"
+        )
+    return kv_heads
+
+
 class MultiHeadAttention(nn.Module):
     """Base of every mechanism: ``forward(x, key_padding_mask=None)``, (b, n, d) -> (b, n, d)."""
 
-    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: Any) -> None:
+    def __init__(
+        self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: Any, kv_heads: int | None = None
+    ) -> None:
         super().__init__()
         check_int("d_model", d_model)
         check_int("n_heads", n_heads)
@@ -46,10 +70,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model: must be divisible by n_heads={n_heads}, got {d_model}")
         self.d_model, self.n_heads, self.max_seq_len, self.cfg = d_model, n_heads, max_seq_len, cfg
         self.head_dim = d_model // n_heads
+        self.kv_heads = n_heads if kv_heads is None else check_kv_heads(kv_heads, n_heads)
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        d_kv = self.kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_kv)
+        self.v_proj = nn.Linear(d_model, d_kv)
         self.out_proj = nn.Linear(d_model, d_model)
 
     @classmethod
@@ -61,6 +87,45 @@ class MultiHeadAttention(nn.Module):
         self._check(x, key_padding_mask)
         return self.out_proj(self.attend(x, key_padding_mask))
 
+    # -- the incremental form (mechanisms registered with cannot_decode=None) -----------------
+
+    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Any:
+        """An empty state for ``b`` sequences of up to ``capacity`` tokens, kept in ``dtype``."""
+        raise NotImplementedError(f"{type(self).__name__} has no incremental form")
+
+    def extend(self, x: Tensor, state: Any, key_padding_mask: Tensor | None = None) -> Tensor:
+        """The next c tokens ``x`` (b, c, d) of every sequence, given ``state`` (the tokens
+        before them), which is updated in place: (b, c, d) -> (b, c, d), each output seeing
+        its own and earlier tokens only. Prefill is ``extend`` from an empty state (whole or
+        in chunks), a decode step ``extend`` by one token; both equal the causal forward over
+        the whole sequence. ``key_padding_mask`` (b, c), True = padding: attnbench pads
+        prompts of different lengths on the left, so that every sequence's next token is at
+        the same position."""
+        self._check(x, key_padding_mask)
+        return self.out_proj(self.extend_attend(x, state, key_padding_mask))
+
+    def extend_attend(self, x: Tensor, state: Any, key_padding_mask: Tensor | None) -> Tensor:
+        """:meth:`extend` before ``out_proj``."""
+        raise NotImplementedError(f"{type(self).__name__} has no incremental form")
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        """Bytes one sequence keeps in this layer between tokens at context ``n``, its state
+        in a dtype of ``itemsize`` bytes: the one formula of serving's memory (the max batch,
+        the report, the achieved bandwidth), checked against the meta model and the CPU
+        profiler."""
+        raise NotImplementedError(f"{type(self).__name__} has no incremental form")
+
+    def step_flops(self, b: int, n: int) -> int:
+        """Matmul FLOPs of one decode step of b sequences whose new token sees ``n`` tokens
+        (itself included): the four projections of one token plus
+        :meth:`step_attention_flops`. The analytic twin of FlopCounterMode's count."""
+        d, d_kv = self.d_model, self.kv_heads * self.head_dim
+        return 2 * 2 * b * d * (d + d_kv) + self.step_attention_flops(b, n)
+
+    def step_attention_flops(self, b: int, n: int) -> int:
+        """One query against n keys: QKᵀ and P·V, 2·n·d each (grouped heads alike)."""
+        return 4 * b * n * self.d_model
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """(b, n, d_model) -> (b, n, d_model), before ``out_proj``."""
         raise NotImplementedError
@@ -69,10 +134,11 @@ class MultiHeadAttention(nn.Module):
         """Matmul FLOPs (2 per multiply-add) of one forward without a padding mask.
 
         The analytic twin of ``FlopCounterMode``'s count, which the tests check it against;
-        the runner uses it for achieved FLOP/s without tracing a forward. The four d × d
-        projections plus :meth:`attention_flops`.
+        the runner uses it for achieved FLOP/s without tracing a forward. The four
+        projections (K and V to ``kv_heads`` heads) plus :meth:`attention_flops`.
         """
-        return 4 * 2 * b * n * self.d_model**2 + self.attention_flops(b, n)
+        d, d_kv = self.d_model, self.kv_heads * self.head_dim
+        return 2 * 2 * b * n * d * (d + d_kv) + self.attention_flops(b, n)
 
     def flops_backward(self, b: int, n: int) -> int:
         """Matmul FLOPs of one backward, the analytic twin of FlopCounterMode's count: every
@@ -95,8 +161,9 @@ class MultiHeadAttention(nn.Module):
         return 4 * b * n * n * self.d_model
 
     def split_heads(self, t: Tensor) -> Tensor:
+        """(b, n, heads·dh) -> (b, heads, n, dh), for queries (n_heads) or keys (kv_heads)."""
         b, n, _ = t.shape
-        return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (b, h, n, dh)
+        return t.view(b, n, -1, self.head_dim).transpose(1, 2)  # (b, h, n, dh)
 
     def merge_heads(self, t: Tensor) -> Tensor:
         b, _, n, _ = t.shape  # (b, h, n, dh)
@@ -128,4 +195,5 @@ class MultiHeadAttention(nn.Module):
             )
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, cfg={self.cfg}"
+        kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.n_heads else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, cfg={self.cfg}"

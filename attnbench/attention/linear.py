@@ -18,22 +18,29 @@ Choices of ours where the paper is silent:
 * Sums run in fp32 for fp16/bf16 inputs: over n positions they pass fp16's range and drift in
   bf16. The output is cast back.
 * No budget: the only size is d_k = d_model / n_heads, fixed by the model shape.
+
+Its incremental form is the paper's RNN (section 3.4): S and z per head, d_k·(d_k + 1)
+numbers whatever the context (:class:`attnbench.attention.prefix.RecurrentState`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.prefix import (
     DEFAULT_CHUNK,
+    RecurrentState,
     causal_linear_attention,
     causal_linear_flops,
     linear_attention,
     linear_flops,
+    recurrent_state_bytes,
+    recurrent_step,
 )
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
@@ -72,10 +79,12 @@ def feature_map(x: Tensor) -> Tensor:
     causal=True,
     padding_mask=True,
     budget=None,
+    cannot_decode=None,
     summary="linear attention, φ = elu + 1 (Transformers are RNNs); causal by chunked prefix sums",
 )
 class LinearAttention(MultiHeadAttention):
-    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    def _features(self, x: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, ...]:
+        """φ(Q), φ(K), V as (b, h, n, dh), padded keys' features and values zeroed."""
         # features straight from the projections: Q and K themselves are not kept (in a
         # forward without autograd they are freed at once)
         q_f = feature_map(self.split_heads(self.q_proj(x)))  # (b, h, n, dh)
@@ -85,6 +94,34 @@ class LinearAttention(MultiHeadAttention):
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
             # V too, so even a non-finite padded value cannot reach 0·v
             k_f, v = k_f.masked_fill_(padded, 0.0), v.masked_fill(padded, 0.0)
+        return q_f, k_f, v
+
+    def new_state(
+        self, b: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentState:
+        dh = self.head_dim
+        return RecurrentState.empty(b, self.n_heads, dh, dh, dtype, device)
+
+    def extend_attend(
+        self, x: Tensor, state: RecurrentState, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        q_f, k_f, v = self._features(x, key_padding_mask)
+        if x.shape[1] == 1:
+            out = recurrent_step(q_f, k_f, v, state)
+        else:
+            out = causal_linear_attention(q_f, k_f, v, self.cfg.chunk_size, state)
+        return self.merge_heads(out.to(x.dtype))  # (b, c, d)
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        return recurrent_state_bytes(self.n_heads, self.head_dim, self.head_dim, itemsize)
+
+    def step_attention_flops(self, b: int, n: int) -> int:
+        """Per head φ(k)ᵀv and φ(q)S, 2·d_k² each, and φ(q)z, 2·d_k: whatever n."""
+        dh = self.head_dim
+        return b * self.n_heads * (4 * dh * dh + 2 * dh)
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        q_f, k_f, v = self._features(x, key_padding_mask)
         if self.cfg.causal:
             out = causal_linear_attention(q_f, k_f, v, self.cfg.chunk_size)
         else:

@@ -202,6 +202,10 @@ class SequenceProjection(nn.Module):
     causal=False,
     fixed_max_len=True,
     budget="k",
+    cannot_decode=(
+        "has no causal form: E and F mix all n positions into k rows, so no prefix of the "
+        "sequence has its own projected keys to keep between tokens"
+    ),
     summary="Linformer eq. (7): K, V projected to k rows; every sharing and projection kind",
 )
 class LinformerAttention(MultiHeadAttention):

@@ -40,6 +40,11 @@ to end, so that the block windows are plain strided views): the first and last b
 sequence also *read* the masked-out edge of its batch neighbour; a finite key there gets
 weight 0 exactly, but a NaN or inf at a *real* position of one sequence could reach the
 first or last block of the next.
+
+Its incremental form (causal only) keeps the last w keys and values in a ring buffer
+(:class:`Ring`), never more: a decode step writes its token over the oldest and attends over
+the w slots; a prompt chunk after earlier tokens runs the same blocked band over the ring's
+keys followed by the chunk's.
 """
 
 from __future__ import annotations
@@ -55,6 +60,45 @@ from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
 
 MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
+
+
+@dataclass
+class Ring:
+    """The last r = min(w, capacity) keys and values, (b, h, r, dh) in the state's dtype,
+    position p in slot p mod r; ``padded`` (b, r): True at padding and at slots not yet
+    written; ``length``: tokens seen so far; ``has_padding``: whether any written token was."""
+
+    k: Tensor
+    v: Tensor
+    padded: Tensor
+    length: int = 0
+    has_padding: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
+        """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""
+        c, r = k.shape[2], self.size
+        keep = min(c, r)
+        slots = torch.arange(self.length + c - keep, self.length + c, device=k.device) % r
+        self.k.index_copy_(2, slots, k[:, :, c - keep :].to(self.k.dtype))
+        self.v.index_copy_(2, slots, v[:, :, c - keep :].to(self.v.dtype))
+        if key_padding_mask is None:
+            self.padded[:, slots] = False
+        else:
+            self.padded[:, slots] = key_padding_mask[:, c - keep :]
+            self.has_padding = self.has_padding or bool(key_padding_mask.any())
+        self.length += c
+
+    def ordered(self) -> tuple[Tensor, Tensor, Tensor]:
+        """K, V (b, h, r, dh) and ``padded`` (b, r), oldest first: the r positions before
+        the next token (slots never written count as padding)."""
+        shift = -(self.length % self.size)
+        return tuple(
+            t.roll(shift, dims=-2 if t.dim() == 4 else -1) for t in (self.k, self.v, self.padded)
+        )
 
 
 @dataclass
@@ -90,6 +134,7 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
     config=LocalConfig,
     causal=True,
     budget="window",
+    cannot_decode=None,
     summary="sliding-window band |i−j| ≤ w/2 (causal: the w keys up to i), blocked, O(n·w)",
 )
 class LocalAttention(MultiHeadAttention):
@@ -147,15 +192,68 @@ class LocalAttention(MultiHeadAttention):
         return t.view(b * blocks, self.n_heads, self.head_dim, width).transpose(2, 3)
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        b, n, d = x.shape
+        return self._banded(self.q_proj(x), self.k_proj(x), self.v_proj(x), key_padding_mask)
+
+    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Ring:
+        shape = (b, self.n_heads, min(self.cfg.window, capacity), self.head_dim)
+        return Ring(
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.ones(b, shape[2], dtype=torch.bool, device=device),
+        )
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        """The ring: min(w, n) keys and values of every head, and a padding flag each."""
+        r = min(self.cfg.window, n)
+        return 2 * self.n_heads * self.head_dim * r * itemsize + r
+
+    def step_attention_flops(self, b: int, n: int) -> int:
+        """One query against the ring's min(w, n) slots (unwritten ones masked, counted)."""
+        return 4 * b * min(self.cfg.window, n) * self.d_model
+
+    def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
+        if not self.cfg.causal:  # the non-causal band sees w/2 later tokens
+            raise ValueError("local: extend needs causal=true (the band sees later tokens)")
+        b, c, d = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, c, d)
+        if key_padding_mask is not None:  # zeroed: a non-finite padded value cannot leak
+            pad = key_padding_mask[:, :, None]
+            k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+        if c == 1 and state.length:  # a decode step: the token over the oldest, then the ring
+            state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
+            qh = self.split_heads(q)  # (b, h, 1, dh)
+            allowed = None
+            if state.has_padding or state.length < state.size:
+                allowed = ~state.padded[:, None, None, :]  # (b, 1, 1, r)
+            keys, values = state.k.to(q.dtype), state.v.to(q.dtype)
+            return self.merge_heads(F.scaled_dot_product_attention(qh, keys, values, allowed))
+        if state.length == 0:  # the first chunk: the band over it alone
+            out = self._banded(q, k, v, key_padding_mask)
+        else:  # the band over the ring's keys, then the chunk's; the ring's queries dropped
+            r = state.size
+            ring_k, ring_v, ring_pad = state.ordered()  # (b, h, r, dh), (b, r)
+            mask = key_padding_mask
+            if mask is None:
+                mask = torch.zeros(b, c, dtype=torch.bool, device=x.device)
+            out = self._banded(
+                torch.cat([q.new_zeros(b, r, d), q], dim=1),
+                torch.cat([self.merge_heads(ring_k.to(k.dtype)), k], dim=1),
+                torch.cat([self.merge_heads(ring_v.to(v.dtype)), v], dim=1),
+                torch.cat([ring_pad, mask], dim=1),
+            )[:, r:]
+        state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
+        return out
+
+    def _banded(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """The blocked band over projected q, k, v (b, n, d) -> (b, n, d)."""
+        b, n, d = q.shape
         h, dh = self.n_heads, self.head_dim
         block, blocks, _, _ = layout(self.cfg.window, self.cfg.causal, n)
         tail = blocks * block - n
-        q = self.q_proj(x)  # (b, n, d)
         q = F.pad(q, (0, 0, 0, tail)) if tail else q  # (b, nb·B, d)
         q = q.view(b * blocks, block, h, dh).transpose(1, 2)  # a view
-        k = self._windows(self.k_proj(x), key_padding_mask)  # (b·nb, h, W·B, dh)
-        v = self._windows(self.v_proj(x), key_padding_mask)
+        k = self._windows(k, key_padding_mask)  # (b·nb, h, W·B, dh)
+        v = self._windows(v, key_padding_mask)
         bias = self.band_mask(n, key_padding_mask, q)  # (b·nb or nb, 1, B, W·B)
         if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
             bias = bias.repeat(b, 1, 1, 1)

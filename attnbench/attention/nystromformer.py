@@ -143,6 +143,10 @@ def segment_weights(
     config=NystromformerConfig,
     causal=False,
     budget="num_landmarks",
+    cannot_decode=(
+        "has no causal form: its landmarks are means over segments of the whole sequence, "
+        "which every new token changes"
+    ),
     summary="Nyströmformer: segment-mean landmarks, iterative pseudo-inverse, conv of V; O(n·m)",
 )
 class NystromformerAttention(MultiHeadAttention):

@@ -24,6 +24,11 @@ performer-pytorch, but assemble them here rather than call ``FastAttention.forwa
   :meth:`PerformerAttention.features`);
 * its ``ortho_scaling`` only picks how rows are scaled — the rows are always orthogonal — so for
   ``ortho_features=False`` we draw plain iid Gaussian features ourselves.
+
+Its incremental form (causal only) is linear attention's recurrence over the same features,
+drawn once and fixed across steps: S and z per head, m·(d_h + 1) numbers whatever the
+context (:class:`attnbench.attention.prefix.RecurrentState`). The causal key features use a
+data-independent stabiliser, so a key's feature does not change as later keys arrive.
 """
 
 from __future__ import annotations
@@ -40,7 +45,14 @@ from performer_pytorch.performer_pytorch import (
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.attention.prefix import DEFAULT_CHUNK, causal_linear_attention, causal_linear_flops
+from attnbench.attention.prefix import (
+    DEFAULT_CHUNK,
+    RecurrentState,
+    causal_linear_attention,
+    causal_linear_flops,
+    recurrent_state_bytes,
+    recurrent_step,
+)
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
 
@@ -76,6 +88,7 @@ class PerformerConfig:
     causal=True,
     padding_mask=True,
     budget="nb_features",
+    cannot_decode=None,
     summary="FAVOR+ random features, linear in n (performer-pytorch); kernel softmax|relu",
 )
 class PerformerAttention(MultiHeadAttention):
@@ -175,15 +188,60 @@ class PerformerAttention(MultiHeadAttention):
         """φ(Q) and φ(K) multiply by the fixed random features (a buffer): no gradient."""
         return 4 * b * n * self.cfg.nb_features * self.d_model
 
+    def new_state(
+        self, b: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentState:
+        m = self.cfg.nb_features
+        return RecurrentState.empty(b, self.n_heads, m, self.head_dim, dtype, device)
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        return recurrent_state_bytes(self.n_heads, self.cfg.nb_features, self.head_dim, itemsize)
+
+    def step_attention_flops(self, b: int, n: int) -> int:
+        """φ(q), φ(k): 2·m·d each; per head φ(k)ᵀv and φ(q)S, 2·m·d_h each, φ(q)z 2·m."""
+        m, dh = self.cfg.nb_features, self.head_dim
+        return 4 * b * m * self.d_model + b * self.n_heads * (4 * m * dh + 2 * m)
+
+    def extend_attend(
+        self, x: Tensor, state: RecurrentState, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        if not self.cfg.causal:  # the non-causal key features use the whole sequence's max
+            raise ValueError("performer: extend needs causal=true (its key features)")
+        q_f, k_f, v = self._causal_features(x, key_padding_mask)
+        if x.shape[1] == 1:
+            out = recurrent_step(q_f, k_f, v, state)
+        else:
+            out = causal_linear_attention(q_f, k_f, v, CHUNK, state)
+        return self.merge_heads(out.to(x.dtype))  # (b, c, d)
+
+    def _causal_features(self, x: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, ...]:
+        """φ(Q), φ(K), V (b, h, n, ·) of the causal path, in fp32 at least, padded keys'
+        features and values zeroed."""
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
+        # fp32 at least (fp64 stays fp64): prefix sums over n run past fp16's range and
+        # bf16's precision, and with eps=0 a key far below the max must not underflow to a
+        # zero feature
+        wide = torch.promote_types(x.dtype, torch.float32)
+        q, k, v = q.to(wide), k.to(wide), v.to(wide)
+        padded = None
+        if key_padding_mask is not None:
+            padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
+            # zeroed before the kernel too; V too, so a non-finite padded value cannot reach 0·v
+            k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+        q_f, k_f = self.features(q, k)  # (b, h, n, m)
+        if padded is not None:
+            k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
+        return q_f, k_f, v
+
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         self._count_call()
-        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
         if self.cfg.causal:
-            # fp32 at least (fp64 stays fp64): prefix sums over n run past fp16's range and
-            # bf16's precision, and with eps=0 a key far below the max must not underflow to a
-            # zero feature
-            wide = torch.promote_types(x.dtype, torch.float32)
-            q, k, v = q.to(wide), k.to(wide), v.to(wide)
+            # no eps: the keys' constant stabiliser cancels exactly, an eps would not; a query
+            # that sees no real key gets 0 there already (its normaliser is exactly 0)
+            q_f, k_f, v = self._causal_features(x, key_padding_mask)
+            out = causal_linear_attention(q_f, k_f, v, CHUNK).to(x.dtype)  # (b, h, n, dh)
+            return self.merge_heads(out)  # (b, n, d)
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
         padded = None
         if key_padding_mask is not None:
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
@@ -193,11 +251,6 @@ class PerformerAttention(MultiHeadAttention):
         q_f, k_f = self.features(q, k)  # (b, h, n, m)
         if padded is not None:
             k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
-        if self.cfg.causal:
-            # no eps: the keys' constant stabiliser cancels exactly, an eps would not; a query
-            # that sees no real key gets 0 there already (its normaliser is exactly 0)
-            out = causal_linear_attention(q_f, k_f, v, CHUNK).to(x.dtype)  # (b, h, n, dh)
-            return self.merge_heads(out)  # (b, n, d)
         out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
         if key_padding_mask is not None:  # a row that is all padding gets 0, as in sdpa
             empty = key_padding_mask.all(-1)[:, None, None, None]  # (b, 1, 1, 1)

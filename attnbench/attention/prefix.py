@@ -24,14 +24,45 @@ Choices shared by both callers:
   positive), and dividing by 1 instead keeps the output and its gradient finite.
 * Sums run in at least fp32: a prefix sum over n positions runs past fp16's range and bf16's
   precision. The result is returned in that accumulation dtype; callers cast back.
+
+Their incremental form (serving) is the same recurrence: a :class:`RecurrentState` keeps S
+and z between calls, :func:`causal_linear_attention` starts from it and leaves it updated, so a
+prefill (in chunks or whole) and then one token at a time equal one causal pass over the whole
+sequence. Its size is fixed, m·(e + 1) numbers per head whatever the context
+(:func:`recurrent_state_bytes`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 DEFAULT_CHUNK = 64
+
+
+@dataclass
+class RecurrentState:
+    """S = Σ φ(k_j) v_jᵀ (b, h, m, e) and z = Σ φ(k_j) (b, h, m, 1) over every token so far,
+    kept in the state's dtype (serving code often keeps fp32 whatever the compute dtype)."""
+
+    s: Tensor
+    z: Tensor
+
+    @classmethod
+    def empty(
+        cls, b: int, heads: int, m: int, e: int, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentState:
+        return cls(
+            torch.zeros(b, heads, m, e, dtype=dtype, device=device),
+            torch.zeros(b, heads, m, 1, dtype=dtype, device=device),
+        )
+
+
+def recurrent_state_bytes(heads: int, m: int, e: int, itemsize: int) -> int:
+    """One sequence's S and z in one layer: heads · m · (e + 1) numbers, whatever n."""
+    return heads * m * (e + 1) * itemsize
 
 
 def _wide(*ts: Tensor) -> tuple[Tensor, ...]:
@@ -55,9 +86,13 @@ def linear_attention(q_f: Tensor, k_f: Tensor, v: Tensor) -> Tensor:
     return _divide(num, den)
 
 
-def causal_linear_attention(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int) -> Tensor:
+def causal_linear_attention(
+    q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int, carry: RecurrentState | None = None
+) -> Tensor:
     """Causal: out_i sees keys j ≤ i only, in chunks of ``chunk`` positions (the last may be
     shorter; ``chunk`` ≥ n is one quadratic block). Shapes as :func:`linear_attention`.
+    ``carry``: the state of every earlier token, which the sums start from and which is
+    left holding these tokens too (the incremental form).
 
     Chunk t: A = tril(φ(Q_t)φ(K_t)ᵀ), numerator φ(Q_t)S + A V_t and normaliser φ(Q_t)z + A 1,
     where S = Σ_{s<t} φ(K_s)ᵀV_s and z = Σ_{s<t} φ(K_s)ᵀ1 are carried. The inputs are split
@@ -69,6 +104,8 @@ def causal_linear_attention(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int) -> 
     c = min(chunk, q_f.shape[-2])  # a chunk past n is one block of n
     future = torch.ones(c, c, dtype=torch.bool, device=q_f.device).triu(1)
     state = z = None  # (b, h, m, e), (b, h, m, 1): over the chunks before this one
+    if carry is not None:
+        state, z = carry.s.to(q_f.dtype), carry.z.to(q_f.dtype)
     outs = []
     q_cs, k_cs, v_cs = (t.split(chunk, dim=-2) for t in (q_f, k_f, v))
     for i, (q_c, k_c, v_c) in enumerate(zip(q_cs, k_cs, v_cs, strict=True)):  # (b, h, c, ·)
@@ -77,12 +114,26 @@ def causal_linear_attention(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int) -> 
         num, den = scores @ v_c, scores.sum(-1, keepdim=True)  # (b, h, c, e), (b, h, c, 1)
         if state is not None:
             num, den = num + q_c @ state, den + q_c @ z
-        if i < len(q_cs) - 1:  # the last chunk's keys are seen by no later query
+        if i < len(q_cs) - 1 or carry is not None:  # else no later query sees these keys
             update, z_update = k_c.transpose(-2, -1) @ v_c, k_c.sum(-2).unsqueeze(-1)
             state = update if state is None else state + update  # not in place: saved for
             z = z_update if z is None else z + z_update  # the backward by q_c @ state
         outs.append(_divide(num, den))
+    if carry is not None:
+        carry.s.copy_(state)
+        carry.z.copy_(z)
     return torch.cat(outs, dim=-2)
+
+
+def recurrent_step(q_f: Tensor, k_f: Tensor, v: Tensor, carry: RecurrentState) -> Tensor:
+    """One token per sequence, (b, h, 1, m) ×2 and (b, h, 1, e): S and z updated in place,
+    then read once by the query, the decode step a serving engine runs (a handful of ops,
+    where the chunked path would run a dozen for one position)."""
+    q_f, k_f, v = _wide(q_f, k_f, v)
+    k_t = k_f.transpose(-2, -1)  # (b, h, m, 1)
+    carry.s += (k_t @ v).to(carry.s.dtype)
+    carry.z += k_t.to(carry.z.dtype)
+    return _divide(q_f @ carry.s.to(q_f.dtype), q_f @ carry.z.to(q_f.dtype))
 
 
 def linear_flops(n: int, m: int, e: int) -> int:

@@ -95,6 +95,11 @@ def rows(t: Tensor, index: Tensor) -> Tensor:
     causal=True,
     padding_mask=True,
     budget="bucket_size",
+    cannot_decode=(
+        "has no honest incremental form: keys are sorted by LSH bucket and cut into fixed-size "
+        "chunks over the whole sequence, so every new key moves the chunk boundaries of earlier "
+        "queries; a step would re-sort and rerun the sequence"
+    ),
     summary="LSH attention, O(n·bucket_size·n_hashes) (reformer-pytorch); shared QK",
     limits=(
         "shared QK (q_proj serves as key projection, no k_proj: 3 of 4 d×d projections, fewer "

@@ -3,6 +3,11 @@
 ``backend=auto`` lets PyTorch pick; naming one (math, flash, efficient, cudnn) pins it, so a
 sweep can compare kernels. A backend that cannot serve the input raises one clear error rather
 than PyTorch's page of warnings.
+
+Grouped-query heads (``kv_heads``) go to the kernel as they are, with ``enable_gqa=True``
+(what each backend then does with them is its own: ``docs/serving.md`` measures it against
+repeating K and V first). Its incremental form keeps a preallocated K/V cache
+(:class:`attnbench.attention.cache.KVCache`) and runs the same kernel over it.
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.cache import KVCache, kv_cache_bytes
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice
 
@@ -41,6 +48,8 @@ class SDPAConfig:
     "sdpa",
     config=SDPAConfig,
     causal=True,
+    gqa=True,
+    cannot_decode=None,
     summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn",
 )
 class SDPAAttention(MultiHeadAttention):
@@ -49,17 +58,45 @@ class SDPAAttention(MultiHeadAttention):
         return 0 if self.cfg.backend == "math" else self.attention_flops(b, n) // 2
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
         causal = self.cfg.causal
         allowed = None
         if key_padding_mask is not None:  # a plain is_causal keeps the flash kernel eligible
             allowed = ~blocked_keys(key_padding_mask, causal, x.shape[1], x.device)
             causal = False
+        return self.merge_heads(self._sdpa(q, k, v, allowed, causal))  # (b, n, d)
+
+    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
+
+    def extend_attend(self, x: Tensor, state: KVCache, key_padding_mask: Tensor | None) -> Tensor:
+        q, k, v = self.qkv_heads(x)  # (b, h, c, dh); k, v (b, kv_heads, c, dh)
+        first = state.length == 0
+        keys, values = state.append(k, v, key_padding_mask)  # (b, kv_heads, L, dh)
+        c = x.shape[1]
+        if first and not state.has_padding:  # a whole prompt: is_causal keeps flash eligible
+            return self.merge_heads(self._sdpa(q, keys, values, None, c > 1))
+        blocked = state.blocked(c)  # None for one token without padding
+        allowed = None if blocked is None else ~blocked
+        return self.merge_heads(self._sdpa(q, keys, values, allowed, False))  # (b, c, d)
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)
+
+    def _sdpa(
+        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool
+    ) -> Tensor:
+        """The kernel on (b, h, ·, dh) queries and (b, kv_heads, ·, dh) keys and values,
+        the backend pinned if the config names one; the error of a backend that cannot
+        serve the input is one line."""
+        gqa = {"enable_gqa": True} if self.kv_heads != self.n_heads else {}
         backend = BACKENDS[self.cfg.backend]
         ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
         try:
             with ctx:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal)
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=allowed, is_causal=causal, **gqa
+                )
         except RuntimeError as e:
             if "No viable backend" not in str(e):
                 raise
@@ -67,4 +104,3 @@ class SDPAAttention(MultiHeadAttention):
                 f"sdpa: backend={self.cfg.backend} cannot run {q.dtype} on {q.device.type} "
                 f"with this input; try backend=auto or math"
             ) from None
-        return self.merge_heads(out)  # (b, n, d)

@@ -2,15 +2,22 @@
 
 Kept deliberately naive: it is the baseline of Table 3 and the memory it spends on the
 (b, h, n, n) scores is exactly what the efficient mechanisms are measured against.
+
+Grouped-query heads (``kv_heads``) are served by stacking each group's query heads
+(:func:`attnbench.attention.cache.grouped`), not by repeating K and V: the scores are the
+same (b, h, n, n), and no copy of K or V is made. Its incremental form keeps a preallocated
+K/V cache (:class:`attnbench.attention.cache.KVCache`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.cache import KVCache, grouped, kv_cache_bytes, ungrouped
 from attnbench.registry import register
 from attnbench.validators import check_bool
 
@@ -23,20 +30,54 @@ class VanillaConfig:
         check_bool("causal", self.causal)
 
 
+def softmax_attend(
+    q: Tensor, k: Tensor, v: Tensor, blocked: Tensor | None, scale: float, padded: bool
+) -> Tensor:
+    """Eager softmax(QKᵀ·scale)V over (b, g, ·, dh) operands with ``blocked`` (True: may
+    not see) broadcastable to the scores. ``padded``: a query may see no key at all (padding
+    only), which gets 0, as in sdpa, not NaN."""
+    scores = (q @ k.transpose(-2, -1)) * scale  # (b, g, c, L)
+    if blocked is not None and blocked.shape[-2] not in (1, scores.shape[-2]):
+        # grouped queries: every group's heads are stacked rows, each with the same mask
+        blocked = blocked.repeat(
+            *[1] * (blocked.dim() - 2), scores.shape[-2] // blocked.shape[-2], 1
+        )
+    if blocked is None:
+        return scores.softmax(dim=-1) @ v
+    probs = scores.masked_fill(blocked, float("-inf")).softmax(dim=-1)
+    if padded:
+        probs = probs.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
+    return probs @ v
+
+
 @register(
     "vanilla",
     config=VanillaConfig,
     causal=True,
+    gqa=True,
+    cannot_decode=None,
     summary="eager softmax(QKᵀ/√d)V materialising n×n (the paper's Transformer)",
 )
 class VanillaAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (b, h, n, n)
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
         blocked = blocked_keys(key_padding_mask, self.cfg.causal, x.shape[1], x.device)
-        if blocked is None:
-            return self.merge_heads(scores.softmax(dim=-1) @ v)  # (b, n, d)
-        probs = scores.masked_fill(blocked, float("-inf")).softmax(dim=-1)
-        if key_padding_mask is not None:  # a query that sees no key gets 0, as in sdpa, not NaN
-            probs = probs.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
-        return self.merge_heads(probs @ v)  # (b, n, d)
+        out = softmax_attend(
+            grouped(q, self.kv_heads), k, v, blocked, self.scale, key_padding_mask is not None
+        )
+        return self.merge_heads(ungrouped(out, self.n_heads))  # (b, n, d)
+
+    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
+
+    def extend_attend(self, x: Tensor, state: KVCache, key_padding_mask: Tensor | None) -> Tensor:
+        q, k, v = self.qkv_heads(x)  # (b, h, c, dh); k, v (b, kv_heads, c, dh)
+        keys, values = state.append(k, v, key_padding_mask)  # (b, kv_heads, L, dh)
+        blocked = state.blocked(x.shape[1])  # (b | 1, 1, c | 1, L)
+        out = softmax_attend(
+            grouped(q, self.kv_heads), keys, values, blocked, self.scale, state.has_padding
+        )
+        return self.merge_heads(ungrouped(out, self.n_heads))  # (b, c, d)
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)

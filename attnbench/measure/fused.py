@@ -59,8 +59,14 @@ class device_kernels(TorchFunctionMode):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor | None:
-        if dropout_p or enable_gqa or q.device.type != "meta":
+        if dropout_p or q.device.type != "meta":
             return None
+        if enable_gqa and k.shape[1] != q.shape[1]:
+            # grouped-query heads: K and V repeated to every query head, as sdpa does for a
+            # kernel without native groups (the memory efficient one); an upper bound where
+            # the kernel has them (flash on sm80+)
+            g = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         if self.device_type == "cpu":
             out, _ = _aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale
