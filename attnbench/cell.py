@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import attnbench
+from attnbench.attention.base import check_kv_heads
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.quality.tasks import TASKS
@@ -57,6 +58,10 @@ class Cell:
     mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload): inference, train
     optimizer: str = "adamw"  # train only: adamw | sgd | none
     checkpoint: bool = False  # train only: activation checkpointing per layer
+    decode_tokens: int = 128  # decode only: tokens generated after the prompt of n
+    state_dtype: str = "auto"  # decode only: the cache's or state's dtype; auto = the cell's
+    prefill_chunk: int = 512  # decode only: prompt tokens per prefill call; 0 = all at once
+    kv_heads: int | None = None  # grouped-query key/value heads; None = n_heads
     task: str = "cost"  # or a quality task: approx, spectrum, listops (attnbench.quality.tasks)
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
@@ -84,7 +89,10 @@ class Cell:
 
     @property
     def model(self) -> dict[str, int]:
-        return {f: getattr(self, f) for f in MODEL_FIELDS}
+        """The model's shape; ``kv_heads`` only when set, so that the keys of cells from
+        before grouped-query heads stay as they were."""
+        shape = {f: getattr(self, f) for f in MODEL_FIELDS}
+        return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
 
     @property
     def label(self) -> str:
@@ -165,6 +173,19 @@ def left_out(cell: Cell) -> str | None:
     if dict(cell.params).get("causal") and not info.causal:
         return "has no causal form"
     return None
+
+
+STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+
+
+def check_decode_settings(cell: Cell) -> None:
+    """``decode_tokens``, ``state_dtype``, ``prefill_chunk`` and ``kv_heads``, checked on
+    every cell (a typo never passes silently, whatever the mode)."""
+    check_int("decode_tokens", cell.decode_tokens)
+    check_choice("state_dtype", cell.state_dtype, STATE_DTYPES)
+    check_int("prefill_chunk", cell.prefill_chunk, low=0)
+    if cell.kv_heads is not None:
+        check_kv_heads(cell.kv_heads, cell.n_heads)
 
 
 def check_causal(cell: Cell) -> None:
@@ -256,6 +277,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     # every workload's settings are checked on every cell: a typo never passes silently
     check_choice("optimizer", cell.optimizer, OPTIMIZERS)
     check_bool("checkpoint", cell.checkpoint)
+    check_decode_settings(cell)
     if why := work.refuses(attnbench.info(cell.attention)):
         raise ValueError(f"mode: attention={cell.attention} {why}")
     check_choice("task", cell.task, TASKS)
@@ -274,11 +296,17 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
         check_int("timing.threads", cell.threads)
     check_n_fits(cell, ceiling - preset.overhead_bytes)
     params = cell.mechanism_params()
-    # builds the layer's config and shape checks (d_model % n_heads, ...) on meta
+    # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta
     with torch.device("meta"):
         attnbench.create(
-            cell.attention, d_model=cell.d_model, n_heads=cell.n_heads, max_seq_len=cell.n, **params
+            cell.attention,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            max_seq_len=cell.n,
+            kv_heads=cell.kv_heads,
+            **params,
         )
+    work.check(cell, params, ceiling - preset.overhead_bytes)
     on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
     resolved = Resolved(preset, ceiling, on_gpu, params)
     if on_gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):

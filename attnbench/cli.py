@@ -8,6 +8,7 @@ argparse, as are ``report`` (see :mod:`attnbench.report.files`) and ``check``. W
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from attnbench.validators import argtype, parse_fraction, parse_int
 # `attnbench --help` and a typo's one line come back without loading torch
 
 
-def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str, str]]:
+def decode_cell(why: str | None) -> str:
+    """The ``decode`` column: yes, or why not cut to its first clause (the whole reason is
+    ``info().cannot_decode``)."""
+    return "yes" if why is None else re.split(r"[:;(]", why, maxsplit=1)[0].strip()
+
+
+def mechanism_rows() -> list[tuple[str, ...]]:
     """One row per mechanism from ``info()``: the source of README's table and ``list``."""
     rows = []
     for name in attnbench.names():
@@ -33,13 +40,26 @@ def mechanism_rows() -> list[tuple[str, str, str, str, str, str, str, str]]:
                 ", ".join(i.devices),
                 ", ".join(i.dtypes),
                 i.budget or "-",
+                decode_cell(i.cannot_decode),
+                "yes" if i.gqa else "no",
                 i.limits or "-",
             )
         )
     return rows
 
 
-HEADERS = ("name", "what", "causal", "padding mask", "devices", "dtypes", "budget (k)", "limits")
+HEADERS = (
+    "name",
+    "what",
+    "causal",
+    "padding mask",
+    "devices",
+    "dtypes",
+    "budget (k)",
+    "decode",
+    "gqa",
+    "limits",
+)
 
 
 def markdown_table() -> str:

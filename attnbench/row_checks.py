@@ -183,6 +183,26 @@ def json_value(name: str, value: Any) -> None:
             raise ValueError(f"{where}: must be a JSON value, got {shorten(repr(v))}")
 
 
+DECODE_SECONDS = ("prefill_s", "prefill_iqr_s")
+DECODE_COUNTS = ("prefill_chunk", "steps", "context", "read_bytes", "state_read_bytes")
+DECODE_RATES = ("tokens_per_s", "bytes_per_s", "copy_bytes_per_s")
+
+
+def decode(name: str, value: Any) -> None:
+    """A decode row's serving figures (attnbench/workload/decode.py): seconds, counts and
+    rates as such, the prefill's samples as samples; nothing else but text."""
+    mapping(name, value)
+    json_value(name, value)
+    for key, v in value.items():
+        where = f"{name}.{key}"
+        if key in DECODE_SECONDS or key in DECODE_RATES:
+            seconds(where, v)
+        elif key in DECODE_COUNTS:
+            count(where, v)
+        elif key == "prefill_samples_s":
+            samples(where, v)
+
+
 def quality(name: str, value: Any) -> None:
     """A quality task's figures: any JSON (:func:`json_value`); those its task declares are
     checked again with the row's task (:func:`attnbench.quality.tasks.check_figures`)."""

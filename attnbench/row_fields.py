@@ -23,6 +23,7 @@ from attnbench.row_checks import (
     batch_asked,
     contention,
     count,
+    decode,
     env,
     identifier,
     mapping,
@@ -113,17 +114,24 @@ FIELDS: tuple[Field, ...] = (
     _f("k", int | None, positive, "", "cell", "the budget's value"),
     _f("budget", str | None, identifier, "", "cell",
        "the name of the parameter k sets (`k`, `nb_features`)"),
-    _f("mode", str, text, "", "cell", "`inference` or `train`", default="inference",
+    _f("mode", str, text, "", "cell", "`inference`, `train` or `decode`", default="inference",
        missing="inference", column="seen"),
     _f("task", str, None, "", "cell", "`cost`, or the quality task whose figures `quality` holds",
        default="cost", missing="cost", choices=TASKS),
     _f("optimizer", str | None, text, "", "cell", "train rows: `adamw`, `sgd`, `none`"),
     _f("checkpoint", bool | None, check_bool, "", "cell", "train rows: activation checkpointing"),
+    _f("decode_tokens", int | None, positive, "", "cell", "decode rows: tokens generated after"
+       " the prompt of n"),
+    _f("state_dtype", str | None, text, "", "cell", "decode rows: the cache's or state's dtype"
+       " (`auto`: the cell's)"),
+    _f("prefill_chunk", int | None, count, "", "cell", "decode rows: prompt tokens per prefill"
+       " call (0: the whole prompt)"),
     _f("batch_asked", int | str, batch_asked, "", "cell", "the batch the cell asked: `max` or a"
        " number", default="max", missing="max", column="string"),
     _f("ceiling_bytes", int | None, positive, "bytes", "cell", "the resolved memory ceiling"),
     _f("overhead_bytes", int | None, count, "bytes", "cell", "the preset's fixed overhead"),
-    _f("model", dict[str, int], model, "", "cell", "layers, d_model, n_heads, d_ff", default={},
+    _f("model", dict[str, int], model, "", "cell", "layers, d_model, n_heads, d_ff; kv_heads"
+       " where grouped-query heads were asked", default={},
        missing={}, column="nested"),
     _f("status", str | None, None, "", "outcome", "`ok`, `oom`, `skipped` or `error`",
        default="ok", choices=STATUSES, column="category"),
@@ -135,6 +143,8 @@ FIELDS: tuple[Field, ...] = (
     _f("model_error", int | None, model_error, "", "memory", "prediction less the max batch"),
     _f("peak_bytes", int | None, count, "bytes", "memory", "peak allocated memory at `batch`"),
     _f("peak_reserved_bytes", int | None, count, "bytes", "memory", "peak reserved memory"),
+    _f("state_bytes", int | None, count, "bytes", "memory", "decode rows: the cache or state"
+       " one sequence keeps at n + decode_tokens, every layer (the mechanisms' one formula)"),
     _f("memory_source", str | None, None, "", "memory", "`measured` (CUDA) or `modeled`",
        choices=MEMORY_SOURCES, column="category"),
     _f("time_median_s", float | None, seconds, "s", "time", "median time of a forward (step)"),
@@ -147,7 +157,8 @@ FIELDS: tuple[Field, ...] = (
     _f("time_method", str | None, text, "", "time", "how it was timed"),
     _f("time_samples_s", list[float] | None, samples, "s", "time", "the samples the figure is"
        " made of (contended ones not kept are in `contention.dropped_s`)"),
-    _f("flops", int | None, count, "FLOP", "time", "forward matmul FLOPs per sequence"),
+    _f("flops", int | None, count, "FLOP", "time", "forward matmul FLOPs per sequence (decode"
+       " rows: per generated token)"),
     _f("flops_backward", int | None, count, "FLOP", "time", "train rows: backward FLOPs per"
        " sequence"),
     _f("time_parts", dict[str, dict[str, Any]] | None, parts, "s", "time", "train rows:"
@@ -160,6 +171,13 @@ FIELDS: tuple[Field, ...] = (
        " time is no figure: kept out of ratios, efficiency lengths and plots), `why`; CUDA"
        " rows: `gpu_others_bytes` (GPU memory not held by torch's allocator: other processes"
        " and the CUDA context)", column="nested"),
+    _f("decode", dict[str, Any] | None, decode, "", "time", "decode rows: `prefill_s`,"
+       " `prefill_iqr_s`, `prefill_samples_s` (one sequence's prompt), `prefill_chunk`, `steps`"
+       " timed, `context` (mean tokens a timed step sees), `tokens_per_s`, `read_bytes` (what a"
+       " step must read: caches or states and weights), `state_read_bytes`, `bytes_per_s`"
+       " (achieved), `copy_bytes_per_s` (the device's copy bandwidth, same process),"
+       " `timed_state_dtype`; the row's time is a decode step's (per sequence: per token)",
+       column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -26,7 +26,7 @@ from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import contention
 from attnbench.measure.memory import measured_peak_cuda, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
-from attnbench.measure.timing import Timing, time_forward, time_parts
+from attnbench.measure.timing import Timing, time_forward
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.workload import DTYPES, Work, random_input
@@ -164,7 +164,8 @@ def _first_line(e: BaseException) -> str:
 
 def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     memory = MemoryModel(cell, res)
-    row.flops, row.flops_backward = cell.workload.flops(memory.model, cell.n)  # per sequence
+    row.flops, row.flops_backward = cell.workload.flops(memory.model, cell)  # per sequence
+    row.update(**cell.workload.describe(memory.model, cell))
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak
         predicted, _ = solve_affine(memory.peak, res.ceiling, memory.fixed)
@@ -192,7 +193,7 @@ def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     if cell.model_only:
         row.reason = "model only: no time measured"
         return
-    _time_on_cpu(cell, res, row)
+    _time_on_cpu(cell, res, row, memory.model)
 
 
 def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> None:
@@ -236,8 +237,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         memory_source="measured",
         peak_reserved_bytes=None if peak.reserved is None else peak.reserved + overhead,
     )
-    timings = time_parts(
-        work.parts,
+    timings = work.time(
         dev,
         grad=workload.grad,
         min_repeats=cell.min_repeats,
@@ -245,21 +245,20 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         flush_l2=cell.flush_l2,
     )
     _put_timing(row, timings, b, "cuda", cell.dtype, cell, res)
+    row.update(**work.row_fields())
     if row.contention is not None:  # other processes on the GPU: what torch can read of them
         row.contention[contention.GPU_OTHERS] = contention.gpu_others_bytes(dev)
 
 
-def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
-    b, workload = cell.cpu_batch, cell.workload
-    flops = row.flops + (row.flops_backward or 0)
+def _time_on_cpu(cell: Cell, res: Resolved, row: Row, model: torch.nn.Module) -> None:
+    workload = cell.workload
+    b = workload.cpu_batch(cell)
     rate, busy = cpu_matmul_rate()
-    estimate = flops * b / rate  # seconds per step, at the GEMM rate
-    work = estimate * (2 + cell.min_repeats)  # warm-up and repeats
+    estimate, work = workload.cost_s(model, cell, b, rate)  # a step, and the whole timing
     if work > cell.time_budget_s:
         row.reason = (
             f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "
-            f"{2 + cell.min_repeats} {workload.what}s exceed time_budget_s="
-            f"{cell.time_budget_s:g}"
+            f"its timing (~{work:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
         )
         if busy:  # the estimate may be the contention's, not the cell's: say so
             row.reason += "; machine busy: the CPU's rate was measured while contended"
@@ -269,8 +268,8 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
     model = build(cell, res, "cpu", torch.float32)
     x = make_input(b, cell, "cpu", torch.float32)
     min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
-    timings = time_parts(
-        workload.work(model, cell, x, "cpu", gpu=False).parts,
+    step = workload.work(model, cell, x, "cpu", gpu=False)
+    timings = step.time(
         torch.device("cpu"),
         grad=workload.grad,
         min_repeats=cell.min_repeats,
@@ -281,6 +280,7 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row) -> None:
         patience_s=min(cell.time_budget_s - work, max(10 * min_seconds, 1.0)),
     )
     _put_timing(row, timings, b, "cpu", "fp32", cell, res)
+    row.update(**step.row_fields())
 
 
 def _put_timing(

@@ -397,7 +397,7 @@ def test_xformers_padding_bias_is_aligned_and_means_blocked_keys(causal: bool) -
     layer = xformers_layer(causal=causal).half()
     mask = right_padding([13, 8, 1], n)
     q = torch.zeros(b, n, N_HEADS, D_MODEL // N_HEADS, dtype=torch.float16)  # (b, n, h, dh)
-    bias = layer._padding_bias(mask, q)
+    bias = layer._bias(blocked_keys(mask, causal, n, q.device), b, n, n, q)
     assert bias.shape == (b, N_HEADS, n, n) and bias.dtype == torch.float16
     assert bias.stride(-1) == 1 and all(s % 8 == 0 for s in bias.stride()[:-1]), bias.stride()
     blocked = blocked_keys(mask, causal, n, q.device).expand(b, N_HEADS, n, n)

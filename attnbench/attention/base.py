@@ -90,7 +90,12 @@ class MultiHeadAttention(nn.Module):
     # -- the incremental form (mechanisms registered with cannot_decode=None) -----------------
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Any:
-        """An empty state for ``b`` sequences of up to ``capacity`` tokens, kept in ``dtype``."""
+        """An empty state for ``b`` sequences of up to ``capacity`` tokens, kept in ``dtype``.
+
+        A state has ``slot(i)``: sequence i's part, emptied, as a state of batch 1 whose
+        tensors are views of the whole's (a serving engine prefills one new sequence into
+        its slot while the others stay resident), and ``admit(part)``: once every slot is
+        filled, the whole takes the part's position."""
         raise NotImplementedError(f"{type(self).__name__} has no incremental form")
 
     def extend(self, x: Tensor, state: Any, key_padding_mask: Tensor | None = None) -> Tensor:

@@ -54,6 +54,17 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[2]
 
+    def slot(self, i: int) -> KVCache:
+        """Sequence i's cache as an empty one of its own (views of this one's tensors): a
+        serving engine prefills a new sequence into its slot while the others stay."""
+        self.padded[i] = False
+        return KVCache(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
+
+    def admit(self, part: KVCache) -> None:
+        """After every slot was filled: the batch is at ``part``'s position."""
+        self.length = part.length
+        self.has_padding = self.has_padding or part.has_padding
+
     def append(
         self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:

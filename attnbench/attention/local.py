@@ -78,6 +78,16 @@ class Ring:
     def size(self) -> int:
         return self.k.shape[2]
 
+    def slot(self, i: int) -> Ring:
+        """Sequence i's ring as an empty one of its own (views of this one's tensors)."""
+        self.padded[i] = True
+        return Ring(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
+
+    def admit(self, part: Ring) -> None:
+        """After every slot was filled: the batch is at ``part``'s position."""
+        self.length = part.length
+        self.has_padding = self.has_padding or part.has_padding
+
     def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
         """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""
         c, r = k.shape[2], self.size
@@ -208,7 +218,7 @@ class LocalAttention(MultiHeadAttention):
         return 2 * self.n_heads * self.head_dim * r * itemsize + r
 
     def step_attention_flops(self, b: int, n: int) -> int:
-        """One query against the ring's min(w, n) slots (unwritten ones masked, counted)."""
+        """One query against the ring's min(w, n) written slots (whatever its capacity)."""
         return 4 * b * min(self.cfg.window, n) * self.d_model
 
     def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
@@ -222,10 +232,13 @@ class LocalAttention(MultiHeadAttention):
         if c == 1 and state.length:  # a decode step: the token over the oldest, then the ring
             state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
             qh = self.split_heads(q)  # (b, h, 1, dh)
+            # until the ring is full, position p is in slot p: the written slots are the
+            # first min(n, r): the min(w, n) keys step_flops counts, not unwritten ones masked
+            seen = min(state.length, state.size)
             allowed = None
-            if state.has_padding or state.length < state.size:
-                allowed = ~state.padded[:, None, None, :]  # (b, 1, 1, r)
-            keys, values = state.k.to(q.dtype), state.v.to(q.dtype)
+            if state.has_padding:
+                allowed = ~state.padded[:, None, None, :seen]  # (b, 1, 1, seen)
+            keys, values = state.k[:, :, :seen].to(q.dtype), state.v[:, :, :seen].to(q.dtype)
             return self.merge_heads(F.scaled_dot_product_attention(qh, keys, values, allowed))
         if state.length == 0:  # the first chunk: the band over it alone
             out = self._banded(q, k, v, key_padding_mask)

@@ -59,6 +59,15 @@ class RecurrentState:
             torch.zeros(b, heads, m, 1, dtype=dtype, device=device),
         )
 
+    def slot(self, i: int) -> RecurrentState:
+        """Sequence i's state as an empty one of its own (views of this one's tensors)."""
+        self.s[i].zero_()
+        self.z[i].zero_()
+        return RecurrentState(self.s[i : i + 1], self.z[i : i + 1])
+
+    def admit(self, part: RecurrentState) -> None:
+        """After every slot was filled: nothing to take, a recurrent state has no position."""
+
 
 def recurrent_state_bytes(heads: int, m: int, e: int, itemsize: int) -> int:
     """One sequence's S and z in one layer: heads · m · (e + 1) numbers, whatever n."""

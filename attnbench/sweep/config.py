@@ -65,8 +65,9 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
     causal = cfg.get("causal", False)
     check_bool("causal", causal)
-    if causal:  # the top-level key sets the mechanism's own parameter (a sweepable key)
-        params["causal"] = True
+    mode = cfg.get("mode", "inference")
+    if causal or mode == "decode":  # the top-level key sets the mechanism's own parameter (a
+        params["causal"] = True  # sweepable key); a decoder is causal whatever it says
     if cfg.k is not None:
         check_int("k", cfg.k)
     t = cfg.timing
@@ -89,9 +90,13 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         time_budget_s=float(t.time_budget_s),
         flush_l2=t.flush_l2,
         threads=t.get("threads"),
-        mode=cfg.get("mode", "inference"),
+        mode=mode,
         optimizer=cfg.get("optimizer", "adamw"),
         checkpoint=cfg.get("checkpoint", False),
+        decode_tokens=cfg.get("decode_tokens", 128),
+        state_dtype=cfg.get("state_dtype", "auto"),
+        prefill_chunk=cfg.get("prefill_chunk", 512),
+        kv_heads=cfg.model.get("kv_heads"),
         task=cfg.get("task", "cost"),
         quality=_quality(cfg),
     )

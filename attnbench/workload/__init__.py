@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from attnbench.measure.timing import Timing, time_parts
 from attnbench.model import build_model
 from attnbench.registry import Info, info, load_plugins
 from attnbench.validators import check_choice
@@ -58,6 +59,16 @@ class Work:
         """Tensors a first step made that every later step keeps (an optimizer's state)."""
         return []
 
+    def time(self, device: torch.device, **timing: Any) -> list[Timing]:
+        """Time the step: one :class:`~attnbench.measure.timing.Timing` per part, then the
+        whole step's (``time_parts``' contract); ``timing`` are its keyword arguments."""
+        return time_parts(self.parts, device, **timing)
+
+    def row_fields(self) -> dict[str, Any]:
+        """Row fields of the workload's own that timing the step found (decode: the prefill's
+        time, the bandwidth), set on the row after the step's time."""
+        return {}
+
 
 class Workload:
     """One kind of measurement. Subclasses set the class attributes and override what
@@ -83,6 +94,28 @@ class Workload:
     def refuses(self, info: Info) -> str | None:
         """Why a mechanism (by its registry info) cannot run this workload, or None."""
         return None
+
+    def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
+        """Refuse, in one ``ValueError`` line, a cell this workload cannot measure beyond what
+        every cell is checked for; ``usable``: the bytes its allocator may hand out."""
+
+    def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
+        """The step's input at batch b: b sequences of n embeddings."""
+        return (b, cell.n, cell.d_model)
+
+    def cpu_batch(self, cell: Cell) -> int:
+        """The batch a CPU times when the preset's GPU is not here (``timing.cpu_batch``)."""
+        return cell.cpu_batch
+
+    def cost_s(
+        self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
+    ) -> tuple[float, float]:
+        """Estimated seconds of one step at batch b on a CPU of ``flops_per_s`` (its matmul
+        FLOPs at that rate), and of the whole timing (two warm-ups and ``min_repeats``
+        steps): what ``time_budget_s`` is held against."""
+        forward, backward = self.flops(model, cell)
+        step = (forward + (backward or 0)) * b / flops_per_s
+        return step, step * (2 + cell.min_repeats)
 
     def label(self, cell: Cell) -> str | None:
         """What a progress line and a report add to the mechanism's label, or None. ``cell``
@@ -115,9 +148,14 @@ class Workload:
         attention kernels)."""
         return Work(model, x)
 
-    def flops(self, model: nn.Module, n: int) -> tuple[int, int | None]:
+    def flops(self, model: nn.Module, cell: Cell) -> tuple[int, int | None]:
         """Matmul FLOPs per sequence: the forward's, and the backward's (None: no backward)."""
-        return model.flops(1, n), None
+        return model.flops(1, cell.n), None
+
+    def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
+        """Row fields of the workload's own known from the model alone (on meta, in the
+        cell's dtype), set before anything is measured: none here."""
+        return {}
 
 
 def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:
@@ -132,6 +170,7 @@ def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:
             n_heads=cell.n_heads,
             d_ff=cell.d_ff,
             max_seq_len=cell.n,
+            kv_heads=cell.kv_heads,
             **params,
         )
 
@@ -139,12 +178,12 @@ def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:
 def random_input(workload: Workload, cell: Cell, b: int, device: str, dtype: torch.dtype) -> Tensor:
     """Random (never zero) embeddings from a fixed seed, in the workload's input dtype; a
     workload with autograd gets an input that requires grad, as an embedding's output."""
-    dtype = workload.input_dtype(dtype)
+    dtype, shape = workload.input_dtype(dtype), workload.input_shape(cell, b)
     if device == "meta":
-        x = torch.empty(b, cell.n, cell.d_model, device="meta", dtype=dtype)
+        x = torch.empty(shape, device="meta", dtype=dtype)
     else:
         gen = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(b, cell.n, cell.d_model, generator=gen, device=device, dtype=dtype)
+        x = torch.randn(shape, generator=gen, device=device, dtype=dtype)
     return x.requires_grad_(True) if workload.grad else x
 
 
@@ -194,4 +233,4 @@ def caption_of(row: Any) -> str | None:
 
 
 # the built-ins register themselves on import, after everything they use is defined
-from attnbench.workload import inference, train  # noqa: E402, F401
+from attnbench.workload import decode, inference, train  # noqa: E402, F401

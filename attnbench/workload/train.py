@@ -122,8 +122,8 @@ class Train(Workload):
     def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
         return StepWork(train_step(model, cell, x, device, gpu=gpu), device, gpu=gpu)
 
-    def flops(self, model: nn.Module, n: int) -> tuple[int, int | None]:
-        return model.flops(1, n), model.flops_backward(1, n)
+    def flops(self, model: nn.Module, cell: Cell) -> tuple[int, int | None]:
+        return model.flops(1, cell.n), model.flops_backward(1, cell.n)
 
 
 def train_label(optimizer: str | None, checkpoint: bool | None) -> str:

@@ -1,0 +1,249 @@
+"""``mode=decode``: serving. A prompt of n tokens is prefilled, then ``decode_tokens`` tokens
+are generated one at a time, by the causal model of Table 3 in its decoder form
+(:meth:`attnbench.model.Encoder.extend`).
+
+What a step is: one token of each of the b sequences through every layer, reading each
+layer's cache or state (:meth:`~attnbench.attention.base.MultiHeadAttention.extend`). The
+model has no token embedding or vocabulary head, so the next step's input is the step's own
+output: each token depends on the last, as in generation.
+
+**The max batch** (``batch=max``) is serving's: the largest b whose weights, the caches or
+states of all b sequences at n + ``decode_tokens`` (preallocated, as engines do), and the
+larger of two transients fit the ceiling: a decode step of all b, or the prefill of one
+sequence into its slot while the other b − 1 stay resident. Engines admit a new sequence by
+prefilling it alone (or in chunks of ``prefill_chunk`` tokens) beside the running ones; a
+prefill of the whole batch at once would make exact attention look prefill-bound (its n × n
+scores) where serving is bound by its cache. One :class:`DecodeWork` call is that scenario:
+the memory model tracks it on meta, and on a GPU it is the real probe.
+
+**Timing**: the prefill of one sequence (its n tokens, in chunks) is timed apart, every slot
+is filled, then each of the ``decode_tokens`` steps is timed (the first two not counted):
+the row's time is the median step, never including the prefill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from attnbench.measure.bandwidth import copy_bytes_per_s
+from attnbench.measure.memory import module_bytes
+from attnbench.measure.timing import Timing, time_parts
+from attnbench.registry import Info
+from attnbench.workload import DTYPES, Work, Workload, register
+
+if TYPE_CHECKING:
+    from attnbench.cell import Cell
+
+WARMUP = 2  # decode steps not counted: the first ones pay for lazy initialisation
+
+
+def state_dtype(cell: Cell, compute: torch.dtype) -> torch.dtype:
+    """The cache's or state's dtype: ``state_dtype``, or the compute dtype for ``auto``."""
+    return compute if cell.state_dtype == "auto" else DTYPES[cell.state_dtype]
+
+
+def context(cell: Cell) -> int:
+    """The mean number of tokens a timed step's new token sees (itself included): the
+    prompt, the steps before it, itself. What FLOPs and bytes per token are given at."""
+    first, last = cell.n + WARMUP + 1, cell.n + cell.decode_tokens
+    return (first + last) // 2 if cell.decode_tokens > WARMUP else cell.n + 1
+
+
+class DecodeWork(Work):
+    """The serving scenario at the batch of ``x`` (b, 1, d), the tokens of one step: b
+    states resident, one sequence's prompt prefilled into its slot, one step of all b."""
+
+    def __init__(self, model: nn.Module, cell: Cell, x: Tensor, device: str) -> None:
+        super().__init__(model, x)
+        self.cell = cell
+        self.n, self.tokens = cell.n, cell.decode_tokens
+        self.chunk = cell.prefill_chunk or cell.n
+        self.device = torch.device(device)
+        self.state_dtype = state_dtype(cell, x.dtype)
+        self.states: list[Any] | None = None
+        self.token: Tensor | None = None
+        self.prefill_timing: Timing | None = None
+        self.step_timing: Timing | None = None
+        self.steps_timed = 0
+        self.b = x.shape[0]
+
+    def _new_states(self) -> None:
+        self.states = None  # the last ones go first
+        b = self.x.shape[0]
+        self.states = self.model.new_state(b, self.n + self.tokens, self.state_dtype, self.device)
+
+    def _prompt(self) -> Tensor:
+        """One sequence's prompt, (1, n, d), random from a fixed seed (never zeros)."""
+        shape, dtype = (1, self.n, self.x.shape[-1]), self.x.dtype
+        if self.device.type == "meta":
+            return torch.empty(shape, device="meta", dtype=dtype)
+        gen = torch.Generator(device=self.device).manual_seed(1)
+        return torch.randn(shape, generator=gen, device=self.device, dtype=dtype)
+
+    def prefill(self, i: int, prompt: Tensor) -> list[Any]:
+        """Sequence i's prompt into its slot, ``prefill_chunk`` tokens per call; returns the
+        slot's states (views), which the whole takes the position of once all are filled."""
+        assert self.states is not None
+        parts = [state.slot(i) for state in self.states]
+        for start in range(0, self.n, self.chunk):
+            self.model.extend(prompt[:, start : start + self.chunk], parts)
+        return parts
+
+    def _admit(self, parts: list[Any]) -> None:
+        assert self.states is not None
+        for state, part in zip(self.states, parts, strict=True):
+            state.admit(part)
+        self.token = self.x
+
+    def step(self) -> Tensor:
+        """One decode step of every sequence; its output is the next step's input."""
+        assert self.states is not None and self.token is not None
+        self.token = self.model.extend(self.token, self.states)
+        return self.token
+
+    def __call__(self) -> Tensor:
+        self._new_states()
+        prompt = self._prompt()
+        parts = self.prefill(0, prompt)  # the others' slots hold the same bytes
+        del prompt
+        self._admit(parts)
+        out = self.step()
+        self.states = self.token = None  # nothing of the probe outlives it
+        return out
+
+    def time(self, device: torch.device, **timing: Any) -> list[Timing]:
+        """The prefill of one sequence timed apart (``timing``'s repeats), every slot then
+        filled, then each decode step timed: ``decode_tokens`` steps, the first
+        :data:`WARMUP` not counted. Returns the steps' timing (the row's time)."""
+        self._new_states()
+        prompt = self._prompt()
+        slots = itertools.count()
+        parts: list[Any] = []
+
+        def prefill_next() -> None:
+            parts[:] = self.prefill(next(slots) % self.b, prompt)
+
+        self.prefill_timing = time_parts([prefill_next], device, **timing)[0]
+        for i in range(next(slots), self.b):  # slots the timing did not reach
+            parts[:] = self.prefill(i, prompt)
+        self._admit(parts)
+        steps = self.tokens - WARMUP
+        if steps < 1:
+            raise ValueError(f"decode_tokens: must exceed the {WARMUP} warm-up steps to time")
+        self.steps_timed = steps
+        # exactly the decode_tokens steps the cache holds: no sample past its capacity
+        timing = {**timing, "min_repeats": min(timing.get("min_repeats", 5), steps)}
+        timing.update(warmup=WARMUP, max_repeats=steps, min_seconds=math.inf, patience_s=None)
+        out = time_parts([self.step], device, **timing)
+        self.states = self.token = None
+        self.step_timing = out[-1]
+        return out
+
+    def row_fields(self) -> dict[str, Any]:
+        """The prefill's time, tokens per second, and the bytes a step must read (every
+        sequence's cache or state at the mean context, and the weights) over its time,
+        beside the copy bandwidth of the same device."""
+        assert self.prefill_timing is not None and self.step_timing is not None
+        itemsize = self.state_dtype.itemsize
+        state = self.b * self.model.state_bytes(context(self.cell), itemsize)
+        read = state + module_bytes(self.model)
+        step = self.step_timing.median
+        return {
+            "decode": {
+                "prefill_s": self.prefill_timing.median,
+                "prefill_iqr_s": self.prefill_timing.iqr,
+                "prefill_samples_s": list(self.prefill_timing.samples),
+                "prefill_chunk": self.chunk,
+                "steps": self.steps_timed,
+                "context": context(self.cell),
+                "tokens_per_s": self.b / step,
+                "read_bytes": read,
+                "state_read_bytes": state,
+                "bytes_per_s": read / step,
+                "copy_bytes_per_s": copy_bytes_per_s(self.device),
+                "timed_state_dtype": str(self.state_dtype).removeprefix("torch."),
+            }
+        }
+
+
+class Decode(Workload):
+    name = "decode"
+    doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
+    what = "decode step"
+    settings = ("decode_tokens", "state_dtype", "prefill_chunk")
+
+    def refuses(self, info: Info) -> str | None:
+        return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
+
+    def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
+        """A decoder is causal; the weights and one sequence's state at n + decode_tokens
+        must fit the memory the cell may use (else only an ``oom`` row could come of it)."""
+        if not params.get("causal"):
+            raise ValueError(
+                f"causal: mode=decode runs the causal model; set causal=true, got "
+                f"attention={cell.attention} without it"
+            )
+        from attnbench.workload import encoder
+
+        model = encoder(cell, params, "meta").to(DTYPES[cell.dtype])
+        itemsize = DTYPES[cell.state_dtype if cell.state_dtype != "auto" else cell.dtype].itemsize
+        need = module_bytes(model) + model.state_bytes(cell.n + cell.decode_tokens, itemsize)
+        if need > usable:
+            raise ValueError(
+                f"n: a context of n={cell.n} plus decode_tokens={cell.decode_tokens} needs "
+                f"{need} bytes at batch 1 (weights and one sequence's state), above the "
+                f"{usable} bytes {cell.device} leaves usable; allowed: a shorter context"
+            )
+
+    def label(self, cell: Cell) -> str:
+        kv = f", kv_heads={cell.kv_heads}" if getattr(cell, "kv_heads", None) else ""
+        if not kv and isinstance(getattr(cell, "model", None), dict):
+            kv = f", kv_heads={cell.model['kv_heads']}" if "kv_heads" in cell.model else ""
+        state = f", state={cell.state_dtype}" if cell.state_dtype not in (None, "auto") else ""
+        return f"decode({cell.decode_tokens} tokens{kv}{state})"
+
+    def caption(self, row: Any) -> str:
+        return f"serving, {self.label(row)} (the paper has no serving table)"
+
+    def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
+        return (b, 1, cell.d_model)  # one token per sequence; each prompt is made in the work
+
+    def cpu_batch(self, cell: Cell) -> int:
+        """Decode's cost depends on the batch: a number is timed at that batch; ``max``
+        (a device's max batch, far beyond a CPU) at ``timing.cpu_batch``."""
+        return cell.batch if isinstance(cell.batch, int) else cell.cpu_batch
+
+    def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
+        return DecodeWork(model, cell, x, device)
+
+    def flops(self, model: nn.Module, cell: Cell) -> tuple[int, int | None]:
+        """Per generated token and sequence, at the mean context of the timed steps."""
+        return model.step_flops(1, context(cell)), None
+
+    def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
+        """The bytes one sequence keeps at n + decode_tokens, every layer, in the state's
+        dtype on the cell's device (``model`` is in the cell's dtype)."""
+        dtype = state_dtype(cell, next(model.parameters()).dtype)
+        return {"state_bytes": model.state_bytes(cell.n + cell.decode_tokens, dtype.itemsize)}
+
+    def cost_s(
+        self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
+    ) -> tuple[float, float]:
+        """A step: its FLOPs at the GEMM rate or its bytes at the copy bandwidth, whichever
+        is longer (a step is memory-bound); the timing: every prefill and every step."""
+        itemsize = 4  # the CPU times fp32
+        weights = sum(p.numel() for p in model.parameters()) * itemsize
+        read = b * model.state_bytes(context(cell), itemsize) + weights
+        flops = model.step_flops(b, context(cell))
+        step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
+        prefill = model.flops(1, cell.n) / flops_per_s
+        prefills = max(b, 2 + cell.min_repeats)
+        return step, prefill * prefills + step * cell.decode_tokens
+
+
+DECODE = register(Decode())
