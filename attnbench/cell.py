@@ -163,7 +163,9 @@ def check_k(attention: str, n: int, k: int | None) -> None:
 def left_out(cell: Cell) -> str | None:
     """Why a sweep leaves this cell out, or None: a fixed-length mechanism at ``k >= n`` (``k``
     or its budget set among its parameters) projects nothing away (Linformer's k < n, as in
-    the paper's Table 3), and a mechanism with no causal form has no ``causal=true`` cell.
+    the paper's Table 3), a mechanism with no causal form has no ``causal=true`` cell, one
+    without grouped-query heads no ``kv_heads`` cell, and one the workload refuses (decode:
+    no incremental form) no cell of that mode.
     Performer's number of features is free. A single cell at k = n is still measured; a
     single causal cell of such a mechanism is refused by :func:`validate`."""
     info = attnbench.info(cell.attention)
@@ -172,6 +174,10 @@ def left_out(cell: Cell) -> str | None:
         return f"k={k} >= n={n}"
     if dict(cell.params).get("causal") and not info.causal:
         return "has no causal form"
+    if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
+        return "has no grouped-query form"
+    if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
+        return why
     return None
 
 

@@ -195,6 +195,8 @@ def decode(name: str, value: Any) -> None:
     json_value(name, value)
     for key, v in value.items():
         where = f"{name}.{key}"
+        if v is None:  # no prefill timed (filled_by: random)
+            continue
         if key in DECODE_SECONDS or key in DECODE_RATES:
             seconds(where, v)
         elif key in DECODE_COUNTS:

@@ -172,7 +172,10 @@ FIELDS: tuple[Field, ...] = (
        " rows: `gpu_others_bytes` (GPU memory not held by torch's allocator: other processes"
        " and the CUDA context)", column="nested"),
     _f("decode", dict[str, Any] | None, decode, "", "time", "decode rows: `prefill_s`,"
-       " `prefill_iqr_s`, `prefill_samples_s` (one sequence's prompt), `prefill_chunk`, `steps`"
+       " `prefill_iqr_s`, `prefill_samples_s` (one sequence's prompt; null where `filled_by`"
+       " is `random`: a CPU could not prefill within time_budget_s and timed the steps over"
+       " random states),"
+       " `prefill_chunk`, `steps`"
        " timed, `context` (mean tokens a timed step sees), `tokens_per_s`, `read_bytes` (what a"
        " step must read: caches or states and weights), `state_read_bytes`, `bytes_per_s`"
        " (achieved), `copy_bytes_per_s` (the device's copy bandwidth, same process),"

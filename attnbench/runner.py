@@ -54,7 +54,9 @@ def _feed(work: Work, cell: Cell, b: int, device: str) -> None:
 def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
     """The tracked peak of ``work`` (on meta) at batch b above ``fixed`` bytes plus its input."""
     _feed(work, cell, b, "meta")
-    return tracked_peak(work, fixed + rounded(work.x.nbytes), grad=cell.workload.grad)
+    base = fixed + rounded(work.x.nbytes)
+    own = work.modeled_peak(base)
+    return own if own is not None else tracked_peak(work, base, grad=cell.workload.grad)
 
 
 class MemoryModel:
@@ -253,6 +255,9 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
 def _time_on_cpu(cell: Cell, res: Resolved, row: Row, model: torch.nn.Module) -> None:
     workload = cell.workload
     b = workload.cpu_batch(cell)
+    if b is None:
+        row.reason = f"time not measured: {workload.no_cpu_time}"
+        return
     rate, busy = cpu_matmul_rate()
     estimate, work = workload.cost_s(model, cell, b, rate)  # a step, and the whole timing
     if work > cell.time_budget_s:

@@ -94,8 +94,9 @@ class MultiHeadAttention(nn.Module):
 
         A state has ``slot(i)``: sequence i's part, emptied, as a state of batch 1 whose
         tensors are views of the whole's (a serving engine prefills one new sequence into
-        its slot while the others stay resident), and ``admit(part)``: once every slot is
-        filled, the whole takes the part's position."""
+        its slot while the others stay resident), ``admit(part)``: once every slot is
+        filled, the whole takes the part's position, and ``seek(length)``: the whole at
+        ``length`` tokens as if filled (the memory model's shortcut on meta tensors)."""
         raise NotImplementedError(f"{type(self).__name__} has no incremental form")
 
     def extend(self, x: Tensor, state: Any, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -105,7 +106,10 @@ class MultiHeadAttention(nn.Module):
         in chunks), a decode step ``extend`` by one token; both equal the causal forward over
         the whole sequence. ``key_padding_mask`` (b, c), True = padding: attnbench pads
         prompts of different lengths on the left, so that every sequence's next token is at
-        the same position."""
+        the same position. Only a layer built with ``causal=true`` extends: its forward is
+        what the incremental form equals."""
+        if not getattr(self.cfg, "causal", False):
+            raise ValueError(f"{type(self).__name__}: extend needs a layer built with causal=true")
         self._check(x, key_padding_mask)
         return self.out_proj(self.extend_attend(x, state, key_padding_mask))
 

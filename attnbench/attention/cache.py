@@ -60,6 +60,11 @@ class KVCache:
         self.padded[i] = False
         return KVCache(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
 
+    def seek(self, length: int) -> None:
+        """The whole batch at ``length`` tokens as if every slot were filled: the memory
+        model's shortcut to a decode step's shapes (on meta, contents do not matter)."""
+        self.length = length
+
     def admit(self, part: KVCache) -> None:
         """After every slot was filled: the batch is at ``part``'s position."""
         self.length = part.length

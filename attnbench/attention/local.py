@@ -83,6 +83,12 @@ class Ring:
         self.padded[i] = True
         return Ring(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
 
+    def seek(self, length: int) -> None:
+        """The whole batch at ``length`` tokens as if every slot were filled (the memory
+        model's shortcut to a decode step's shapes)."""
+        self.length = length
+        self.padded[:, : min(length, self.size)] = False
+
     def admit(self, part: Ring) -> None:
         """After every slot was filled: the batch is at ``part``'s position."""
         self.length = part.length
@@ -222,8 +228,6 @@ class LocalAttention(MultiHeadAttention):
         return 4 * b * min(self.cfg.window, n) * self.d_model
 
     def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
-        if not self.cfg.causal:  # the non-causal band sees w/2 later tokens
-            raise ValueError("local: extend needs causal=true (the band sees later tokens)")
         b, c, d = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, c, d)
         if key_padding_mask is not None:  # zeroed: a non-finite padded value cannot leak

@@ -205,8 +205,6 @@ class PerformerAttention(MultiHeadAttention):
     def extend_attend(
         self, x: Tensor, state: RecurrentState, key_padding_mask: Tensor | None
     ) -> Tensor:
-        if not self.cfg.causal:  # the non-causal key features use the whole sequence's max
-            raise ValueError("performer: extend needs causal=true (its key features)")
         q_f, k_f, v = self._causal_features(x, key_padding_mask)
         if x.shape[1] == 1:
             out = recurrent_step(q_f, k_f, v, state)

@@ -65,6 +65,9 @@ class RecurrentState:
         self.z[i].zero_()
         return RecurrentState(self.s[i : i + 1], self.z[i : i + 1])
 
+    def seek(self, length: int) -> None:
+        """A recurrent state has no position: nothing to set."""
+
     def admit(self, part: RecurrentState) -> None:
         """After every slot was filled: nothing to take, a recurrent state has no position."""
 

@@ -335,13 +335,17 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     if left_out:
         print(
             f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
-            f"mechanism, or causal=true without a causal form), e.g. {left_out[0]}",
+            f"mechanism, causal=true without a causal form, kv_heads without grouped-query "
+            f"heads, or a mode the mechanism cannot run), e.g. {left_out[0]}",
             file=sys.stderr,
         )
     for line in once:
         print(f"attnbench run: {line}", file=sys.stderr)
     if not plan:
-        raise ValueError("k: every combination has k >= n or no causal form; nothing to run")
+        raise ValueError(
+            "k: every combination has k >= n, no causal form, no grouped-query heads or a mode "
+            "its mechanism cannot run; nothing to run"
+        )
     for d in sorted({Path(d) for d, _ in plan}):  # Hydra's output directory first
         check_writable("out_dir", d.parent / ".hydra")
         check_writable("out_dir", d)

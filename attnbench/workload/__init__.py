@@ -59,6 +59,12 @@ class Work:
         """Tensors a first step made that every later step keeps (an optimizer's state)."""
         return []
 
+    def modeled_peak(self, base: int) -> int | None:
+        """The step's peak on meta above nothing, ``base`` bytes counted live, where tracking
+        one call of it is not the figure (decode: the larger of two scenarios); None: the
+        runner tracks one call."""
+        return None
+
     def time(self, device: torch.device, **timing: Any) -> list[Timing]:
         """Time the step: one :class:`~attnbench.measure.timing.Timing` per part, then the
         whole step's (``time_parts``' contract); ``timing`` are its keyword arguments."""
@@ -103,9 +109,12 @@ class Workload:
         """The step's input at batch b: b sequences of n embeddings."""
         return (b, cell.n, cell.d_model)
 
-    def cpu_batch(self, cell: Cell) -> int:
-        """The batch a CPU times when the preset's GPU is not here (``timing.cpu_batch``)."""
+    def cpu_batch(self, cell: Cell) -> int | None:
+        """The batch a CPU times when the preset's GPU is not here (``timing.cpu_batch``);
+        None: this cell's time needs the preset's GPU (the reason is :attr:`no_cpu_time`)."""
         return cell.cpu_batch
+
+    no_cpu_time = ""  # why a cell whose cpu_batch is None is not timed on a CPU
 
     def cost_s(
         self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
