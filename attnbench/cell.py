@@ -276,16 +276,16 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
         raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
     if cell.batch != "max":
         check_int("batch", cell.batch)
+    work = cell.workload  # an unknown mode: one line naming the workloads
+    if why := work.refuses(attnbench.info(cell.attention)):  # before causal: decode sets it
+        raise ValueError(f"mode: attention={cell.attention} {why}")
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
     check_causal(cell)
-    work = cell.workload  # an unknown mode: one line naming the workloads
     # every workload's settings are checked on every cell: a typo never passes silently
     check_choice("optimizer", cell.optimizer, OPTIMIZERS)
     check_bool("checkpoint", cell.checkpoint)
     check_decode_settings(cell)
-    if why := work.refuses(attnbench.info(cell.attention)):
-        raise ValueError(f"mode: attention={cell.attention} {why}")
     check_choice("task", cell.task, TASKS)
     if cell.task != "cost" and cell.mode != DEFAULT_MODE:
         raise ValueError(

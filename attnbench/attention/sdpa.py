@@ -77,8 +77,13 @@ class SDPAAttention(MultiHeadAttention):
         if first and not state.has_padding:  # a whole prompt: is_causal keeps flash eligible
             return self.merge_heads(self._sdpa(q, keys, values, None, c > 1))
         blocked = state.blocked(c)  # None for one token without padding
-        allowed = None if blocked is None else ~blocked
-        return self.merge_heads(self._sdpa(q, keys, values, allowed, False))  # (b, c, d)
+        bias = None
+        if blocked is not None:  # additive, made here: sdpa would convert a boolean mask
+            # inside the kernel call, an allocation the memory model (which keeps sdpa
+            # whole) cannot see; made here, both it and the profiler count it
+            bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device)
+            bias.masked_fill_(blocked, float("-inf"))
+        return self.merge_heads(self._sdpa(q, keys, values, bias, False))  # (b, c, d)
 
     def state_bytes(self, n: int, itemsize: int) -> int:
         return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)
