@@ -209,10 +209,14 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
+BUILTINS = ("inference", "train", "decode")  # the order they are listed in
+
+
 def names() -> list[str]:
     """Every workload's name, built-ins first, then plugins' in the order they registered."""
     load_plugins()
-    return list(_WORKLOADS)
+    rank = {name: i for i, name in enumerate(BUILTINS)}
+    return sorted(_WORKLOADS, key=lambda name: rank.get(name, len(rank)))
 
 
 def get(name: str) -> Workload:
