@@ -5,7 +5,11 @@ Its cells — mechanisms, their parameters, n, k, batch, dtype — are expanded 
 as ``attnbench run``'s sweeps (:mod:`attnbench.sweep.config`), so a suite cannot mean one
 thing to the gate and another to a sweep. What the gate does with a cell differs: it times
 one attention layer of the model's width (d_model, n_heads) in a worker process with
-``check.threads`` threads, not the whole encoder as ``attnbench run`` does.
+``check.threads`` threads, not the whole encoder as ``attnbench run`` does. The gate adds
+cells of its own per mechanism: a training cell (its backward alone) at each n of
+``check.train_n``, and a decode cell (one decode step of the causal layer at context n,
+:func:`attnbench.check.worker._decode`) at each n of ``check.decode_n``; a mechanism that
+cannot train or decode has that cell listed as skipped, with its reason.
 """
 
 from __future__ import annotations
@@ -31,15 +35,17 @@ class SuiteCell:
     d_model: int
     n_heads: int
     threshold: float
-    mode: str = "inference"  # or "train": the layer's backward (worker._timer)
+    # or "train": the layer's backward; "decode": one decode step at context n (worker._timer)
+    mode: str = "inference"
 
     @property
     def name(self) -> str:
         """``linformer (k=128, sharing=layerwise) n=256 b=1``: the mechanism's one label
         (:func:`attnbench.cell.label`, as in reports) with the shape, and ``backward`` for a
-        training cell. Samples, stored baselines and the result JSON are keyed by it."""
-        train = " backward" if self.mode == "train" else ""
-        return f"{label(self.attention, self.params)} n={self.n} b={self.batch}{train}"
+        training cell, ``decode`` for a decode cell. Samples, stored baselines and the
+        result JSON are keyed by it."""
+        suffix = {"train": " backward", "decode": " decode"}.get(self.mode, "")
+        return f"{label(self.attention, self.params)} n={self.n} b={self.batch}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ def load_suite(
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}; a check suite times a fixed batch") from None
         params = cell.mechanism_params()
-        sc = SuiteCell(
+        base = SuiteCell(
             cell.attention,
             params,
             cell.n,
@@ -106,11 +112,20 @@ def load_suite(
             cell.n_heads,
             threshold_for(settings, cell.attention, cell.n, params),
         )
-        # a training cell too (the layer's backward) at the n that check.train_n names
-        trains = [sc] + (
-            [replace(sc, mode="train")] if cell.n in settings.get("train_n", []) else []
-        )
-        for sc in trains:
+        # a training cell too (the layer's backward) at the n that check.train_n names, and
+        # a decode cell (one decode step of a causal layer) at each n of check.decode_n
+        extra = [replace(base, mode="train")] if cell.n in settings.get("train_n", []) else []
+        extra += [
+            replace(
+                base,
+                n=n,
+                mode="decode",
+                threshold=threshold_for(settings, cell.attention, n, params),
+            )
+            for n in settings.get("decode_n", [])
+            if left_out(replace(cell, n=n)) is None  # Linformer at k >= n, as a sweep
+        ]
+        for sc in [base, *extra]:
             if any(c.name == sc.name for c in cells) or any(c == sc.name for c, _ in skipped):
                 continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
             info_ = info(cell.attention)
@@ -144,11 +159,12 @@ def check_settings(s: dict[str, Any]) -> None:
         raise ValueError(
             f"rounds: must be at least {fewest} for alpha={s['alpha']:g}, got {s['rounds']}"
         )
-    train_n = s.get("train_n", [])
-    if not isinstance(train_n, list):
-        raise ValueError(f"train_n: must be a list of n, got {train_n!r}")
-    for n in train_n:
-        check_int("train_n", n)
+    for key in ("train_n", "decode_n"):
+        ns = s.get(key, [])
+        if not isinstance(ns, list):
+            raise ValueError(f"{key}: must be a list of n, got {ns!r}")
+        for n in ns:
+            check_int(key, n)
     paths = s.get("pythonpath")
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
         raise ValueError(f"pythonpath: must be a list of paths, got {paths!r}")

@@ -219,7 +219,7 @@ def table(results: list[CellResult], a_name: str, b_name: str, confidence: float
         "p",
         "limit",
         "verdict",
-        title="attnbench check: time per forward, median of the samples",
+        title="attnbench check: time per forward (backward, decode step), median of the samples",
     )
     colour = {"regressed": "bold red", "broken": "bold red", "improved": "green", "busy": "yellow"}
     for r in results:

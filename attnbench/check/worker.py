@@ -4,7 +4,9 @@ Run as a script (``python worker.py ROOT``) with ``PYTHONPATH`` pointing into on
 tree, so that ``import attnbench`` (and any plugin named by ``$ATTNBENCH_PLUGINS``) is that
 version's code, not the code that drives the check. It therefore uses only what every
 version of attnbench has — ``attnbench.create`` and ``attnbench.names`` — and imports
-nothing else of the package.
+nothing else of the package; a decode cell also asks the layer for its incremental form
+(``new_state``, ``extend``, the state's ``seek``), which a version without it does not
+have: that version reports the cell as one it cannot build, never a crash.
 
 Protocol, one JSON object per line. In: ``{"op": "setup", "cells": [...], "device", "threads",
 "warmup"}``, then ``{"op": "time", "cell": i, "reps": m}`` any number of times; the end of
@@ -35,10 +37,12 @@ def _timer(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
     """``timed(reps)``: seconds per repeat of what the cell times. A forward cell: the
     layer's forward under inference_mode. A training cell: its backward alone (the forward
     before each is not timed: the forward cells time that), so that a backward 15 % slower
-    reads as 15 %, not diluted by an unchanged forward. Plain torch, so that it times any
-    version's layer alike."""
+    reads as 15 %, not diluted by an unchanged forward. A decode cell: one decode step
+    (:func:`_decode`). Plain torch, so that it times any version's layer alike."""
     import torch
 
+    if cell.get("mode") == "decode":
+        return _decode(layer, x, cell, sync)
     if cell.get("mode") != "train":
 
         def forward(reps: int) -> float:
@@ -68,6 +72,63 @@ def _timer(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
         return spent / reps
 
     return backward
+
+
+def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
+    """``timed(reps)`` of a decode cell: seconds per decode step, ``layer.extend`` of one
+    token (b, 1, d) — ``x`` — on a state at position n, each step timed alone.
+
+    The state (capacity n + 1, the layer's dtype) is put at position n by ``seek(n)`` and
+    filled with random values in (0, 1) from a fixed seed, as ``mode=decode`` fills a
+    state it does not prefill (never zeros: a recurrent state's normaliser must be
+    positive); no prefill is run, as a step's time depends on its shapes, not on the values
+    it reads. Each sample starts from those very contents, and every step is rewound to n
+    first (``seek`` is not timed), so that every step of every sample, in either version,
+    is the same work: one token attending over n earlier ones. A version whose layer or
+    state lacks the incremental form raises here, which :func:`main` reports as a cell
+    this version cannot build."""
+    import torch
+
+    missing = [m for m in ("new_state", "extend") if not callable(getattr(layer, m, None))]
+    if missing:
+        raise RuntimeError(
+            f"this version has no incremental form (no {', '.join(missing)}): "
+            "no decode step to time"
+        )
+    n, b = cell["n"], cell["batch"]
+    param = next(layer.parameters())
+    with torch.inference_mode():
+        state = layer.new_state(b, n + 1, param.dtype, param.device)
+        if not callable(getattr(state, "seek", None)):
+            raise RuntimeError(
+                f"this version's decode state ({type(state).__name__}) has no seek(length) "
+                "to rewind it: no decode step at a fixed context to time"
+            )
+        state.seek(n)
+        gen = torch.Generator().manual_seed(2)
+        for value in vars(state).values():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                value.copy_(torch.rand(value.shape, generator=gen, dtype=value.dtype))
+        saved = {k: v.clone() for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
+        plain = {k: v for k, v in vars(state).items() if not isinstance(v, torch.Tensor)}
+
+    def decode(reps: int) -> float:
+        spent = 0.0
+        with torch.inference_mode():
+            for k, v in saved.items():  # the same contents at the start of every sample
+                getattr(state, k).copy_(v)
+            for k, v in plain.items():
+                setattr(state, k, v)
+            for _ in range(reps):
+                state.seek(n)
+                sync()
+                t = time.perf_counter()
+                layer.extend(x, state)
+                sync()
+                spent += time.perf_counter() - t
+        return spent / reps
+
+    return decode
 
 
 def main(root: str) -> int:
@@ -105,19 +166,24 @@ def main(root: str) -> int:
             for i, c in enumerate(msg["cells"]):
                 try:
                     torch.manual_seed(i)  # the same weights in both versions
+                    # a decode cell's layer is the causal one (only that one extends), its
+                    # input one token of each sequence, at position n (the n + 1st token)
+                    decode = c.get("mode") == "decode"
+                    causal = {"causal": True} if decode else {}
                     layer = (
                         attnbench.create(
                             c["attention"],
                             d_model=c["d_model"],
                             n_heads=c["n_heads"],
-                            max_seq_len=c["n"],
-                            **c["params"],
+                            max_seq_len=c["n"] + decode,
+                            **{**c["params"], **causal},
                         )
                         .to(device)
                         .eval()
                     )
                     g = torch.Generator().manual_seed(i)
-                    x = torch.randn(c["batch"], c["n"], c["d_model"], generator=g).to(device)
+                    tokens = 1 if decode else c["n"]
+                    x = torch.randn(c["batch"], tokens, c["d_model"], generator=g).to(device)
                     timed = _timer(layer, x, c, sync)
                     if msg["warmup"]:
                         timed(msg["warmup"])

@@ -26,13 +26,13 @@ functions of rows, like :mod:`attnbench.report.tables`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench import cell
 from attnbench.report.grid import Grid
-from attnbench.report.ratio import BUSY, group, ratio, setting
+from attnbench.report.ratio import BUSY, compared, group, name, ratio, setting
+from attnbench.report.ratio import baselines as baseline_rows
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -50,6 +50,9 @@ class Length:
     between: tuple[int, int] | None  # the swept n on either side of an interpolated crossing
     compared: tuple[int, ...]  # the n at which both had a figure
     note: str = ""  # e.g. "behind again at n = 8192"
+    # the n compared before it is first ahead whose ratio is under 1: the baseline ahead
+    # there (serving: a fixed state bigger than the cache at short n)
+    behind: tuple[int, ...] = ()
 
 
 def _ahead(v: float | None) -> bool:
@@ -80,27 +83,35 @@ def crossing(
     return n, f"≈ {round(n)}", (n0, n1), note
 
 
+def budgeted(row: Row) -> str:
+    """A mechanism's name in the table: :func:`~attnbench.report.ratio.name` and its k."""
+    return name(row) + (f" k={row.k}" if row.k else "")
+
+
 def efficiency_lengths(
-    rows: Iterable[Row | dict[str, Any]], baselines: Iterable[str] = ("vanilla", "sdpa")
+    rows: Iterable[Row | dict[str, Any]],
+    baselines: Iterable[str] = ("vanilla", "sdpa"),
+    *,
+    kinds: Iterable[str] = KINDS,
+    label: Callable[[Row], str] = budgeted,
 ) -> list[Length]:
     """Every mechanism's efficiency length against each baseline the rows hold, per
-    setting; in the rows' order of mechanisms."""
+    setting, for each of ``kinds``; in the rows' order of mechanisms, each named by
+    ``label`` (rows of one label and setting are one mechanism's points)."""
     rows = as_rows(rows)
     out: list[Length] = []
     for baseline in baselines:
-        base = {group(r): r for r in rows if r.attention == baseline}
+        base = baseline_rows(rows, baseline)
         if not base:
             continue
         groups: dict[tuple, list[Row]] = {}
-        for r in rows:
-            if r.attention != baseline:
-                name = cell.label(r.attention, r.params) + (f" k={r.k}" if r.k else "")
-                groups.setdefault((name, setting(r)), []).append(r)
+        for r in compared(rows, baseline):
+            groups.setdefault((label(r), setting(r)), []).append(r)
         settings = {k[1:] for k in base}
-        for (name, where), mrows in groups.items():
+        for (mech, where), mrows in groups.items():
             if where not in settings:  # no baseline row at this setting (say, causal)
                 continue
-            for kind in KINDS:
+            for kind in kinds:
                 points, busy = [], []
                 for r in sorted(mrows, key=lambda r: r.n):
                     b = base.get(group(r))
@@ -116,12 +127,14 @@ def efficiency_lengths(
                 if not points:  # never measured beside it (say, xformers without CUDA)
                     continue
                 n, text, between, note = crossing(points)
+                first = next((i for i, (_, v) in enumerate(points) if _ahead(v)), len(points))
+                behind = tuple(m for m, v in points[:first] if v is not None and v < 1)
                 if busy:
                     gone = ", ".join(map(str, busy))
                     note = "; ".join(filter(None, [note, f"n = {gone} left out: machine busy"]))
                 out.append(
                     Length(
-                        printable(name),
+                        printable(mech),
                         baseline,
                         kind,
                         n,
@@ -129,6 +142,7 @@ def efficiency_lengths(
                         between,
                         tuple(p[0] for p in points),
                         note,
+                        behind,
                     )
                 )
     return out
@@ -143,26 +157,44 @@ LEGEND = (
 )
 
 
-def grid(lengths: list[Length]) -> Grid:
+HEADS = {"time": "faster than {}", "memory": "larger max batch than {}"}
+
+
+def grid(
+    lengths: list[Length],
+    *,
+    title: str = TITLE,
+    heads: dict[str, str] = HEADS,
+    behind: str = "",
+    legend: tuple[str, ...] = (),
+) -> Grid:
     """The one table every format prints: a row per mechanism, a column per (kind,
-    baseline); plain text, each writer escapes it for its format."""
+    baseline), headed ``heads[kind]`` with the baseline's name; with ``behind`` (a heading
+    of the same form), a column per baseline of the n at which the mechanism's max batch
+    is under the baseline's before it is ahead. Plain text, each writer escapes it for its
+    format; ``legend`` adds notes under the table's own."""
     cols = list(dict.fromkeys((x.kind, x.baseline) for x in lengths))
+    if behind:
+        cols += [("behind", base) for kind, base in cols if kind == "memory"]
     names = list(dict.fromkeys(x.mechanism for x in lengths))
     at = {(x.mechanism, x.kind, x.baseline): x for x in lengths}
     head = ["mechanism"] + [
-        ("faster than " if kind == "time" else "larger max batch than ") + base
-        for kind, base in cols
+        (behind if kind == "behind" else heads[kind]).format(base) for kind, base in cols
     ]
     notes: list[str] = []
     body = []
-    for name in names:
-        cells = [name]
+    for mech in names:
+        cells = [mech]
         for kind, base in cols:
-            x = at.get((name, kind, base))
+            if kind == "behind":
+                x = at.get((mech, "memory", base))
+                cells.append("" if x is None else ", ".join(map(str, x.behind)))
+                continue
+            x = at.get((mech, kind, base))
             text = "" if x is None else x.text
             if x is not None and x.note:
-                notes.append(f"({len(notes) + 1}) {name}, {kind} against {base}: {x.note}")
+                notes.append(f"({len(notes) + 1}) {mech}, {kind} against {base}: {x.note}")
                 text += f" ({len(notes)})"
             cells.append(text)
         body.append(cells)
-    return Grid(TITLE, head, body, [LEGEND, *notes])
+    return Grid(title, head, body, [LEGEND, *legend, *notes])

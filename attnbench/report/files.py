@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench import row
-from attnbench.report import html, plots, sections, text
+from attnbench.report import html, plots, sections, serving, text
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
 from attnbench.report.replace import write as write
@@ -96,7 +96,8 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     rows = [r for p in (path, *more) for r in row.read(p) if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
-    cost = [r for r in rows if r.task == "cost"]  # quality rows have no time or memory
+    # quality rows have no time or memory; serving's have tables of their own
+    cost = [r for r in rows if r.task == "cost" and not serving.applies(r)]
     tables = ratio_tables(cost, baseline) if cost else []
     stemmed = list(zip(tables, _stems(tables), strict=True))
     made = [
@@ -145,10 +146,23 @@ INTRO = {
     sections.TABLE3: " Time ratio = {0} time per sequence / mechanism's; memory ratio = "
     "mechanism max batch / {0}'s; each model at its own max batch (Linformer paper, section "
     "5.3).",
+    sections.SERVING: " Serving (mode=decode): time-per-token ratio = {0}'s time per "
+    "generated token per sequence / the configuration's, at the same fixed batch; max-batch "
+    "ratio = the configuration's max batch / {0}'s; {0} with every head's cache and the same "
+    "state dtype is each configuration's baseline.",
     sections.QUALITY: " Quality rows: no time or memory ratios.",
 }
-# report.json's keys, in the order it has always had; each holds its sections' records
-RECORDS = ("tables", "efficiency_lengths", "quality")
+# report.json's keys, in the order it has always had; each holds its sections' records.
+# The first three are always there; the others only where a section of theirs applies
+RECORDS = (
+    "tables",
+    "efficiency_lengths",
+    "quality",
+    "serving_tables",
+    "serving_efficiency_lengths",
+    "serving_state",
+)
+ALWAYS = RECORDS[:3]
 
 
 def _intro(report: Report, document: str) -> str:
@@ -181,7 +195,8 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
         md[doc] = [f"# {text.markdown(title)}", "", text.markdown(_intro(report, doc)), ""]
         tex[doc] = [text.comment(title), r"% needs \usepackage{booktabs}", ""]
     page: list[tuple[str, list[str]]] = []
-    records: dict[str, list] = {key: [] for key in RECORDS}
+    present = {s.record for s in SECTIONS if s.record and any(map(s.applies, report.rows))}
+    records: dict[str, list] = {k: [] for k in RECORDS if k in ALWAYS or k in present}
     for section, parts in report.made:
         for part in parts:
             if isinstance(part.body, RatioTable):
@@ -204,7 +219,9 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     for doc in md:
         files[f"{doc}.md"] = "\n".join(md[doc]).encode()
         files[f"{doc}.tex"] = "\n".join(tex[doc]).encode()
-    intro = _intro(report, sections.TABLE3 if report.tables else sections.QUALITY)
+    docs = report.documents()
+    first = sections.SERVING if sections.SERVING in docs else sections.QUALITY
+    intro = _intro(report, sections.TABLE3 if report.tables else first)
     files["index.html"] = html.page(title, [intro], page).encode()
     head = {
         "run_dir": printable(str(report.run_dir)),

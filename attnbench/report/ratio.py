@@ -2,7 +2,10 @@
 length and plot of a report.
 
 Which rows are compared is :func:`group`: the same n, dtype, preset, ceiling, model, batch
-setting, machine and work. What is compared is :func:`ratio`, the paper's section 5.3:
+setting, machine and work; which row of a group is the baseline is :func:`is_baseline`: the
+baseline mechanism with its full cache of keys and values (no ``kv_heads``: a row with
+grouped-query heads is compared against it, never its own baseline). What is compared is
+:func:`ratio`, the paper's section 5.3:
 
 * time ratio   = baseline time per sequence ÷ mechanism time per sequence (speed-up)
 * memory ratio = mechanism max batch ÷ baseline max batch (memory saved)
@@ -25,35 +28,70 @@ SKIPPED = "–"  # the cell exists but this figure was not measured (footnote sa
 BUSY = "busy"  # timed, but on a contended CPU: no figure (attnbench.measure.contention)
 
 
+def kv_heads(row: Row) -> int | None:
+    """The row's grouped-query heads (``model.kv_heads``), None for a full cache."""
+    return (row.model or {}).get("kv_heads")
+
+
+def name(row: Row) -> str:
+    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`) and its
+    grouped-query heads (``sdpa (causal=True, kv_heads=3)``), as stored: two rows of one
+    name are one mechanism. :func:`label` is what a report prints of it."""
+    kv = kv_heads(row)
+    return cell.label(row.attention, {**(row.params or {}), **({"kv_heads": kv} if kv else {})})
+
+
 def label(row: Row) -> str:
-    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`), on one
-    line whatever its parameters' values hold (:func:`attnbench.row.printable`)."""
-    return printable(cell.label(row.attention, row.params))
+    """:func:`name` on one line whatever its parameters' values hold
+    (:func:`attnbench.row.printable`)."""
+    return printable(name(row))
 
 
 def group(row: Row) -> tuple:
     """What must match between a mechanism's row and its baseline's: the same n, dtype,
-    preset, ceiling, model, batch setting (``max`` or a fixed b), the same machine and the
-    same work: inference, or a training step with the same optimizer and checkpointing;
+    preset, ceiling, model (its grouped-query heads aside: they are the mechanism's, the
+    baseline keeps every head's keys and values), batch setting (``max`` or a fixed b), the
+    same machine and the same work: inference, a training step with the same optimizer and
+    checkpointing, or serving with the same tokens, cache or state dtype and prefill chunk;
     causal rows against a causal baseline (``causal`` is a mechanism parameter)."""
+    model = {k: v for k, v in (row.model or {}).items() if k != "kv_heads"}
     return (
         row.n,
         row.dtype,
         row.device,
         row.ceiling_bytes,
-        tuple(sorted((row.model or {}).items())),
+        tuple(sorted(model.items())),
         str(row.batch_asked),
         (row.env or {}).get("device_name"),
         row.mode,
         row.optimizer,
         row.checkpoint,
-        bool((row.params or {}).get("causal")),
+        row.decode_tokens,
+        row.state_dtype,
+        row.prefill_chunk,
+        bool((row.params or {}).get("causal")),  # last: a plot's label says it already
     )
+
+
+def is_baseline(row: Row, baseline: str) -> bool:
+    """Whether ``row`` is a baseline row: the ``baseline`` mechanism with its full cache.
+    A row with grouped-query heads is a mechanism of its own, compared against it."""
+    return row.attention == baseline and not kv_heads(row)
+
+
+def baselines(rows: list[Row], baseline: str) -> dict[tuple, Row]:
+    """The baseline row of each :func:`group` the rows hold."""
+    return {group(r): r for r in rows if is_baseline(r, baseline)}
 
 
 def setting(row: Row) -> tuple:
     """Everything of :func:`group` but n: rows of one setting form one table (or line)."""
     return group(row)[1:]
+
+
+def compared(rows: list[Row], baseline: str) -> list[Row]:
+    """The rows compared against the baseline: every row that is not a baseline row."""
+    return [r for r in rows if not is_baseline(r, baseline)]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ their format, so a new table or figure is one entry here, in every format at onc
 
 Tables go into a document, the Markdown and LaTeX file named after what it holds:
 ``table3`` (Table 3's ratios against the baseline, and the efficiency lengths read from
-them) or ``quality`` (the quality tasks' tables). Figures go to ``plots/`` and the page.
+them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`) or
+``quality`` (the quality tasks' tables). Figures go to ``plots/`` and the page.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report import efficiency, plots, quality, quality_plots
+from attnbench.report import efficiency, plots, quality, quality_plots, serving, serving_plots
 from attnbench.report.grid import Grid
 from attnbench.report.paper import Beside, beside, load_paper
 from attnbench.report.tables import RatioTable
 from attnbench.row import Row
 
 TABLE3 = "table3"
+SERVING = "serving"
 QUALITY = "quality"
 
 
@@ -65,7 +67,9 @@ class Section:
 
 
 def _cost(r: Row) -> bool:
-    return r.task == "cost"
+    """A row of Table 3's sections: a cost row of a workload other than serving's (decode
+    rows have sections of their own)."""
+    return r.task == "cost" and not serving.applies(r)
 
 
 def _causal(r: Row) -> bool:
@@ -117,6 +121,38 @@ def _ratios(basis: Basis) -> list[Part]:
     ]
 
 
+def _serving_ratios(basis: Basis) -> list[Part]:
+    """Serving's ratio tables, each with a CSV stem no Table 3 table has."""
+    used = {(stem, t.kind) for t, stem in basis.tables}
+    out = []
+    for t, stem in serving.serving_tables(basis.rows, basis.baseline):
+        stem = slug_free(stem, t.kind, used)
+        out.append(Part(f"{t.kind} ratio: {t.mechanism}", t, (record(t),), stem))
+    return out
+
+
+def slug_free(stem: str, kind: str, used: set[tuple[str, str]]) -> str:
+    """``stem``, or ``stem-2``, ``stem-3`` ... : the first not yet ``used`` for ``kind``
+    (two sets of serving rows, or a mechanism whose label slugs to ``serving``)."""
+    name, i = stem, 1
+    while (name, kind) in used:
+        i += 1
+        name = f"{stem}-{i}"
+    used.add((name, kind))
+    return name
+
+
+def _serving_lengths(basis: Basis) -> list[Part]:
+    return [
+        Part(
+            "serving efficiency length",
+            serving.lengths_table(lengths),
+            tuple(dataclasses.asdict(x) for x in lengths),
+        )
+        for lengths in serving.serving_lengths(basis.rows, basis.baseline)
+    ]
+
+
 def _paper(basis: Basis) -> list[Part]:
     paper = load_paper()
     out = []
@@ -149,6 +185,12 @@ def _speedups(basis: Basis) -> list[Part]:
 
 
 CAUSAL = " Causal (masked) attention."
+
+
+def _decode(r: Row) -> bool:
+    return serving.applies(r)
+
+
 TIME = "Time per sequence against n (log-log), one line per mechanism and k."
 BATCH = "Maximum batch size under the ceiling against n."
 
@@ -166,6 +208,12 @@ SECTIONS = (
             _grids(quality.listops_seeds_table), QUALITY, "quality"),
     Section("ratios", "Time and memory ratios against the baseline", _cost, _ratios, TABLE3,
             "tables"),
+    Section("serving", "Serving: time-per-token and max-batch ratios against the baseline",
+            _decode, _serving_ratios, SERVING, "serving_tables"),
+    Section("serving-efficiency", "Serving: efficiency lengths", _decode, _serving_lengths,
+            SERVING, "serving_efficiency_lengths"),
+    Section("serving-state", "Serving: state per sequence and achieved bandwidth", _decode,
+            _grids(serving.state_grids), SERVING, "serving_state"),
     Section("paper", "The ratios beside the paper's Table 3", _cost, _paper, TABLE3),
     Section("time-vs-n", TIME, lambda r: _cost(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),
@@ -182,6 +230,12 @@ SECTIONS = (
                 "device.",
             )),
     Section("speedup", "Speed-up heat maps", _cost, _speedups),
+    Section("serving-time-vs-n", "Serving: time per token against n", _decode,
+            _figure(serving_plots.time_per_token)),
+    Section("serving-state-vs-n", "Serving: state per sequence against n", _decode,
+            _figure(serving_plots.state_per_sequence)),
+    Section("serving-batch-vs-n", "Serving: max batch against n", _decode,
+            _figure(serving_plots.max_batch)),
     Section("approx-vs-budget", "Approximation error against the budget", _task("approx"),
             _figure(quality_plots.approx_vs_budget)),
     Section("spectrum-figures", "Figure 1: the spectrum of P", _task("spectrum"),

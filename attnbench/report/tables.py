@@ -22,8 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench import cell
-from attnbench.report.ratio import SKIPPED, group, ratio, setting
+from attnbench.report.ratio import SKIPPED, baselines, compared, group, name, ratio, setting
 from attnbench.row import Row, as_rows, printable, shorten
 from attnbench.workload import caption_of
 
@@ -33,14 +32,15 @@ MISSING = "-"  # no such cell (e.g. k >= n), as in the paper
 @dataclass(frozen=True)
 class RatioTable:
     """One of Table 3's two halves for one mechanism: ``text[(n, k)]`` is what to print,
-    ``value[(n, k)]`` the number behind it (None where there is none)."""
+    ``value[(n, k)]`` the number behind it (None where there is none). A table whose
+    columns are mechanisms rather than budgets (serving's) has their labels for ``ks``."""
 
     mechanism: str
     kind: str  # "time" or "memory"
     ns: tuple[int, ...]
-    ks: tuple[int, ...]
-    text: dict[tuple[int, int], str]
-    value: dict[tuple[int, int], float | None]
+    ks: tuple[Any, ...]  # budgets (int, None: no budget), or the columns' labels (str)
+    text: dict[tuple[int, Any], str]
+    value: dict[tuple[int, Any], float | None]
     footnotes: tuple[str, ...] = field(default=())
     context: str = ""
     attention: str = ""  # the registry name behind ``mechanism`` (which carries its params)
@@ -48,23 +48,31 @@ class RatioTable:
     mode: str = "inference"  # or "train": a training step's table (the paper has none)
 
 
-def heading(t: RatioTable, k: int | None) -> str:
-    """A column's heading: ``k=128``; ``ratio`` for a mechanism without a budget."""
+def heading(t: RatioTable, k: Any) -> str:
+    """A column's heading: ``k=128``; ``ratio`` for a mechanism without a budget; a
+    column's label as it is where columns are mechanisms."""
+    if isinstance(k, str):
+        return k
     return "ratio" if k is None else f"{t.column}={k}"
 
 
-def _context(rows: list[Row]) -> str:
+def context(rows: list[Row], work: str | None = None) -> str:
+    """What a table's rows were measured on, in a line under it: ``work`` first (else the
+    workload's caption), then the preset, machine, dtype, model, ceiling, batch, version
+    and date of its first row."""
     first = rows[0]
     model = first.model or {}
     env = first.env or {}
-    shape = ", ".join(f"{k} {v}" for k, v in model.items())
+    # grouped-query heads are the mechanism's (its label says them), not the model's shape
+    shape = ", ".join(f"{k} {v}" for k, v in model.items() if k != "kv_heads")
     date = ""
     if first.finished_at:
         when = datetime.datetime.fromtimestamp(first.finished_at, datetime.timezone.utc)
         date = when.strftime("%Y-%m-%d")
     batch = str(first.batch_asked)
-    caption = caption_of(first)
-    work = f"{caption}, " if caption else ""
+    if work is None:
+        caption = caption_of(first)
+        work = f"{caption}, " if caption else ""
     return printable(
         work + f"preset {first.device}, run on {env.get('device_name', '?')}, {first.dtype}, "
         f"model {shape}, ceiling {first.ceiling_bytes} bytes, "
@@ -79,7 +87,7 @@ def ratio_tables(
 ) -> list[RatioTable]:
     """Time and memory ratio tables for every mechanism other than ``baseline``."""
     rows = as_rows(rows)
-    base = {group(r): r for r in rows if r.attention == baseline}
+    base = baselines(rows, baseline)
     if not base:
         have = sorted({r.attention for r in rows})
         raise ValueError(
@@ -90,38 +98,57 @@ def ratio_tables(
     # ceilings) gives two tables, never one that silently mixes them; grouped by the label
     # as stored, so that two values that print alike ("a\nb" and "a\\nb") stay apart
     by_mech: dict[tuple, list[Row]] = {}
-    for r in rows:
-        if r.attention != baseline:
-            by_mech.setdefault((cell.label(r.attention, r.params), setting(r)), []).append(r)
+    for r in compared(rows, baseline):
+        by_mech.setdefault((name(r), setting(r)), []).append(r)
     tables = []
     for (raw, where), mrows in by_mech.items():
         mech = printable(raw)
         ns = tuple(sorted({r.n for r in mrows} | {b[0] for b in base if b[1:] == where}))
         # a mechanism without a budget (sdpa, xformers) gets one column, headed "ratio"
         ks = tuple(sorted({r.k for r in mrows if r.k is not None})) or (None,)
+        cells = {(r.n, r.k): r for r in mrows}
         for kind in ("time", "memory"):
-            tables.append(_table(mech, kind, ns, ks, mrows, base))
+            text, value, notes = fill(kind, ns, ks, cells, base, baseline)
+            tables.append(
+                RatioTable(
+                    mech,
+                    kind,
+                    ns,
+                    ks,
+                    text,
+                    value,
+                    notes,
+                    context(mrows),
+                    attention=mrows[0].attention,
+                    column=mrows[0].budget or "k",
+                    mode=mrows[0].mode,
+                )
+            )
     return tables
 
 
-def _table(
-    mech: str,
+def fill(
     kind: str,
     ns: tuple[int, ...],
-    ks: tuple[int, ...],
-    mrows: list[Row],
+    columns: tuple[Any, ...],
+    cells: dict[tuple[int, Any], Row],
     base: dict[tuple, Row],
-) -> RatioTable:
-    text: dict[tuple[int, int], str] = {}
-    value: dict[tuple[int, int], float | None] = {}
+    baseline: str,
+) -> tuple[dict[tuple[int, Any], str], dict[tuple[int, Any], float | None], tuple[str, ...]]:
+    """A ratio table's cells, ``text`` and ``value`` by (n, column), and its footnotes: each
+    row of ``cells`` against its baseline in ``base`` (:func:`~attnbench.report.ratio.
+    baselines`) by :func:`~attnbench.report.ratio.ratio`; ``-`` where there is no row, a
+    footnoted ``–`` where its baseline has none. One footnote per distinct note, marked
+    in order."""
+    text: dict[tuple[int, Any], str] = {}
+    value: dict[tuple[int, Any], float | None] = {}
     notes: dict[str, str] = {}  # footnote text -> its mark
 
     def mark(note: str) -> str:  # a note quotes a row's reason and names: one line, always
         return notes.setdefault(printable(note), superscript(len(notes) + 1))
 
-    cells = {(r.n, r.k): r for r in mrows}
     for n in ns:
-        for k in ks:
+        for k in columns:
             r = cells.get((n, k))
             value[(n, k)] = None
             if r is None:
@@ -129,24 +156,12 @@ def _table(
                 continue
             b = base.get(group(r))
             if b is None:
-                text[(n, k)] = SKIPPED + mark(f"no {r.attention} baseline row at n={n}")
+                text[(n, k)] = SKIPPED + mark(f"no {baseline} baseline row at n={n}")
                 continue
             got = ratio(kind, r, b)
             text[(n, k)] = got.text + "".join(map(mark, got.notes))
             value[(n, k)] = got.value
-    return RatioTable(
-        mech,
-        kind,
-        ns,
-        ks,
-        text,
-        value,
-        tuple(f"{m} {t}" for t, m in notes.items()),
-        _context(mrows),
-        attention=mrows[0].attention,
-        column=mrows[0].budget or "k",
-        mode=mrows[0].mode,
-    )
+    return text, value, tuple(f"{m} {t}" for t, m in notes.items())
 
 
 MARKS = "⁰¹²³⁴⁵⁶⁷⁸⁹"  # footnote marks are superscript digits

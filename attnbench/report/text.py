@@ -38,7 +38,7 @@ def to_markdown(t: RatioTable) -> str:
     lines = [
         title,
         "",
-        "| n | " + " | ".join("ratio" if k is None else str(k) for k in t.ks) + " |",
+        "| n | " + " | ".join("ratio" if k is None else markdown(str(k)) for k in t.ks) + " |",
         "|---:|" + "---:|" * len(t.ks),
     ]
     lines += [f"| {n} | " + " | ".join(markdown(t.text[(n, k)]) for k in t.ks) + " |" for n in t.ns]
@@ -127,9 +127,7 @@ def to_latex(t: RatioTable) -> str:
     lines = [
         r"\begin{tabular}{" + cols + "}",
         r"\toprule",
-        r"$n$ & "
-        + " & ".join("ratio" if k is None else f"${_tex_name(t.column)}={k}$" for k in t.ks)
-        + r" \\",
+        r"$n$ & " + " & ".join(_tex_heading(t, k) for k in t.ks) + r" \\",
         r"\midrule",
     ]
     lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\" for n in t.ns]
@@ -156,6 +154,13 @@ def latex_blocks(body: Grid | RatioTable | Beside) -> list[str]:
     if isinstance(body, Beside):
         return [to_latex(body.paper), "", to_latex(body.quotient), ""]
     return [to_latex(body), ""]
+
+
+def _tex_heading(t: RatioTable, k: object) -> str:
+    """A column's heading: ``$k=128$``, ``ratio``, or a mechanism's label, escaped."""
+    if isinstance(k, str):
+        return latex(k)
+    return "ratio" if k is None else f"${_tex_name(t.column)}={k}$"
 
 
 def _tex_name(name: str) -> str:

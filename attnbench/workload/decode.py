@@ -16,9 +16,9 @@ prefill of the whole batch at once would make exact attention look prefill-bound
 scores) where serving is bound by its cache. One :class:`DecodeWork` call is that scenario:
 the memory model tracks it on meta, and on a GPU it is the real probe.
 
-**Timing**: the prefill of one sequence (its n tokens, in chunks) is timed apart, every slot
-is filled, then each of the ``decode_tokens`` steps is timed (the first two not counted):
-the row's time is the median step, never including the prefill.
+**Timing**: the prefill of one sequence (its n tokens, in chunks) is timed apart, the other
+slots take a copy of its state, then each of the ``decode_tokens`` steps is timed (the first
+two not counted): the row's time is the median step, never including the prefill.
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ class DecodeWork(Work):
         self.prefill_timing: Timing | None = None
         self.step_timing: Timing | None = None
         self.steps_timed = 0
-        self.b = x.shape[0]
         self._prefill_transient: int | None = None
+
+    @property
+    def b(self) -> int:
+        """The batch: the runner feeds a new ``x`` for each batch it probes."""
+        return self.x.shape[0]
 
     def _new_states(self) -> None:
         self.states = None  # the last ones go first
@@ -175,9 +179,10 @@ class DecodeWork(Work):
         return max(tracked_peak(lambda s=s: chunk_at(s), 0) for s in sorted(starts)) - own
 
     def time(self, device: torch.device, **timing: Any) -> list[Timing]:
-        """The prefill of one sequence timed apart (``timing``'s repeats), every slot then
-        filled, then each decode step timed: ``decode_tokens`` steps, the first
-        :data:`WARMUP` not counted. Returns the steps' timing (the row's time)."""
+        """The prefill of one sequence timed apart (a warm-up and three repeats), the other
+        slots then filled with copies of its state, then each decode step timed:
+        ``decode_tokens`` steps, the first :data:`WARMUP` not counted. Returns the steps'
+        timing (the row's time)."""
         self._new_states()
         prompt = self._prompt()
         slots = itertools.count()
@@ -191,8 +196,7 @@ class DecodeWork(Work):
         else:  # a few prefills: one sequence's prompt is a long step, its time secondary
             prefill = {**timing, "min_repeats": 3, "min_seconds": 0.0, "patience_s": None}
             self.prefill_timing = time_parts([prefill_next], device, **{**prefill, "warmup": 1})[0]
-            for i in range(next(slots), self.b):  # slots the timing did not reach
-                parts[:] = self.prefill(i, prompt)
+            self._copy_first(min(next(slots), self.b))
             self._admit(parts)
         steps = self.tokens - WARMUP
         if steps < 1:
@@ -205,6 +209,16 @@ class DecodeWork(Work):
         self.states = self.token = None
         self.step_timing = out[-1]
         return out
+
+    def _copy_first(self, start: int) -> None:
+        """Slots ``start`` … b − 1 take a copy of slot 0's prefilled state: the same bytes
+        as prefilling each (a step reads them alike), without b prefills of n tokens (an
+        H100's max batch at n = 131072 is thousands of sequences)."""
+        assert self.states is not None
+        for state in self.states:
+            for value in vars(state).values():
+                if isinstance(value, Tensor) and value.shape[0] > start:
+                    value[start:] = value[:1]
 
     def _random_fill(self) -> None:
         """Every slot at position n with random contents in (0, 1) (never zeros, and a
@@ -324,7 +338,7 @@ class Decode(Workload):
         flops = model.step_flops(b, context(cell))
         step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
         steps = step * cell.decode_tokens
-        prefills = model.flops(1, cell.n) / flops_per_s * max(b, 4)  # a warm-up, 3 timed
+        prefills = model.flops(1, cell.n) / flops_per_s * 4  # a warm-up, 3 timed; then copies
         if steps + prefills <= cell.time_budget_s:
             _NO_PREFILL.discard(cell)
             return step, steps + prefills

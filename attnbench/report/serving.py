@@ -1,0 +1,292 @@
+"""Serving (``mode=decode``): the report's serving tables, pure functions of rows.
+
+A decode row's time is one generated token of each of ``time_batch`` sequences (its
+``time_per_seq_s``: per token per sequence), its ``max_batch`` (``batch=max`` rows) the most
+sequences whose caches or states fit the ceiling. The tables are Table 3's layout turned
+about: rows n, a column per mechanism configuration (its parameters, grouped-query heads and
+the state's dtype: ``vanilla (kv_heads=3)``, ``linear (state=fp32)``), each cell
+:func:`attnbench.report.ratio.ratio` against the baseline with its full cache at the same
+n, dtype, preset, decode tokens, state dtype and batch (:func:`attnbench.report.ratio.group`,
+:func:`~attnbench.report.ratio.is_baseline`), filled by :func:`attnbench.report.tables.fill`,
+the Table 3 tables' own:
+
+* the **time-per-token ratio** at each fixed batch (1, 8): the baseline's time ÷ the
+  mechanism's;
+* the **max-batch ratio** (``batch=max`` rows): the mechanism's max batch ÷ the baseline's.
+
+The efficiency lengths are :func:`attnbench.report.efficiency.efficiency_lengths` on the
+same rows: the shortest n at which a token is faster (batch 1), at which more sequences fit,
+and the n at which fewer fit (a fixed state bigger than the cache at short n). Beside them,
+the bytes one sequence keeps and the bandwidth a batch-1 step achieved against the copy
+bandwidth the same process measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from attnbench.report.efficiency import Length, efficiency_lengths
+from attnbench.report.efficiency import grid as lengths_grid
+from attnbench.report.grid import Grid
+from attnbench.report.ratio import baselines, compared, kv_heads, setting
+from attnbench.report.tables import MISSING, RatioTable, context, fill
+from attnbench.row import Row, as_rows, printable
+
+MODE = "decode"
+MAX = "max"
+
+
+def applies(row: Row) -> bool:
+    """A serving row: a cost row of the decode workload."""
+    return row.task == "cost" and row.mode == MODE
+
+
+def configuration(row: Row) -> str:
+    """A column's label, as stored: the mechanism with its parameters (``causal`` aside:
+    every decode row is causal), its grouped-query heads and its state's dtype where not
+    the cell's (``auto``), and its budget: ``local (window=256, state=fp32)``."""
+    inner = [f"{k}={v}" for k, v in sorted((row.params or {}).items()) if k != "causal"]
+    if kv := kv_heads(row):
+        inner.append(f"kv_heads={kv}")
+    if row.state_dtype not in (None, "auto"):
+        inner.append(f"state={row.state_dtype}")
+    name = f"{row.attention} ({', '.join(inner)})" if inner else row.attention
+    return name + (f" k={row.k}" if row.k else "")
+
+
+def where(row: Row) -> tuple:
+    """What one set of serving tables shares: :func:`~attnbench.report.ratio.setting` but
+    the batch (a table per batch) and the state's dtype (a column's)."""
+    return setting(dataclasses.replace(row, batch_asked="", state_dtype=""))
+
+
+def row_sets(rows: Iterable[Row | dict[str, Any]]) -> list[list[Row]]:
+    """The serving rows by :func:`where`, in the rows' order."""
+    sets: dict[tuple, list[Row]] = {}
+    for r in as_rows(rows):
+        if applies(r):
+            sets.setdefault(where(r), []).append(r)
+    return list(sets.values())
+
+
+def _columns(rows: list[Row]) -> dict[str, str]:
+    """Each configuration's column heading, in the rows' order: printable, and told apart
+    where two print alike."""
+    out: dict[str, str] = {}
+    for raw in dict.fromkeys(map(configuration, rows)):
+        shown = printable(raw)
+        while shown in out.values():
+            shown += " (2)"
+        out[raw] = shown
+    return out
+
+
+def _batches(rows: list[Row]) -> list[int | str]:
+    """The batches the rows asked: fixed ones in order, then ``max``."""
+    fixed = sorted({r.batch_asked for r in rows if isinstance(r.batch_asked, int)})
+    return [*fixed, *([MAX] if any(str(r.batch_asked) == MAX for r in rows) else [])]
+
+
+def _context(rows: list[Row], batch: int | str, baseline: str) -> str:
+    first = rows[0]
+    chunk = f", prefill chunk {first.prefill_chunk}" if first.prefill_chunk else ""
+    what = (
+        "max batch: the most sequences whose caches or states fit the ceiling"
+        if batch == MAX
+        else f"time per generated token per sequence at batch {batch}"
+    )
+    return context(
+        rows,
+        f"serving, a prompt of n then {first.decode_tokens} tokens{chunk}; {what}; each "
+        f"column against {baseline} with every head's cache, the same state dtype, ",
+    )
+
+
+def serving_tables(
+    rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
+) -> list[tuple[RatioTable, str]]:
+    """Per set of rows (:func:`row_sets`): a time-per-token ratio table per fixed batch and
+    the max-batch ratio table, each with the stem of its file (``serving-b1``, ``serving``);
+    columns are configurations, the baseline's own not among them. A cell with no baseline
+    row beside it is a footnoted ``–``."""
+    sets = row_sets(rows)
+    out = []
+    for rows_here in sets:
+        base = baselines(rows_here, baseline)
+        mine = compared(rows_here, baseline)
+        heads = _columns(mine)
+        first = rows_here[0]
+        many = f" ({first.dtype}, {first.decode_tokens} tokens)" if len(sets) > 1 else ""
+        for batch in _batches(rows_here):
+            at = [r for r in mine if str(r.batch_asked) == str(batch)]
+            if not at:
+                continue
+            kind = "memory" if batch == MAX else "time"
+            ns = tuple(sorted({r.n for r in rows_here if str(r.batch_asked) == str(batch)}))
+            cells = {(r.n, heads[configuration(r)]): r for r in at}
+            cols = tuple(h for h in heads.values() if any(c == h for _, c in cells))
+            text, value, notes = fill(kind, ns, cols, cells, base, baseline)
+            what = "max batch" if batch == MAX else f"time per token at b={batch}"
+            stem = "serving" + ("" if batch == MAX else f"-b{batch}")
+            out.append(
+                (
+                    RatioTable(
+                        f"serving, {what}{many}",
+                        kind,
+                        ns,
+                        cols,
+                        text,
+                        value,
+                        notes,
+                        _context(at, batch, baseline),
+                        attention=baseline,
+                        column="mechanism",
+                        mode=MODE,
+                    ),
+                    stem,
+                )
+            )
+    return out
+
+
+TITLE = "Serving: the shortest n at which each configuration beats {}"
+HEADS = {
+    "time": "faster per token than {} (b=1)",
+    "memory": "more sequences fit than {} (max batch)",
+}
+BEHIND = "fewer fit than {} (its state bigger than the cache) at n"
+LEGEND = (
+    "Time: the time-per-token ratio at batch 1; memory: the max-batch ratio (batch=max "
+    "rows). The last column lists the n compared at which the max-batch ratio is under 1 "
+    "before it is first over 1: a fixed state (or a window) bigger than the baseline's cache "
+    "at short n."
+)
+
+
+def serving_lengths(
+    rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
+) -> list[list[Length]]:
+    """Per set of rows (:func:`row_sets`): each configuration's efficiency lengths against
+    the baseline, the time's at batch 1 and the max batch's; sets with none left out."""
+    out = []
+    for rows_here in row_sets(rows):
+        one = [r for r in rows_here if str(r.batch_asked) == "1"]
+        most = [r for r in rows_here if str(r.batch_asked) == MAX]
+        got = efficiency_lengths(one, (baseline,), kinds=("time",), label=configuration)
+        got += efficiency_lengths(most, (baseline,), kinds=("memory",), label=configuration)
+        if got:
+            order = list(_columns(rows_here).values())  # the tables' order of columns
+            out.append(
+                sorted(
+                    got,
+                    key=lambda x: order.index(x.mechanism) if x.mechanism in order else len(order),
+                )
+            )
+    return out
+
+
+def lengths_table(lengths: list[Length]) -> Grid:
+    """The efficiency lengths of one set of rows as the report prints them."""
+    base = lengths[0].baseline
+    return lengths_grid(
+        lengths, title=TITLE.format(base), heads=HEADS, behind=BEHIND, legend=(LEGEND,)
+    )
+
+
+def _sig(v: float) -> str:
+    """Three significant digits, never an exponent: ``4836``, ``21.2``, ``0.590``."""
+    digits = 2 - math.floor(math.log10(abs(v))) if v else 0
+    return f"{v:.{max(digits, 0)}f}"
+
+
+def state_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
+    """Per set of rows: the bytes one sequence keeps at n + decode_tokens (MB, every
+    configuration, the baseline's too), and the bandwidth a batch-1 step achieved (GB/s and
+    its share of the copy bandwidth measured in the same process, with that figure)."""
+    out = []
+    for rows_here in row_sets(rows):
+        heads = _columns(rows_here)
+        ns = sorted({r.n for r in rows_here})
+        first = rows_here[0]
+        state: dict[tuple[int, str], int] = {}
+        for r in rows_here:
+            if r.state_bytes:
+                state.setdefault((r.n, heads[configuration(r)]), r.state_bytes)
+        cols = [h for h in heads.values() if any(c == h for _, c in state)]
+        if cols:
+            out.append(
+                Grid(
+                    f"Serving: state per sequence (MB) at n + {first.decode_tokens} tokens",
+                    ["n", *cols],
+                    [
+                        [str(n), *(_mb(state.get((n, c))) for c in cols)]
+                        for n in ns
+                        if any((n, c) in state for c in cols)
+                    ],
+                    [
+                        "MB = 10⁶ bytes: the cache or state one sequence keeps, every layer, "
+                        "in its state dtype on the preset's device (modeled, not measured)."
+                    ],
+                )
+            )
+        one = {(r.n, heads[configuration(r)]): r for r in rows_here if str(r.batch_asked) == "1"}
+        if grid := _bandwidth(one, ns, list(heads.values())):
+            out.append(grid)
+    return out
+
+
+def _mb(v: int | None) -> str:
+    return MISSING if v is None else _sig(v / 1e6)
+
+
+def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str]) -> Grid | None:
+    """The bandwidth grid of one set's batch-1 rows; None where none was timed."""
+    timed = {c: r for c, r in one.items() if (r.decode or {}).get("bytes_per_s")}
+    if not timed:
+        return None
+    cols = [h for h in heads if any(c == h for _, c in one)]
+    body = []
+    for n in ns:
+        if not any((n, c) in one for c in cols):
+            continue
+        cells = [str(n)]
+        for c in cols:
+            r = one.get((n, c))
+            d = (r.decode or {}) if r is not None else {}
+            if r is None:
+                cells.append(MISSING)
+            elif r.status != "ok":
+                cells.append(r.status or MISSING)
+            elif not d.get("bytes_per_s"):
+                cells.append("–")
+            elif r.busy:
+                cells.append("busy")
+            else:
+                share = (
+                    f" ({d['bytes_per_s'] / d['copy_bytes_per_s']:.0%})"
+                    if d.get("copy_bytes_per_s")
+                    else ""
+                )
+                cells.append(_sig(d["bytes_per_s"] / 1e9) + share)
+        copies = [
+            d["copy_bytes_per_s"]
+            for (m, _), r in timed.items()
+            if m == n and (d := r.decode or {}).get("copy_bytes_per_s")
+        ]
+        cells.append(_sig(statistics.median(copies) / 1e9) if copies else MISSING)
+        body.append(cells)
+    return Grid(
+        "Serving: bandwidth a decode step achieved at b=1 (GB/s, share of the copy bandwidth)",
+        ["n", *cols, "copy (GB/s)"],
+        body,
+        [
+            "GB/s = 10⁹ bytes per second: what a step must read (every sequence's cache or "
+            "state at the mean context, and the weights) over its median time; in brackets "
+            "its share of the copy bandwidth the same process measured; copy: the median "
+            "of those at n. –: not timed (time_budget_s); busy: timed on a contended CPU.",
+        ],
+    )
