@@ -231,3 +231,30 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], out.stderr
     assert not list(tmp_path.rglob("cells.jsonl"))
+
+
+def test_the_gpu_branch_driven_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA code path of a decode cell with the CPU standing in: each real probe is one
+    whole serving scenario (b states, a prefill of every chunk, a step of all b) on real
+    tensors under the tracker's ceiling, and must agree with the model's max batch, which
+    traced only the prefill's peak chunks and the step apart."""
+    from attnbench import runner
+    from attnbench.measure.memory import Peak
+
+    def fake_measured_peak(work, device, ceiling, grad=False):
+        base = module_bytes(work.model) + rounded(work.x.nbytes)
+        return Peak(tracked_peak(work, base, ceiling, grad=grad), "measured", None)
+
+    monkeypatch.setattr(runner, "GPU", "cpu")
+    monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
+    for name, kv in (("vanilla", 2), ("local", None)):
+        cell = _cell(
+            name, kv_heads=kv, batch="max", device="a100_40gb", n=256, min_repeats=2,
+            min_seconds=0.0, ceiling_bytes=(512 << 20) + (4 << 20),
+        )  # fmt: skip
+        plan = validate(cell)
+        plan.on_gpu = True
+        row = run_cell(cell, plan)
+        assert row.status == "ok" and row.memory_source == "measured", row.reason
+        assert row.max_batch == row.predicted_max_batch > 1 and row.model_error == 0
+        assert row.time_batch == row.max_batch and row.decode["filled_by"] == "prefill"
