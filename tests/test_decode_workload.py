@@ -258,3 +258,35 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
         assert row.status == "ok" and row.memory_source == "measured", row.reason
         assert row.max_batch == row.predicted_max_batch > 1 and row.model_error == 0
         assert row.time_batch == row.max_batch and row.decode["filled_by"] == "prefill"
+
+
+@pytest.mark.parametrize("name", [m for m in DECODERS if attnbench.info(m).gqa])
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_grouped_query_heads_in_the_forward_and_training_modes(name: str, mode: str) -> None:
+    """kv_heads is a model key for every mode: the modeled peak of a forward and of a
+    training step with grouped heads against the CPU profiler (within 1 %), fewer FLOPs
+    than full heads (K and V project to fewer heads), and a cell of each mode is ok."""
+    from attnbench.workload.train import train_step
+
+    c = Cell(
+        name, n=256, dtype="fp32", device="cpu", layers=2, d_model=128, n_heads=4, d_ff=256,
+        mode=mode, kv_heads=1, min_seconds=0.0, min_repeats=2,
+    )  # fmt: skip
+    res = validate(c)
+    memory, model = MemoryModel(c, res), build(c, res, "cpu", torch.float32)
+    x = make_input(2, c, "cpu", torch.float32)
+    if mode == "train":
+        step = train_step(model, c, x, "cpu", gpu=False)
+        step()
+        step()
+        real = profiled_peak(step)
+    else:
+        with torch.inference_mode():
+            model(x)
+            real = profiled_peak(lambda: model(x))
+    modeled = memory.peak(2) - memory.fixed - rounded(x.nbytes)
+    assert abs(modeled - real) <= 0.01 * real, (modeled, real)
+    row = run_cell(c)
+    full = run_cell(Cell(**{**c.__dict__, "kv_heads": None}))
+    assert row.status == full.status == "ok", (row.reason, full.reason)
+    assert row.flops < full.flops and row.model["kv_heads"] == 1

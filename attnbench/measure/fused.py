@@ -61,10 +61,11 @@ class device_kernels(TorchFunctionMode):
     ) -> torch.Tensor | None:
         if dropout_p or q.device.type != "meta":
             return None
-        if enable_gqa and k.shape[1] != q.shape[1]:
-            # grouped-query heads: K and V repeated to every query head, as sdpa does for a
-            # kernel without native groups (the memory efficient one); an upper bound where
-            # the kernel has them (flash on sm80+)
+        if enable_gqa and k.shape[1] != q.shape[1] and self.device_type == "cuda":
+            # grouped-query heads: the CPU's flash kernel takes them as they are; on CUDA K
+            # and V are repeated to every query head, as sdpa does for a kernel without
+            # native groups (the memory efficient one): an upper bound where the kernel has
+            # them (flash on sm80+)
             g = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         if self.device_type == "cpu":
