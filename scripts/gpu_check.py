@@ -7,10 +7,22 @@ or correct it, and the forward is timed at that batch with CUDA events. Then the
 ``mode=train`` (n = 512 ... 4096, AdamW, fp16 autocast, and with ``checkpoint=true`` at
 n = 1024): real training steps probe the training max batch, which checks the training
 memory model — its emulated CUDA autocast and fused-kernel choice included — against the
-allocator. Full rows go to
-``--out`` as JSON lines (written as each cell finishes); one short table is printed at the end.
+allocator. Then serving (``mode=decode``, ``batch=max``, fp16, 64 tokens after a prompt of
+n = 2048): vanilla, vanilla with grouped-query heads (kv_heads = 3), sdpa, linear and
+local. The model predicts the serving max batch (every sequence's cache or state beside the
+weights and one prefill), real probes confirm or correct it, and each decode step is timed
+at that batch: the time per token, and the bytes a step reads over its time (the achieved
+bandwidth) against the copy bandwidth of the same GPU. Full rows go to ``--out`` as JSON
+lines (written as each cell finishes); two short tables are printed at the end.
 
-    bash scripts/gpu_check.sh            # on a CUDA machine; writes results/gpu_check/
+The decode cells use the ``h100_80gb`` preset (the serving batch of the card this check is
+meant for: tens of thousands of sequences for linear, each slot past the first a copy of the
+one prefilled state, not a prefill of its own); ``--decode-device v100_16gb`` puts them under
+the 16 GB ceiling of the other cells, for a GPU with less than 80 GB. A preset this GPU
+cannot hold ends the script before anything runs.
+
+    bash scripts/gpu_check.sh                  # on a CUDA machine; writes results/gpu_check/
+    bash scripts/gpu_check.sh --decode-only    # the serving cells alone (a few minutes)
 """
 
 from __future__ import annotations
@@ -18,12 +30,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from attnbench.cell import Cell
+from attnbench.cell import Cell, validate
 from attnbench.env import fix_malloc
+from attnbench.measure import presets
 from attnbench.row import Row
 from attnbench.runner import run_cell
 
@@ -47,6 +61,17 @@ ZOO = tuple(
     if not (name == "nystromformer" and params) and not (name == "vanilla" and not params)
 )
 TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
+# serving: (mechanism, grouped-query heads): kv_heads = n_heads / 4 where True (3 of 12, as
+# +sweep=serving), each at every n of NS_DECODE, causal, its decode steps timed
+DECODE = (
+    ("vanilla", False),
+    ("vanilla", True),
+    ("sdpa", False),
+    ("linear", False),
+    ("local", False),
+)
+NS_DECODE = (2048,)
+DECODE_TOKENS = 64  # the steps timed at the max batch (the first two are warm-ups)
 
 
 def cells(
@@ -74,6 +99,57 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
         + cells(ns_train, shape, device, dtype, mode="train")
         + cells(ns_train[1:2], shape, device, dtype, mode="train", checkpoint=True)
     )
+
+
+def decode_cells(
+    ns: tuple[int, ...], shape: dict, device: str, dtype: str, batches: tuple = ("max",)
+) -> list[Cell]:
+    """The serving cells: each of :data:`DECODE` at each n and batch, causal."""
+    return [
+        Cell(
+            name,
+            n=n,
+            batch=batch,
+            params=(("causal", True),),
+            device=device,
+            dtype=dtype,
+            mode="decode",
+            decode_tokens=DECODE_TOKENS,
+            kv_heads=shape.get("n_heads", 12) // 4 if gqa else None,
+            **shape,
+        )
+        for n in ns
+        for batch in batches
+        for name, gqa in DECODE
+    ]
+
+
+def decode_table(rows: list[Row]) -> str:
+    """Serving: the real max batch beside the modeled one, the time of a step (one token of
+    each sequence), and the bytes it reads over that time against the copy bandwidth."""
+    lines = [
+        "| mechanism | n | batch | max b | memory | modeled max b | probes | model error | "
+        "state MB/seq | ms/token | tokens/s | achieved GB/s | copy GB/s | of copy | status |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        kv = (r.model or {}).get("kv_heads")
+        name = r.attention + (f" kv_heads={kv}" if kv else "")
+        d = r.decode or {}
+        step, rate = r.time_median_s, d.get("tokens_per_s")
+        bw, copy = d.get("bytes_per_s"), d.get("copy_bytes_per_s")
+        lines.append(
+            f"| {name} | {r.n} | {r.batch_asked} | {r.max_batch} | {r.memory_source} | "
+            f"{r.predicted_max_batch} | {r.probes} | {r.model_error} | "
+            f"{'-' if r.state_bytes is None else f'{r.state_bytes / 1e6:.2f}'} | "
+            f"{'-' if step is None else f'{step * 1e3:.3f}'} | "
+            f"{'-' if rate is None else f'{rate:.0f}'} | "
+            f"{'-' if bw is None else f'{bw / 1e9:.0f}'} | "
+            f"{'-' if copy is None else f'{copy / 1e9:.0f}'} | "
+            f"{'-' if not (bw and copy) else f'{bw / copy:.0%}'} | "
+            f"{r.status if r.status == 'ok' else r.status + ': ' + str(r.reason)} |"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[Row]) -> str:
@@ -118,23 +194,33 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny shapes on the CPU preset: tests this script without a GPU",
     )
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only the serving (mode=decode) cells",
+    )
+    parser.add_argument(
+        "--decode-device",
+        default="h100_80gb",
+        choices=presets.names(),
+        help="the device preset of the serving cells' max batch (default: %(default)s; "
+        "v100_16gb on a GPU with less memory)",
+    )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
-        todo = all_cells(
-            (64, 128),
-            (64, 128),
-            {
-                "layers": 2,
-                "d_model": 64,
-                "n_heads": 4,
-                "d_ff": 128,
-                "min_repeats": 2,
-                "min_seconds": 0.0,
-                "ceiling_bytes": 64 << 20,
-            },
-            "cpu",
-            "fp32",
-        )
+        tiny = {
+            "layers": 2,
+            "d_model": 64,
+            "n_heads": 4,
+            "d_ff": 128,
+            "min_repeats": 2,
+            "min_seconds": 0.0,
+            "ceiling_bytes": 64 << 20,
+        }
+        # serving: batch=max is modeled only on a CPU; vanilla at batch=2 times its steps
+        decode = decode_cells((128,), tiny, "cpu", "fp32")
+        decode += [replace(c, batch=2) for c in decode[:1]]
+        todo = all_cells((64, 128), (64, 128), tiny, "cpu", "fp32")
         todo = [c for c in todo if c.k is None] + [
             Cell(
                 "linformer",
@@ -161,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         todo = all_cells(NS, NS_TRAIN, TIMING, "v100_16gb", "fp16")
+        decode = decode_cells(NS_DECODE, TIMING, args.decode_device, "fp16")
+    todo = decode if args.decode_only else todo + decode
+    try:  # a preset this GPU cannot hold: one line now, not a traceback minutes in
+        validate(decode[0])
+    except ValueError as e:
+        print(f"gpu_check: error: --decode-device {args.decode_device}: {e}", file=sys.stderr)
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with args.out.open("w") as f:
@@ -181,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
         f"rows in {args.out}\n"
     )
-    print(table(rows))
+    rest = [r for r in rows if r.mode != "decode"]
+    if rest:
+        print(table(rest))
+    if served := [r for r in rows if r.mode == "decode"]:
+        print(f"\nserving ({served[0].device}, {served[0].dtype}):\n")
+        print(decode_table(served))
     return 0
 
 

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # On a CUDA machine: real vs modeled max batch, probes and time ratios under the 16 GB
-# V100 ceiling (see scripts/gpu_check.py). Commit results/gpu_check/ afterwards.
+# V100 ceiling, and serving (mode=decode: the max batch, time per token, achieved bandwidth
+# against the GPU's copy bandwidth) for vanilla, vanilla kv_heads=3, sdpa, linear and local
+# (see scripts/gpu_check.py). Options pass through: --decode-only runs the serving cells
+# alone, --decode-device PRESET sets their ceiling (default h100_80gb; v100_16gb on a
+# GPU with less than 80 GB).
+# Commit results/gpu_check/ afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -53,6 +53,41 @@ class Mine(VanillaAttention):
         return out
 """
 
+DECODING = """
+import time
+from dataclasses import dataclass
+
+import attnbench
+from attnbench.attention.vanilla import VanillaAttention
+
+SLOWDOWN = {slowdown}  # planted into every decode step, not into the forward
+OLD = {old}  # a version from before the incremental form: no extend to call
+
+
+@dataclass
+class Cfg:
+    causal: bool = False
+
+
+@attnbench.register("mine", config=Cfg, causal=True, cannot_decode=None, summary="decodes")
+class Mine(VanillaAttention):
+    def extend(self, x, state, key_padding_mask=None):
+        start = time.perf_counter()
+        out = super().extend(x, state, key_padding_mask)
+        end = start + (time.perf_counter() - start) * (1 + SLOWDOWN)
+        while time.perf_counter() < end:
+            pass
+        return out
+
+    if OLD:
+        extend = None
+
+
+@attnbench.register("plain", config=Cfg, causal=True, summary="no incremental form")
+class Plain(VanillaAttention):
+    pass
+"""
+
 SUITE = """# @package _global_
 defaults:
   - override /device: cpu
@@ -75,6 +110,7 @@ check:
   threshold: 0.10
   alpha: 0.002
   thresholds: {thresholds}
+  decode_n: {decode_n}
   pythonpath: ["."]
 """
 
@@ -88,12 +124,19 @@ def git(*args: str, cwd: Path) -> None:
     )
 
 
-def user_repo(tmp: Path, attention: str = "mine", rounds: int = 8, thresholds: str = "[]") -> Path:
+def user_repo(
+    tmp: Path,
+    attention: str = "mine",
+    rounds: int = 8,
+    thresholds: str = "[]",
+    decode_n: str = "[]",
+    plugin: str = PLUGIN.format(slowdown=0),
+) -> Path:
     repo = tmp / "repo"
     (repo / "conf/sweep").mkdir(parents=True)
-    (repo / "myattn.py").write_text(PLUGIN.format(slowdown=0))
+    (repo / "myattn.py").write_text(plugin)
     (repo / "conf/sweep/quick.yaml").write_text(
-        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds)
+        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds, decode_n=decode_n)
     )
     git("init", "-q", cwd=repo)
     git("add", ".", cwd=repo)
@@ -169,6 +212,53 @@ def test_a_per_cell_threshold_lets_a_known_slow_cell_through(tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     (cell,) = json.loads((repo / "out.json").read_text())["cells"]
     assert cell["threshold"] == 100.0 and cell["verdict"] == "same" and cell["ratio"] > 1.5
+
+
+def test_a_decode_cell_times_the_decode_step_alone(tmp_path: Path) -> None:
+    """check.decode_n adds a decode cell: one decode step at context n, timed without the
+    forward, so that a slowdown planted into decode alone is caught there, and only there
+    (the forward cell is held to a threshold no noise reaches)."""
+    repo = user_repo(
+        tmp_path,
+        decode_n="[128]",
+        thresholds="[{attention: mine, n: 64, threshold: 100.0}]",
+        plugin=DECODING.format(slowdown=0, old=False),
+    )
+    (repo / "myattn.py").write_text(DECODING.format(slowdown=2.0, old=False))  # 3x decode
+    slow = check(repo, "--against", "HEAD")
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "FAILED: mine n=128 b=2 decode regressed" in slow.stdout
+    result = json.loads((repo / "out.json").read_text())
+    cells = {c["cell"]: c for c in result["cells"]}
+    assert set(cells) == {"mine n=64 b=2", "mine n=128 b=2 decode"}
+    decode = cells["mine n=128 b=2 decode"]
+    assert decode["ratio"] > 1.5 and decode["p"] < 0.002  # 3x planted: bounded from below
+    assert cells["mine n=64 b=2"]["verdict"] != "regressed"
+    assert len(result["samples"]["B"]["mine n=128 b=2 decode"]) == 8
+
+
+def test_a_decode_cell_the_old_version_cannot_time_is_new(tmp_path: Path) -> None:
+    """Version A from before the incremental form (no extend): its decode cell is ``new``
+    with the reason, never a regression or a crash; a mechanism that cannot decode has its
+    decode cell skipped with its reason, as a training cell would be."""
+    repo = user_repo(
+        tmp_path,
+        attention="mine,plain",
+        decode_n="[128]",
+        plugin=DECODING.format(slowdown=0, old=True),
+    )
+    (repo / "myattn.py").write_text(DECODING.format(slowdown=0, old=False))
+    done = check(repo, "--against", "HEAD", "--threshold", "200%")
+    # 0, or 3 where a busy machine left the forward cells without a verdict: never 1 or 2
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    cells = {c["cell"]: c for c in json.loads((repo / "out.json").read_text())["cells"]}
+    new = cells["mine n=128 b=2 decode"]
+    assert new["verdict"] == "new", new
+    assert "this version has no incremental form (no extend)" in new["note"]
+    skipped = cells["plain n=128 b=2 decode"]
+    assert skipped["verdict"] == "skipped" and skipped["note"].startswith("cannot decode: ")
+    assert "skipped plain n=128 b=2 decode: cannot decode" in done.stderr
+    assert {c["verdict"] for c in cells.values()} <= {"same", "improved", "busy", "new", "skipped"}
 
 
 def test_stored_baseline_mode(tmp_path: Path) -> None:

@@ -273,9 +273,66 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert "| linformer k=32 | inference | 128 |" in done.stdout
     assert "| sdpa | train checkpoint | 128 |" in done.stdout
     assert "| local causal | inference | 128 |" in done.stdout  # the zoo
+    # serving: the max batch of each decode cell (modeled on a CPU), one of them timed
+    assert "| vanilla kv_heads=1 | 128 | max |" in done.stdout
+    assert "| linear | 128 | max |" in done.stdout
+    timed = next(
+        line for line in done.stdout.splitlines() if line.startswith("| vanilla | 128 | 2 |")
+    )
+    assert timed.count(" - |") == 0, timed  # its time per token and bandwidths are there
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    # 11 Table 3 and training cells, and the zoo's 10 mechanisms at n = 64 and 128
-    assert len(rows) == 11 + 2 * 10 and all(r["status"] == "ok" for r in rows), rows
+    # 11 Table 3 and training cells, the zoo's 10 mechanisms at n = 64 and 128, and the
+    # 5 serving cells at batch=max and vanilla's at batch=2
+    assert len(rows) == 11 + 2 * 10 + 5 + 1 and all(r["status"] == "ok" for r in rows), rows
+    served = [r for r in rows if r["mode"] == "decode"]
+    assert [(r["attention"], r["model"].get("kv_heads")) for r in served[:5]] == [
+        ("vanilla", None),
+        ("vanilla", 1),
+        ("sdpa", None),
+        ("linear", None),
+        ("local", None),
+    ]
+    assert all(r["params"]["causal"] and r["predicted_max_batch"] > 0 for r in served[:5])
+    assert served[5]["decode"]["bytes_per_s"] > 0 and served[5]["decode"]["copy_bytes_per_s"] > 0
+
+
+def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu() -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert subprocess.run(["bash", "-n", "scripts/gpu_check.sh"]).returncode == 0
+    spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # the cells a GPU runs: each decode mechanism at the max batch of the preset asked for
+    todo = script.decode_cells(script.NS_DECODE, script.TIMING, "h100_80gb", "fp16")
+    assert [(c.attention, c.kv_heads) for c in todo] == [
+        ("vanilla", None),
+        ("vanilla", 3),
+        ("sdpa", None),
+        ("linear", None),
+        ("local", None),
+    ] * len(script.NS_DECODE)
+    assert {(c.mode, c.batch, c.device, c.dtype, dict(c.params)["causal"]) for c in todo} == {
+        ("decode", "max", "h100_80gb", "fp16", True)
+    }
+    bad = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--decode-device", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "--decode-device: invalid choice: 'nope'" in bad.stderr
+    if torch.cuda.is_available():
+        return
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--decode-only", "--decode-device", "h100_80gb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:
