@@ -118,6 +118,11 @@ def _why(reason: str | None) -> str:
     return (reason or "not timed").split(";")[0]
 
 
+def _at(row: Row) -> str:
+    """The batch an out-of-memory row did not fit: its fixed batch, else one sequence."""
+    return f"b = {row.batch_asked if isinstance(row.batch_asked, int) else 1}"
+
+
 def _undefined(text: str, note: str, outgrown: bool = False) -> Ratio:
     return Ratio(None, text, (note,), outgrown)
 
@@ -128,18 +133,18 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
 
     An out-of-memory baseline is the baseline's status, not a figure: the ratio is
     undefined and shown as ``OOM`` with the footnote that the baseline does not fit at
-    b = 1 (``outgrown`` where the mechanism fits). So is an out-of-memory mechanism; any
-    other row that is not ``ok`` (skipped, error) and a figure either row lacks give ``–``
-    with the reason; a time either row took on a contended CPU gives ``busy``; a quotient
-    beyond a float's range is no ratio either. A defined ratio carries its caveats: memory
-    modeled rather than measured, time taken off the device or not at max batch, a noisy
-    time."""
+    b = 1, or at the fixed batch its cell asked (``outgrown`` where the mechanism fits).
+    So is an out-of-memory mechanism; any other row that is not ``ok`` (skipped, error)
+    and a figure either row lacks give ``–`` with the reason; a time either row took on a
+    contended CPU gives ``busy``; a quotient beyond a float's range is no ratio either. A
+    defined ratio carries its caveats: memory modeled rather than measured, time taken off
+    the device or not at max batch, a noisy time."""
     if b.status == "oom":
         source = b.memory_source or "measured"
-        note = f"the baseline does not fit at b = 1 under the ceiling ({source})"
+        note = f"the baseline does not fit at {_at(b)} under the ceiling ({source})"
         return _undefined("OOM", note, outgrown=r.status == "ok" and bool(r.max_batch))
     if r.status == "oom":
-        return _undefined("OOM", "this mechanism does not fit at b = 1 under the ceiling")
+        return _undefined("OOM", f"this mechanism does not fit at {_at(r)} under the ceiling")
     if r.status != "ok" or b.status != "ok":
         bad = r if r.status != "ok" else b
         return _undefined(SKIPPED, f"{bad.attention}: {bad.status}: {bad.reason}")
