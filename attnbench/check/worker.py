@@ -28,6 +28,11 @@ _PROTOCOL = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 
 
+# a decode sample's layer and state are placed after a hole of up to this many bytes, drawn
+# per sample (_decode)
+PLACE_BYTES = 1 << 20
+
+
 def _reply(obj: dict[str, Any]) -> None:
     _PROTOCOL.write(json.dumps(obj) + "\n")
     _PROTOCOL.flush()
@@ -84,9 +89,21 @@ def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
     positive); no prefill is run, as a step's time depends on its shapes, not on the values
     it reads. Each sample starts from those very contents, and every step is rewound to n
     first (``seek`` is not timed), so that every step of every sample, in either version,
-    is the same work: one token attending over n earlier ones. A version whose layer or
-    state lacks the incremental form raises here, which :func:`main` reports as a cell
-    this version cannot build."""
+    is the same work: one token attending over n earlier ones.
+
+    Each sample also runs on a copy of the layer and a new state placed at addresses of its
+    own (:data:`PLACE_BYTES`): a step reads the weights and the state once each, about as
+    much as the L3 holds, so its time depends on where they lie, and two identical layers
+    in one process were timed up to 15 % apart, whichever came first, as steadily as a
+    regression (p ≈ 1 the other way). One placement per process would make that a
+    difference between the two versions' workers; a new one per sample makes it noise that
+    both versions draw alike.
+
+    A version whose layer or state lacks the incremental form raises here, which
+    :func:`main` reports as a cell this version cannot build."""
+    import copy
+    import random
+
     import torch
 
     missing = [m for m in ("new_state", "extend") if not callable(getattr(layer, m, None))]
@@ -111,19 +128,32 @@ def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
                 value.copy_(torch.rand(value.shape, generator=gen, dtype=value.dtype))
         saved = {k: v.clone() for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
         plain = {k: v for k, v in vars(state).items() if not isinstance(v, torch.Tensor)}
+    del state
+    places = random.Random(0)  # the same draws in both versions
+
+    def placed() -> tuple[Any, Any]:
+        """A copy of the layer and a state with the saved contents, allocated after a hole
+        of a size drawn for this sample, then freed: at addresses of their own."""
+        hole = torch.empty(places.randrange(PLACE_BYTES) // 4 + 1, device=param.device)
+        here = copy.deepcopy(layer)
+        with torch.inference_mode():
+            fresh = here.new_state(b, n + 1, param.dtype, param.device)
+            for k, v in saved.items():
+                getattr(fresh, k).copy_(v)
+            for k, v in plain.items():
+                setattr(fresh, k, v)
+        del hole
+        return here, fresh
 
     def decode(reps: int) -> float:
+        here, fresh = placed()
         spent = 0.0
         with torch.inference_mode():
-            for k, v in saved.items():  # the same contents at the start of every sample
-                getattr(state, k).copy_(v)
-            for k, v in plain.items():
-                setattr(state, k, v)
             for _ in range(reps):
-                state.seek(n)
+                fresh.seek(n)
                 sync()
                 t = time.perf_counter()
-                layer.extend(x, state)
+                here.extend(x, fresh)
                 sync()
                 spent += time.perf_counter() - t
         return spent / reps
