@@ -4,13 +4,15 @@
     python scripts/gate_power.py replay results/gate/pool-*.json --rounds 30 --draws 1000
     python scripts/gate_power.py whole --slowdown 0 --runs 6
     python scripts/gate_power.py whole --slowdown 0.15 --part backward --runs 3
+    python scripts/gate_power.py whole --slowdown 0.15 --part decode --runs 2
 
 ``pool`` checks out HEAD in a temporary worktree, plants a known extra cost into one
 mechanism there (every forward of ``vanilla`` made ``slowdown`` longer, of its own time, by
-a busy wait: 0 for an A/A pool) and runs ``attnbench check --against HEAD`` in it with many
-rounds, keeping every real interleaved sample. ``replay`` re-decides the gate on random
-subsets of a pool's rounds (the same rounds for A and B, so the interleaving pairs stay
-together) and counts how often the gate fails. ``whole`` runs the gate end to end.
+a busy wait: 0 for an A/A pool; ``--part`` backward or decode: its backward, its decode
+step) and runs ``attnbench check --against HEAD`` in it with many rounds, keeping every
+real interleaved sample. ``replay`` re-decides the gate on random subsets of a pool's
+rounds (the same rounds for A and B, so the interleaving pairs stay together) and counts
+how often the gate fails. ``whole`` runs the gate end to end.
 """
 
 from __future__ import annotations
@@ -77,6 +79,26 @@ def _slow_backward(self, x, *args, **kwargs):
 VanillaAttention.forward = _slow_backward
 """
 
+PLANT_DECODE = """
+
+# --- planted by scripts/gate_power.py: every decode step costs {slowdown:.0%} more of its own time
+import time as _time  # noqa: E402
+
+_extend = VanillaAttention.extend
+
+
+def _slow_extend(self, *args, **kwargs):
+    start = _time.perf_counter()
+    out = _extend(self, *args, **kwargs)
+    end = start + (_time.perf_counter() - start) * (1 + {slowdown!r})
+    while _time.perf_counter() < end:
+        pass
+    return out
+
+
+VanillaAttention.extend = _slow_extend
+"""
+
 
 def planted_tree(slowdown: float, part: str = "forward") -> tuple[Path, Path]:
     """(temporary dir, a worktree of HEAD in it with the slowdown planted into vanilla's
@@ -88,7 +110,7 @@ def planted_tree(slowdown: float, part: str = "forward") -> tuple[Path, Path]:
     )
     if slowdown:
         target = tree / "attnbench/attention/vanilla.py"
-        plant = PLANT if part == "forward" else PLANT_BACKWARD
+        plant = {"forward": PLANT, "backward": PLANT_BACKWARD, "decode": PLANT_DECODE}[part]
         target.write_text(target.read_text() + plant.format(slowdown=slowdown))
     return tmp, tree
 
@@ -190,7 +212,7 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=60)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--part", choices=("forward", "backward"), default="forward")
+    s.add_argument("--part", choices=("forward", "backward", "decode"), default="forward")
     s.set_defaults(fn=cmd_pool)
     s = sub.add_parser("replay")
     s.add_argument("pools", nargs="+")
@@ -209,7 +231,7 @@ def main() -> None:
         default=Path("results/gate"),
         help="where each run's JSON goes (whole-<slowdown>-<i>.json)",
     )
-    s.add_argument("--part", choices=("forward", "backward"), default="forward")
+    s.add_argument("--part", choices=("forward", "backward", "decode"), default="forward")
     s.set_defaults(fn=cmd_whole)
     args = p.parse_args()
     args.fn(args)
