@@ -230,6 +230,11 @@ def test_state_and_bandwidth_grids() -> None:
     assert state.body == [["512", "21.2", "0.590"]]
     assert bandwidth.head == ["n", "vanilla", "linear", "copy (GB/s)"]
     assert bandwidth.body == [["512", "13.0 (25%)", "–", "52.0"]]
+    # another process measured another copy bandwidth: its share is of its own, the range shown
+    other = {"bytes_per_s": 10.0e9, "copy_bytes_per_s": 20.0e9}
+    rows.append(_row("performer", 512, t=0.03, state_bytes=4_790_000, decode=other))
+    _, bandwidth = state_grids(rows)
+    assert bandwidth.body == [["512", "13.0 (25%)", "–", "10.0 (50%)", "20.0–52.0"]]
 
 
 def test_report_command_writes_the_serving_sections(tmp_path: Path) -> None:

@@ -132,24 +132,20 @@ def serving_tables(
             text, value, notes = fill(kind, ns, cols, cells, base, baseline)
             what = "max batch" if batch == MAX else f"time per token at b={batch}"
             stem = "serving" + ("" if batch == MAX else f"-b{batch}")
-            out.append(
-                (
-                    RatioTable(
-                        f"serving, {what}{many}",
-                        kind,
-                        ns,
-                        cols,
-                        text,
-                        value,
-                        notes,
-                        _context(at, batch, baseline),
-                        attention=baseline,
-                        column="mechanism",
-                        mode=MODE,
-                    ),
-                    stem,
-                )
+            table = RatioTable(
+                f"serving, {what}{many}",
+                kind,
+                ns,
+                cols,
+                text,
+                value,
+                notes,
+                _context(at, batch, baseline),
+                attention=baseline,
+                column="mechanism",
+                mode=MODE,
             )
+            out.append((table, stem))
     return out
 
 
@@ -243,6 +239,17 @@ def _mb(v: int | None) -> str:
     return MISSING if v is None else _sig(v / 1e6)
 
 
+def _copies(copies: list[float]) -> str:
+    """The copy bandwidths of one n's rows in GB/s: their median, or their range where the
+    processes that timed them measured figures over 10 % apart."""
+    if not copies:
+        return MISSING
+    low, high = min(copies), max(copies)
+    if high > 1.1 * low:
+        return f"{_sig(low / 1e9)}–{_sig(high / 1e9)}"
+    return _sig(statistics.median(copies) / 1e9)
+
+
 def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str]) -> Grid | None:
     """The bandwidth grid of one set's batch-1 rows; None where none was timed."""
     timed = {c: r for c, r in one.items() if (r.decode or {}).get("bytes_per_s")}
@@ -277,7 +284,7 @@ def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str])
             for (m, _), r in timed.items()
             if m == n and (d := r.decode or {}).get("copy_bytes_per_s")
         ]
-        cells.append(_sig(statistics.median(copies) / 1e9) if copies else MISSING)
+        cells.append(_copies(copies))
         body.append(cells)
     return Grid(
         "Serving: bandwidth a decode step achieved at b=1 (GB/s, share of the copy bandwidth)",
@@ -286,7 +293,8 @@ def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str])
         [
             "GB/s = 10⁹ bytes per second: what a step must read (every sequence's cache or "
             "state at the mean context, and the weights) over its median time; in brackets "
-            "its share of the copy bandwidth the same process measured; copy: the median "
-            "of those at n. –: not timed (time_budget_s); busy: timed on a contended CPU.",
+            "its share of the copy bandwidth the same process measured; copy: those at n "
+            "(their range where they differ by over 10 %: each process measures its own). "
+            "–: not timed (time_budget_s); busy: timed on a contended CPU.",
         ],
     )

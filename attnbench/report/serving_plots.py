@@ -40,11 +40,15 @@ def _plots(
             continue
         fig, ax = _figure()
         _lines(ax, {name: sorted(points.items()) for name, points in series.items()}, ylabel)
+        for i, line in enumerate(ax.get_lines()):  # past the 10 colours, other dashes
+            line.set_linestyle(("-", "--", ":")[i // 10 % 3])
+        ax.legend(fontsize=6, loc="best")
         first = rows_here[0]
         busy = f"; {left_out} left out: machine busy" if left_out else ""
+        what = caption.removeprefix("Serving: ").removesuffix(" against n")
         ax.set_title(
-            _text(f"{caption} ({first.dtype}, {first.decode_tokens} tokens, {first.device}{busy})"),
-            fontsize=9,
+            _text(f"{what}: {first.dtype}, {first.decode_tokens} tokens, {first.device}{busy}"),
+            fontsize=8,
         )
         suffix = f"-{i + 1}" if len(sets) > 1 else ""
         out.append(Plot(stem + suffix, fig, caption + "."))
