@@ -223,14 +223,15 @@ class DecodeWork(Work):
     def _random_fill(self) -> None:
         """Every slot at position n with random contents in (0, 1) (never zeros, and a
         positive normaliser for the recurrent states), no prefill run: a step's time depends
-        on its shapes, not on the values it reads."""
+        on its shapes, not on the values it reads. Slot 0 is drawn, the others copy it."""
         assert self.states is not None
         gen = torch.Generator(device=self.device).manual_seed(2)
         for state in self.states:
             state.seek(self.n)
             for value in vars(state).values():
                 if isinstance(value, Tensor) and value.is_floating_point():
-                    value.uniform_(0.0, 1.0, generator=gen)
+                    value[:1].uniform_(0.0, 1.0, generator=gen)
+        self._copy_first(1)  # a CPU's generator runs at a fraction of a copy's bandwidth
         self.token = self.x
 
     def row_fields(self) -> dict[str, Any]:
