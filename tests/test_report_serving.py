@@ -138,21 +138,25 @@ def test_a_kv_heads_row_is_never_a_baseline() -> None:
     assert "² no vanilla baseline row at n=2048" in time.footnotes
 
 
-def test_state_dtypes_are_not_mixed() -> None:
+def test_a_state_dtype_is_the_configuration_s_the_baseline_keeps_the_cells() -> None:
+    """A state kept in another dtype is a configuration of its own, compared against the
+    Transformer's cache as served (the cell's dtype); a vanilla row with an fp32 cache is
+    one such configuration, never a baseline."""
     rows = [
         _row("vanilla", 512, t=0.010),
         _row("vanilla", 512, t=0.020, state="fp32"),
         _row("vanilla", 2048, t=0.040),
         _row("linear", 512, t=0.005),
         _row("linear", 512, t=0.004, state="fp32"),
-        _row("linear", 2048, t=0.004, state="fp32"),  # no fp32 vanilla at 2048
+        _row("linear", 2048, t=0.004, state="fp32"),
     ]
-    assert group(rows[0]) != group(rows[1])
+    assert group(rows[0]) == group(rows[1])
     time = _tables(rows)[("time", "serving-b1")]
-    assert time.ks == ("linear", "linear (state=fp32)")  # vanilla (state=fp32): a baseline
+    assert time.ks == ("vanilla (state=fp32)", "linear", "linear (state=fp32)")
+    assert time.value[(512, "vanilla (state=fp32)")] == pytest.approx(0.5)  # 0.010 / 0.020
     assert time.value[(512, "linear")] == pytest.approx(2.0)  # 0.010 / 0.005
-    assert time.value[(512, "linear (state=fp32)")] == pytest.approx(5.0)  # 0.020 / 0.004
-    assert time.value[(2048, "linear (state=fp32)")] is None  # not against vanilla's auto
+    assert time.value[(512, "linear (state=fp32)")] == pytest.approx(2.5)  # 0.010 / 0.004
+    assert time.value[(2048, "linear (state=fp32)")] == pytest.approx(10.0)  # 0.040 / 0.004
     assert time.text[(2048, "linear")] == "-"  # no such row
 
 

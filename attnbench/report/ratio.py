@@ -3,8 +3,9 @@ length and plot of a report.
 
 Which rows are compared is :func:`group`: the same n, dtype, preset, ceiling, model, batch
 setting, machine and work; which row of a group is the baseline is :func:`is_baseline`: the
-baseline mechanism with its full cache of keys and values (no ``kv_heads``: a row with
-grouped-query heads is compared against it, never its own baseline). What is compared is
+baseline mechanism with its full cache of keys and values in the cell's dtype (no
+``kv_heads``, ``state_dtype`` auto: a row with grouped-query heads or a state kept in another
+dtype is compared against it, never its own baseline). What is compared is
 :func:`ratio`, the paper's section 5.3:
 
 * time ratio   = baseline time per sequence ÷ mechanism time per sequence (speed-up)
@@ -52,8 +53,9 @@ def group(row: Row) -> tuple:
     preset, ceiling, model (its grouped-query heads aside: they are the mechanism's, the
     baseline keeps every head's keys and values), batch setting (``max`` or a fixed b), the
     same machine and the same work: inference, a training step with the same optimizer and
-    checkpointing, or serving with the same tokens, cache or state dtype and prefill chunk;
-    causal rows against a causal baseline (``causal`` is a mechanism parameter)."""
+    checkpointing, or serving with the same tokens and prefill chunk (the state's dtype, like
+    grouped-query heads, is the mechanism's: the baseline keeps the cell's); causal rows
+    against a causal baseline (``causal`` is a mechanism parameter)."""
     model = {k: v for k, v in (row.model or {}).items() if k != "kv_heads"}
     return (
         row.n,
@@ -67,16 +69,20 @@ def group(row: Row) -> tuple:
         row.optimizer,
         row.checkpoint,
         row.decode_tokens,
-        row.state_dtype,
         row.prefill_chunk,
         bool((row.params or {}).get("causal")),  # last: a plot's label says it already
     )
 
 
 def is_baseline(row: Row, baseline: str) -> bool:
-    """Whether ``row`` is a baseline row: the ``baseline`` mechanism with its full cache.
-    A row with grouped-query heads is a mechanism of its own, compared against it."""
-    return row.attention == baseline and not kv_heads(row)
+    """Whether ``row`` is a baseline row: the ``baseline`` mechanism with its full cache in
+    the cell's dtype. A row with grouped-query heads or another state dtype is a
+    configuration of its own, compared against it."""
+    return (
+        row.attention == baseline
+        and not kv_heads(row)
+        and getattr(row, "state_dtype", None) in (None, "auto")
+    )
 
 
 def baselines(rows: list[Row], baseline: str) -> dict[tuple, Row]:
