@@ -37,10 +37,10 @@ from attnbench.attention.prefix import (
     RecurrentState,
     causal_linear_attention,
     causal_linear_flops,
+    extend,
     linear_attention,
     linear_flops,
     recurrent_state_bytes,
-    recurrent_step,
 )
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
@@ -106,10 +106,7 @@ class LinearAttention(MultiHeadAttention):
         self, x: Tensor, state: RecurrentState, key_padding_mask: Tensor | None
     ) -> Tensor:
         q_f, k_f, v = self._features(x, key_padding_mask)
-        if x.shape[1] == 1:
-            out = recurrent_step(q_f, k_f, v, state)
-        else:
-            out = causal_linear_attention(q_f, k_f, v, self.cfg.chunk_size, state)
+        out = extend(q_f, k_f, v, self.cfg.chunk_size, state)
         return self.merge_heads(out.to(x.dtype))  # (b, c, d)
 
     def state_bytes(self, n: int, itemsize: int) -> int:

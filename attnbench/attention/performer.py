@@ -50,8 +50,8 @@ from attnbench.attention.prefix import (
     RecurrentState,
     causal_linear_attention,
     causal_linear_flops,
+    extend,
     recurrent_state_bytes,
-    recurrent_step,
 )
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
@@ -205,41 +205,20 @@ class PerformerAttention(MultiHeadAttention):
     def extend_attend(
         self, x: Tensor, state: RecurrentState, key_padding_mask: Tensor | None
     ) -> Tensor:
-        q_f, k_f, v = self._causal_features(x, key_padding_mask)
-        if x.shape[1] == 1:
-            out = recurrent_step(q_f, k_f, v, state)
-        else:
-            out = causal_linear_attention(q_f, k_f, v, CHUNK, state)
-        return self.merge_heads(out.to(x.dtype))  # (b, c, d)
+        q_f, k_f, v = self._masked_features(x, key_padding_mask)
+        return self.merge_heads(extend(q_f, k_f, v, CHUNK, state).to(x.dtype))  # (b, c, d)
 
-    def _causal_features(self, x: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, ...]:
-        """φ(Q), φ(K), V (b, h, n, ·) of the causal path, in fp32 at least, padded keys'
-        features and values zeroed."""
+    def _masked_features(
+        self, x: Tensor, key_padding_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """φ(Q), φ(K) (b, h, n, m) and V (b, h, n, dh), padded keys' features and values
+        zeroed; causal: in fp32 at least (fp64 stays fp64), as prefix sums over n run past
+        fp16's range and bf16's precision, and with eps=0 a key far below the max must not
+        underflow to a zero feature."""
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
-        # fp32 at least (fp64 stays fp64): prefix sums over n run past fp16's range and
-        # bf16's precision, and with eps=0 a key far below the max must not underflow to a
-        # zero feature
-        wide = torch.promote_types(x.dtype, torch.float32)
-        q, k, v = q.to(wide), k.to(wide), v.to(wide)
-        padded = None
-        if key_padding_mask is not None:
-            padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
-            # zeroed before the kernel too; V too, so a non-finite padded value cannot reach 0·v
-            k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
-        q_f, k_f = self.features(q, k)  # (b, h, n, m)
-        if padded is not None:
-            k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
-        return q_f, k_f, v
-
-    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        self._count_call()
         if self.cfg.causal:
-            # no eps: the keys' constant stabiliser cancels exactly, an eps would not; a query
-            # that sees no real key gets 0 there already (its normaliser is exactly 0)
-            q_f, k_f, v = self._causal_features(x, key_padding_mask)
-            out = causal_linear_attention(q_f, k_f, v, CHUNK).to(x.dtype)  # (b, h, n, dh)
-            return self.merge_heads(out)  # (b, n, d)
-        q, k, v = self.qkv_heads(x)  # (b, h, n, dh)
+            wide = torch.promote_types(x.dtype, torch.float32)
+            q, k, v = q.to(wide), k.to(wide), v.to(wide)
         padded = None
         if key_padding_mask is not None:
             padded = key_padding_mask[:, None, :, None]  # (b, 1, n, 1)
@@ -249,6 +228,16 @@ class PerformerAttention(MultiHeadAttention):
         q_f, k_f = self.features(q, k)  # (b, h, n, m)
         if padded is not None:
             k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
+        return q_f, k_f, v
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        self._count_call()
+        q_f, k_f, v = self._masked_features(x, key_padding_mask)
+        if self.cfg.causal:
+            # no eps: the keys' constant stabiliser cancels exactly, an eps would not; a query
+            # that sees no real key gets 0 there already (its normaliser is exactly 0)
+            out = causal_linear_attention(q_f, k_f, v, CHUNK).to(x.dtype)  # (b, h, n, dh)
+            return self.merge_heads(out)  # (b, n, d)
         out = linear_attention(q_f, k_f, v)  # (b, h, n, dh)
         if key_padding_mask is not None:  # a row that is all padding gets 0, as in sdpa
             empty = key_padding_mask.all(-1)[:, None, None, None]  # (b, 1, 1, 1)

@@ -137,6 +137,14 @@ def causal_linear_attention(
     return torch.cat(outs, dim=-2)
 
 
+def extend(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int, carry: RecurrentState) -> Tensor:
+    """The incremental form for c new tokens: one decode step (:func:`recurrent_step`) or a
+    prompt's chunk (:func:`causal_linear_attention` from ``carry``), ``carry`` updated."""
+    if q_f.shape[-2] == 1:
+        return recurrent_step(q_f, k_f, v, carry)
+    return causal_linear_attention(q_f, k_f, v, chunk, carry)
+
+
 def recurrent_step(q_f: Tensor, k_f: Tensor, v: Tensor, carry: RecurrentState) -> Tensor:
     """One token per sequence, (b, h, 1, m) ×2 and (b, h, 1, e): S and z updated in place,
     then read once by the query, the decode step a serving engine runs (a handful of ops,
