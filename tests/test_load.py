@@ -83,12 +83,12 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     # a directory of runs: the inference and training Table 3 runs, the zoo and quality runs
     both = attnbench.load("results/reference")
     # + the approximation-error run (32 rows on random inputs, 30 on the trained ListOps
-    # model's states), ListOps (8, and 10 over five seeds) and the spectrum (a random model
-    # and the trained one)
-    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2
-    assert set(both["mode"]) == {"inference", "train"}
+    # model's states), ListOps (8, and 10 over five seeds), the spectrum (a random model
+    # and the trained one) and serving (189 cells and 27 of linear with an fp32 state)
+    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216
+    assert set(both["mode"]) == {"inference", "train", "decode"}
     tasks = both.task.value_counts().to_dict()
-    assert tasks == {"cost": 195, "approx": 62, "listops": 18, "spectrum": 2}
+    assert tasks == {"cost": 195 + 216, "approx": 62, "listops": 18, "spectrum": 2}
     ours = both[both.run_dir == str(REFERENCE)]
     assert ours.key.tolist() == df.key.tolist()
     assert ours.max_batch.tolist() == df.max_batch.tolist()
