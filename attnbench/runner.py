@@ -252,14 +252,16 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         row.contention[contention.GPU_OTHERS] = contention.gpu_others_bytes(dev)
 
 
-def _time_on_cpu(cell: Cell, res: Resolved, row: Row, model: torch.nn.Module) -> None:
+def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> None:
+    """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
+    memory model's encoder) fits ``time_budget_s``."""
     workload = cell.workload
     b = workload.cpu_batch(cell)
     if b is None:
         row.reason = f"time not measured: {workload.no_cpu_time}"
         return
     rate, busy = cpu_matmul_rate()
-    estimate, work = workload.cost_s(model, cell, b, rate)  # a step, and the whole timing
+    estimate, work = workload.cost_s(meta, cell, b, rate)  # a step, and the whole timing
     if work > cell.time_budget_s:
         row.reason = (
             f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "

@@ -15,17 +15,19 @@ times a NaN is a NaN) their values reach a real output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Self
 
 import torch
 from torch import Tensor
 
 
 @dataclass
-class KVCache:
-    """``k``, ``v``: (b, kv_heads, capacity, dh) in the state's dtype; ``padded``: (b,
-    capacity), True at padding; ``length``: the tokens written so far, the same for every
-    sequence (left padding); ``has_padding``: whether any written token is padding, so that
-    a batch without any attends without a mask."""
+class KeyValues:
+    """Keys and values kept per sequence: ``k``, ``v`` (b, heads, slots, dh) in the state's
+    dtype, ``padded`` (b, slots) True where a slot holds padding (or, for a ring, nothing
+    yet), ``length`` the tokens seen so far (the same for every sequence: left padding),
+    ``has_padding`` whether any token seen was padding. The K/V cache and local's ring
+    (:class:`attnbench.attention.local.Ring`) are both this, told apart by how they write."""
 
     k: Tensor
     v: Tensor
@@ -33,42 +35,49 @@ class KVCache:
     length: int = 0
     has_padding: bool = False
 
+    UNWRITTEN: ClassVar[bool] = False  # what ``padded`` says of a slot not written yet
+
     @classmethod
     def empty(
         cls,
         b: int,
-        kv_heads: int,
-        capacity: int,
+        heads: int,
+        slots: int,
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-    ) -> KVCache:
-        shape = (b, kv_heads, capacity, head_dim)
+    ) -> Self:
+        shape = (b, heads, slots, head_dim)
         return cls(
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(b, capacity, dtype=torch.bool, device=device),
+            torch.full((b, slots), cls.UNWRITTEN, dtype=torch.bool, device=device),
         )
+
+    def slot(self, i: int) -> Self:
+        """Sequence i's part as an empty state of its own (views of this one's tensors): a
+        serving engine prefills a new sequence into its slot while the others stay."""
+        self.padded[i] = self.UNWRITTEN
+        return type(self)(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
+
+    def admit(self, part: Self) -> None:
+        """After every slot was filled: the batch is at ``part``'s position."""
+        self.length = part.length
+        self.has_padding = self.has_padding or part.has_padding
+
+
+@dataclass
+class KVCache(KeyValues):
+    """Every token's key and value, preallocated to the capacity (slot p holds position p)."""
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def slot(self, i: int) -> KVCache:
-        """Sequence i's cache as an empty one of its own (views of this one's tensors): a
-        serving engine prefills a new sequence into its slot while the others stay."""
-        self.padded[i] = False
-        return KVCache(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
-
     def seek(self, length: int) -> None:
         """The whole batch at ``length`` tokens as if every slot were filled: the memory
         model's shortcut to a decode step's shapes (on meta, contents do not matter)."""
         self.length = length
-
-    def admit(self, part: KVCache) -> None:
-        """After every slot was filled: the batch is at ``part``'s position."""
-        self.length = part.length
-        self.has_padding = self.has_padding or part.has_padding
 
     def append(
         self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
@@ -108,10 +117,11 @@ class KVCache:
         return blocked
 
 
-def kv_cache_bytes(n: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """One sequence's K and V at context n in one layer, plus its padding flags (a byte a
-    token): what :class:`KVCache` allocates per sequence at capacity n."""
-    return 2 * kv_heads * head_dim * n * itemsize + n
+def kv_cache_bytes(slots: int, heads: int, head_dim: int, itemsize: int) -> int:
+    """One sequence's keys and values in ``slots`` slots of one layer, plus their padding
+    flags (a byte a slot): what :class:`KeyValues` allocates per sequence (a cache at
+    capacity n: n slots; local's ring: min(w, n))."""
+    return 2 * heads * head_dim * slots * itemsize + slots
 
 
 def grouped(q: Tensor, kv_heads: int) -> Tensor:

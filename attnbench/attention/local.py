@@ -50,12 +50,14 @@ keys followed by the chunk's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.cache import KeyValues, kv_cache_bytes
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
 
@@ -63,36 +65,21 @@ MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a lar
 
 
 @dataclass
-class Ring:
-    """The last r = min(w, capacity) keys and values, (b, h, r, dh) in the state's dtype,
-    position p in slot p mod r; ``padded`` (b, r): True at padding and at slots not yet
-    written; ``length``: tokens seen so far; ``has_padding``: whether any written token was."""
+class Ring(KeyValues):
+    """The last r = min(w, capacity) keys and values, position p in slot p mod r; a slot
+    not written yet counts as padding."""
 
-    k: Tensor
-    v: Tensor
-    padded: Tensor
-    length: int = 0
-    has_padding: bool = False
+    UNWRITTEN: ClassVar[bool] = True
 
     @property
     def size(self) -> int:
         return self.k.shape[2]
-
-    def slot(self, i: int) -> Ring:
-        """Sequence i's ring as an empty one of its own (views of this one's tensors)."""
-        self.padded[i] = True
-        return Ring(self.k[i : i + 1], self.v[i : i + 1], self.padded[i : i + 1])
 
     def seek(self, length: int) -> None:
         """The whole batch at ``length`` tokens as if every slot were filled (the memory
         model's shortcut to a decode step's shapes)."""
         self.length = length
         self.padded[:, : min(length, self.size)] = False
-
-    def admit(self, part: Ring) -> None:
-        """After every slot was filled: the batch is at ``part``'s position."""
-        self.length = part.length
-        self.has_padding = self.has_padding or part.has_padding
 
     def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
         """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""
@@ -211,17 +198,12 @@ class LocalAttention(MultiHeadAttention):
         return self._banded(self.q_proj(x), self.k_proj(x), self.v_proj(x), key_padding_mask)
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Ring:
-        shape = (b, self.n_heads, min(self.cfg.window, capacity), self.head_dim)
-        return Ring(
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.ones(b, shape[2], dtype=torch.bool, device=device),
-        )
+        slots = min(self.cfg.window, capacity)
+        return Ring.empty(b, self.n_heads, slots, self.head_dim, dtype, device)
 
     def state_bytes(self, n: int, itemsize: int) -> int:
         """The ring: min(w, n) keys and values of every head, and a padding flag each."""
-        r = min(self.cfg.window, n)
-        return 2 * self.n_heads * self.head_dim * r * itemsize + r
+        return kv_cache_bytes(min(self.cfg.window, n), self.n_heads, self.head_dim, itemsize)
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """One query against the ring's min(w, n) written slots (whatever its capacity)."""

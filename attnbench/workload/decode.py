@@ -82,8 +82,9 @@ class DecodeWork(Work):
 
     def _new_states(self) -> None:
         self.states = None  # the last ones go first
-        b = self.x.shape[0]
-        self.states = self.model.new_state(b, self.n + self.tokens, self.state_dtype, self.device)
+        self.states = self.model.new_state(
+            self.b, self.n + self.tokens, self.state_dtype, self.device
+        )
 
     def _prompt(self) -> Tensor:
         """One sequence's prompt, (1, n, d), random from a fixed seed (never zeros)."""
@@ -132,8 +133,7 @@ class DecodeWork(Work):
         ``extend`` calls)."""
         if self._prefill_transient is None:
             self._prefill_transient = self._traced_prefill()
-        b = self.x.shape[0]
-        cap, dtype = self.n + self.tokens, self.state_dtype
+        b, cap, dtype = self.b, self.n + self.tokens, self.state_dtype
 
         def decode_step() -> Tensor:
             self.states = self.model.new_state(b, cap, dtype, self.device)
@@ -283,7 +283,7 @@ class Decode(Workload):
         from attnbench.workload import encoder
 
         model = encoder(cell, params, "meta").to(DTYPES[cell.dtype])
-        itemsize = DTYPES[cell.state_dtype if cell.state_dtype != "auto" else cell.dtype].itemsize
+        itemsize = state_dtype(cell, DTYPES[cell.dtype]).itemsize
         need = module_bytes(model) + model.state_bytes(cell.n + cell.decode_tokens, itemsize)
         if need > usable:
             raise ValueError(
