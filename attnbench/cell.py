@@ -62,6 +62,8 @@ class Cell:
     state_dtype: str = "auto"  # decode only: the cache's or state's dtype; auto = the cell's
     prefill_chunk: int = 512  # decode only: prompt tokens per prefill call; 0 = all at once
     kv_heads: int | None = None  # grouped-query key/value heads; None = n_heads
+    compile: bool = False  # torch.compile each encoder layer before anything is timed
+    compile_mode: str = "default"  # torch.compile's mode (compile=true only)
     task: str = "cost"  # or a quality task: approx, spectrum, listops (attnbench.quality.tasks)
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
@@ -101,6 +103,7 @@ class Cell:
             [label(self.attention, dict(self.params)), f"n={self.n}"]
             + ([f"k={self.k}"] if self.k is not None else [])
             + [w for w in [self.workload.label(self)] if w]
+            + ([compiled_label(self.compile_mode)] if self.compile else [])
             + ([f"task={self.task}"] if self.task != "cost" else [])
         )
 
@@ -182,6 +185,14 @@ def left_out(cell: Cell) -> str | None:
 
 
 STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+# torch.compile's modes (torch.compile's docstring); reduce-overhead adds CUDA graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compiled_label(mode: str) -> str:
+    """What a label adds for a compiled cell or row: ``compiled``, with its mode unless it is
+    the default (``compiled(max-autotune)``)."""
+    return "compiled" if mode in (None, "default") else f"compiled({mode})"
 
 
 def check_decode_settings(cell: Cell) -> None:
@@ -286,6 +297,8 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     check_choice("optimizer", cell.optimizer, OPTIMIZERS)
     check_bool("checkpoint", cell.checkpoint)
     check_decode_settings(cell)
+    check_bool("compile", cell.compile)
+    check_choice("compile_mode", cell.compile_mode, COMPILE_MODES)
     check_choice("task", cell.task, TASKS)
     if cell.task != "cost" and cell.mode != DEFAULT_MODE:
         raise ValueError(
@@ -346,5 +359,7 @@ def key(cell: Cell, preset: presets.Preset) -> str:
         fields.update(cell.settings)
     if cell.task != "cost":  # cost cells keep the keys they had before quality tasks
         fields.update(task=cell.task, quality=s["quality"])
+    if cell.compile:  # eager cells keep the keys they had before compile existed
+        fields.update(compile=True, compile_mode=cell.compile_mode)
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:16]

@@ -78,6 +78,8 @@ class _Record:
             mode=cell.mode,
             task=cell.task,
             **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
+            compile=cell.compile,
+            compile_mode=cell.compile_mode if cell.compile else None,
             batch_asked=cell.batch,
             ceiling_bytes=ceiling,
             overhead_bytes=overhead,

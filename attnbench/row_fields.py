@@ -44,7 +44,7 @@ __all__ = ["FIELDS", "MEMORY_SOURCES", "SCHEMA", "STATUSES", "TASKS", "Field"]
 
 SCHEMA = 2
 STATUSES = ("ok", "oom", "skipped", "error")
-MEMORY_SOURCES = ("measured", "modeled")
+MEMORY_SOURCES = ("measured", "modeled", "profiled")
 REQUIRED = object()  # the default of a field every stored row must have
 
 
@@ -126,6 +126,9 @@ FIELDS: tuple[Field, ...] = (
        " (`auto`: the cell's)"),
     _f("prefill_chunk", int | None, count, "", "cell", "decode rows: prompt tokens per prefill"
        " call (0: the whole prompt)"),
+    _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
+       " (`torch.compile`, each encoder layer)", default=False, missing=False),
+    _f("compile_mode", str | None, text, "", "cell", "compiled rows: torch.compile's mode"),
     _f("batch_asked", int | str, batch_asked, "", "cell", "the batch the cell asked: `max` or a"
        " number", default="max", missing="max", column="string"),
     _f("ceiling_bytes", int | None, positive, "bytes", "cell", "the resolved memory ceiling"),
@@ -145,7 +148,10 @@ FIELDS: tuple[Field, ...] = (
     _f("peak_reserved_bytes", int | None, count, "bytes", "memory", "peak reserved memory"),
     _f("state_bytes", int | None, count, "bytes", "memory", "decode rows: the cache or state"
        " one sequence keeps at n + decode_tokens, every layer (the mechanisms' one formula)"),
-    _f("memory_source", str | None, None, "", "memory", "`measured` (CUDA) or `modeled`",
+    _f("eager_peak_bytes", int | None, count, "bytes", "memory", "compiled rows on a CPU: the"
+       " eager step's peak at `batch`, by the same instrument as `peak_bytes` (the profiler)"),
+    _f("memory_source", str | None, None, "", "memory", "`measured` (CUDA), `modeled` (the"
+       " eager graph on meta) or `profiled` (a compiled step on a CPU, the profiler's peak)",
        choices=MEMORY_SOURCES, column="category"),
     _f("time_median_s", float | None, seconds, "s", "time", "median time of a forward (step)"),
     _f("time_iqr_s", float | None, seconds, "s", "time", "its interquartile range"),
@@ -161,6 +167,18 @@ FIELDS: tuple[Field, ...] = (
        " rows: per generated token)"),
     _f("flops_backward", int | None, count, "FLOP", "time", "train rows: backward FLOPs per"
        " sequence"),
+    _f("flops_dense", int | None, count, "FLOP", "time", "where the kernel skips blocks (flex):"
+       " the forward's FLOPs per sequence as dense attention computes them; `flops` is what"
+       " the block-sparse kernel computes"),
+    _f("compiled", str | None, text, "", "time", "what ran compiled: `layers` (compile=true),"
+       " `kernel` (a mechanism that compiles its own kernel whatever compile says: flex), or"
+       " null (eager)"),
+    _f("compile_s", float | None, seconds, "s", "time", "compiled rows: the first call at the"
+       " timed batch, compilation included, before anything was timed"),
+    _f("compilations", int | None, count, "", "time", "compiled rows: graphs compiled for the"
+       " cell (a recompilation while timing is an error row, never a figure)"),
+    _f("mask_build_s", float | None, seconds, "s", "time", "flex rows: building the block"
+       " mask, once per (n, pattern), before compiling"),
     _f("time_parts", dict[str, dict[str, Any]] | None, parts, "s", "time", "train rows:"
        " `forward`, `backward`, `optimizer`, each `median_s`, `iqr_s`, `samples_s`; their"
        " per-repeat sum is `time_samples_s`"),

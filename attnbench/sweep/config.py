@@ -97,6 +97,8 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         state_dtype=cfg.get("state_dtype", "auto"),
         prefill_chunk=cfg.get("prefill_chunk", 512),
         kv_heads=cfg.model.get("kv_heads"),
+        compile=cfg.get("compile", False),
+        compile_mode=cfg.get("compile_mode", "default"),
         task=cfg.get("task", "cost"),
         quality=_quality(cfg),
     )
