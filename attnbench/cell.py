@@ -181,7 +181,14 @@ def left_out(cell: Cell) -> str | None:
         return "has no grouped-query form"
     if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
         return why
+    if (why := cell.workload.refuses_on_cpu(info)) and not on_gpu(cell, presets.load(cell.device)):
+        return why
     return None
+
+
+def on_gpu(cell: Cell, preset: presets.Preset) -> bool:
+    """Whether the cell runs on the preset's GPU here (else: memory modeled, time on a CPU)."""
+    return preset.is_gpu and torch.cuda.is_available() and not cell.model_only
 
 
 STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
@@ -326,9 +333,11 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
             **params,
         )
     work.check(cell, params, ceiling - preset.overhead_bytes)
-    on_gpu = preset.is_gpu and torch.cuda.is_available() and not cell.model_only
-    resolved = Resolved(preset, ceiling, on_gpu, params)
-    if on_gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
+    gpu = on_gpu(cell, preset)
+    if not gpu and (why := work.refuses_on_cpu(attnbench.info(cell.attention))):
+        raise ValueError(f"mode: attention={cell.attention} {why}")
+    resolved = Resolved(preset, ceiling, gpu, params)
+    if gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
         raise ValueError(
             f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
             f"overhead exceed this GPU's {here} bytes"

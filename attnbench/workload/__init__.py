@@ -55,6 +55,11 @@ class Work:
     def __call__(self) -> Any:
         return self.model(self.x)
 
+    def warm(self) -> None:
+        """Run the step until a compiled model has compiled every graph timing will run: once,
+        for a step of one shape (decode: until its growing lengths have turned symbolic)."""
+        self()
+
     def state_tensors(self) -> list[Tensor]:
         """Tensors a first step made that every later step keeps (an optimizer's state)."""
         return []
@@ -96,9 +101,17 @@ class Workload:
     primes: bool = False
     settings: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()
+    # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
+    # False, one shape per batch; None where a step's shapes change by design (decode)
+    compile_dynamic: bool | None = False
 
     def refuses(self, info: Info) -> str | None:
         """Why a mechanism (by its registry info) cannot run this workload, or None."""
+        return None
+
+    def refuses_on_cpu(self, info: Info) -> str | None:
+        """Why a mechanism cannot run this workload where its cell runs on the CPU (no GPU of
+        the preset's here), or None: FlexAttention has no backward on a CPU."""
         return None
 
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:

@@ -82,9 +82,14 @@ class DecodeWork(Work):
 
     def _new_states(self) -> None:
         self.states = None  # the last ones go first
-        self.states = self.model.new_state(
-            self.b, self.n + self.tokens, self.state_dtype, self.device
-        )
+        self.states = self.model.new_state(self.b, self.capacity, self.state_dtype, self.device)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a state holds: the prompt and every generated token; a compiled step's one
+        more: a cache filled to the last slot is one contiguous block, which a compiled
+        graph guards on (it would recompile for the last step)."""
+        return self.n + self.tokens + int(self.cell.compile)
 
     def _prompt(self) -> Tensor:
         """One sequence's prompt, (1, n, d), random from a fixed seed (never zeros)."""
@@ -107,7 +112,13 @@ class DecodeWork(Work):
         assert self.states is not None
         for state, part in zip(self.states, parts, strict=True):
             state.admit(part)
-        self.token = self.x
+        self.token = self._first_token()
+
+    def _first_token(self) -> Tensor:
+        """The first step's input: ``x`` as an inference tensor, like every later step's (a
+        compiled step would otherwise compile once more for a tensor autograd can see)."""
+        with torch.inference_mode():
+            return self.x.clone()
 
     def step(self) -> Tensor:
         """One decode step of every sequence; its output is the next step's input."""
@@ -125,6 +136,19 @@ class DecodeWork(Work):
         self.states = self.token = None  # nothing of the probe outlives it
         return out
 
+    def warm(self) -> None:
+        """The prefill as :meth:`time` runs it (or the random fill that stands in for it),
+        then three steps: a compiled step's context, static at its first length, is
+        symbolic from the second (automatic dynamic shapes), and the third runs that graph."""
+        self._new_states()
+        if self.cell in _NO_PREFILL and self.device.type == "cpu":
+            self._random_fill()
+        else:
+            self._admit(self.prefill(0, self._prompt()))
+        for _ in range(3):
+            self.step()
+        self.states = self.token = None
+
     def modeled_peak(self, base: int) -> int:
         """What one call of this work peaks at, without tracing a prefill per batch: the
         larger of a decode step of all b (their states at n, the step's transient) and the
@@ -133,7 +157,7 @@ class DecodeWork(Work):
         ``extend`` calls)."""
         if self._prefill_transient is None:
             self._prefill_transient = self._traced_prefill()
-        b, cap, dtype = self.b, self.n + self.tokens, self.state_dtype
+        b, cap, dtype = self.b, self.capacity, self.state_dtype
 
         def decode_step() -> Tensor:
             self.states = self.model.new_state(b, cap, dtype, self.device)
@@ -159,7 +183,7 @@ class DecodeWork(Work):
         state, a ring and a chunk's activations stay the same size), so no other chunk
         peaks higher; ``tests/test_decode_workload.py`` holds this against tracing every
         chunk."""
-        cap, dtype, c = self.n + self.tokens, self.state_dtype, self.chunk
+        cap, dtype, c = self.capacity, self.state_dtype, self.chunk
         last = (self.n - 1) // c * c
         starts = {0, last, last if self.n - last == c else max(last - c, 0)}
 
@@ -183,6 +207,10 @@ class DecodeWork(Work):
         slots then filled with copies of its state, then each decode step timed:
         ``decode_tokens`` steps, the first :data:`WARMUP` not counted. Returns the steps'
         timing (the row's time)."""
+        with torch.inference_mode():  # states and prompt as in a step: no autograd (and one
+            return self._time(device, **timing)  # compiled graph for them, not two)
+
+    def _time(self, device: torch.device, **timing: Any) -> list[Timing]:
         self._new_states()
         prompt = self._prompt()
         slots = itertools.count()
@@ -232,7 +260,7 @@ class DecodeWork(Work):
                 if isinstance(value, Tensor) and value.is_floating_point():
                     value[:1].uniform_(0.0, 1.0, generator=gen)
         self._copy_first(1)  # a CPU's generator runs at a fraction of a copy's bandwidth
-        self.token = self.x
+        self.token = self._first_token()
 
     def row_fields(self) -> dict[str, Any]:
         """The prefill's time, tokens per second, and the bytes a step must read (every
@@ -268,6 +296,7 @@ class Decode(Workload):
     doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
     what = "decode step"
     settings = ("decode_tokens", "state_dtype", "prefill_chunk")
+    compile_dynamic = None  # the context grows each step: automatic dynamic shapes
 
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None

@@ -103,6 +103,10 @@ class Train(Workload):
     def refuses(self, info: Info) -> str | None:
         return f"cannot train: {info.cannot_train}" if info.cannot_train else None
 
+    def refuses_on_cpu(self, info: Info) -> str | None:
+        why = getattr(info, "no_cpu_backward", None)
+        return f"cannot train on a CPU: {why}" if why else None
+
     def label(self, cell: Cell) -> str:
         return train_label(cell.optimizer, cell.checkpoint)
 

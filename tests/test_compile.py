@@ -1,0 +1,150 @@
+"""``compile=true``: each encoder layer compiled before anything is timed, the compile time and
+the graphs compiled in the row, no recompilation while timing, and a compiled cell's memory
+from the profiler (never the eager model's figure under the compiled label).
+
+Compiling costs seconds per shape on 2 cores: every cell here is tiny, and the compiled rows
+are made once per module (one compile per workload).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+import attnbench
+from attnbench.cell import Cell, key
+from attnbench.measure import compiled, presets
+from attnbench.runner import run_cell
+from attnbench.workload import Work
+
+TINY = dict(
+    dtype="fp32", device="cpu", layers=2, d_model=32, n_heads=2, d_ff=64, batch=1,
+    min_seconds=0.05, min_repeats=3, decode_tokens=6,
+)  # fmt: skip
+
+
+def tiny(attention: str = "vanilla", n: int = 64, **kw: object) -> Cell:
+    return Cell(attention, n, **{**TINY, **kw})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, object]:
+    """One compiled row per workload (decode causal, as its cells always are)."""
+    return {
+        mode: run_cell(
+            tiny(mode=mode, compile=True, params=(("causal", True),) if mode == "decode" else ())
+        )
+        for mode in ("inference", "train", "decode")
+    }
+
+
+@pytest.mark.parametrize("mode", ["inference", "train", "decode"])
+def test_a_compiled_row_says_what_ran_and_what_compiling_cost(rows, mode: str) -> None:
+    row = rows[mode]
+    assert row.status == "ok", row.reason
+    assert row.compile and row.compile_mode == "default" and row.compiled == "layers"
+    assert row.compile_s > 0 and row.compilations >= 1
+    assert row.time_per_seq_s > 0 and row.repeats >= 1
+    # memory: the profiler's peak of the compiled step and of the eager one, at the timed b;
+    # the eager meta model's max batch is not a compiled figure, so there is none
+    assert row.memory_source == "profiled" and row.batch == 1
+    assert row.max_batch is None and row.predicted_max_batch is None
+    out_bytes = 1 * 64 * 32 * 4  # the layer's output, at least, is allocated by the step
+    assert row.peak_bytes >= out_bytes and row.eager_peak_bytes >= out_bytes
+
+
+def test_an_eager_row_has_no_compile_figures() -> None:
+    row = run_cell(tiny())
+    assert row.status == "ok" and not row.compile and row.compile_mode is None
+    assert row.compiled is None and row.compile_s is None and row.compilations is None
+    assert row.memory_source == "modeled" and row.eager_peak_bytes is None
+
+
+def test_compile_enters_the_key_only_when_true() -> None:
+    preset = presets.load("cpu")
+    eager = tiny()
+    assert key(eager, preset) == key(
+        dataclasses.replace(eager, compile_mode="max-autotune"), preset
+    )
+    on = dataclasses.replace(eager, compile=True)
+    assert key(on, preset) != key(eager, preset)
+    assert key(on, preset) != key(dataclasses.replace(on, compile_mode="max-autotune"), preset)
+    assert on.label.endswith("compiled") and "compiled" not in eager.label
+    assert dataclasses.replace(on, compile_mode="max-autotune").label.endswith(
+        "compiled(max-autotune)"
+    )
+
+
+def _layers(d: int = 32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return attnbench.build_model(
+        "vanilla", layers=2, d_model=d, n_heads=2, d_ff=64, max_seq_len=64
+    ).eval()
+
+
+def test_compiled_layers_compute_what_the_eager_ones_do() -> None:
+    model, x = _layers(), torch.randn(2, 48, 32)
+    with torch.inference_mode():
+        eager = model(x)
+        compiled.compile_layers(model, "default", dynamic=False)
+        assert torch.allclose(model(x), eager, atol=1e-5, rtol=1e-5)
+
+
+def test_a_recompilation_while_timing_raises_and_none_is_counted_otherwise() -> None:
+    """The guard can fail: a step whose shape changes between repeats recompiles on the clock,
+    which raises; the same step at one shape compiles nothing while timed."""
+    compiled.reset()
+    model = _layers()
+    compiled.compile_layers(model, "default", dynamic=False)
+    work = Work(model, torch.randn(1, 40, 32))
+    warm = compiled.warm(work, torch.device("cpu"), grad=False)
+    assert warm.graphs >= 1 and warm.seconds > 0
+    _, graphs = compiled.timed(work, torch.device("cpu"), min_repeats=3, min_seconds=0.0)
+    assert graphs == 0
+
+    class Growing(Work):
+        def __call__(self) -> torch.Tensor:
+            self.x = torch.randn(1, self.x.shape[1] + 8, 32)
+            return self.model(self.x)
+
+    with pytest.raises(Exception, match="Recompil"):
+        compiled.timed(Growing(model, work.x), torch.device("cpu"), min_repeats=3, min_seconds=0)
+
+
+def test_a_compiler_failure_is_the_cells_error_row(tmp_path: Path, monkeypatch) -> None:
+    """No working C++ compiler: the cell's row is an error with the compiler's first line
+    (a sweep stores it and goes on, as any error row). A fresh cache and a shape compiled
+    nowhere else, so that no cached kernel spares the compiler."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with inductor.patch({"cpp.cxx": ("/nonexistent/g++",), "fx_graph_cache": False}):
+        row = run_cell(tiny(n=40, d_model=24, layers=1, compile=True))
+    assert row.status == "error"
+    assert "InvalidCxxCompiler" in row.reason and "\n" not in row.reason
+
+
+def _run(tmp_path: Path, *args: str) -> object:
+    return run_cli(
+        "run", "model=tiny", "device=cpu", "dtype=fp32", "progress=false", "n=64",
+        f"out_dir={tmp_path}", "timing.min_seconds=0", "timing.min_repeats=2", *args,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["compile=maybe"], "compile: must be true or false"),
+        (["compile=true", "compile_mode=fast"], "compile_mode: must be one of"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    out = _run(tmp_path, "attention=vanilla", *args)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], out.stderr
+    assert not list(tmp_path.rglob("cells.jsonl"))
