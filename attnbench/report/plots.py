@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnbench.report.ratio import label, setting
+from attnbench.report.ratio import label, unnamed
 from attnbench.report.tables import RatioTable
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
@@ -64,9 +64,9 @@ def _figure() -> tuple[Figure, Any]:
 
 def _series(rows: list[Row], y: str) -> dict[str, list[tuple[int, float]]]:
     """One line per mechanism and budget (``linformer (...) k=128``), points (n, y)."""
-    # fp16 and fp32 rows: two lines, not a zigzag (causal, the setting's last part, is in
-    # the label already)
-    many = len({setting(r)[:-1] for r in rows}) > 1
+    # fp16 and fp32 rows: two lines, not a zigzag (causal and compiled, the setting's last
+    # parts, are in the label already)
+    many = len({unnamed(r) for r in rows}) > 1
     out: dict[tuple[str, int, str], list[tuple[int, float]]] = {}
     for r in rows:
         v = getattr(r, y)

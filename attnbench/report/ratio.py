@@ -2,11 +2,12 @@
 length and plot of a report.
 
 Which rows are compared is :func:`group`: the same n, dtype, preset, ceiling, model, batch
-setting, machine and work; which row of a group is the baseline is :func:`is_baseline`: the
-baseline mechanism with its full cache of keys and values in the cell's dtype (no
-``kv_heads``, ``state_dtype`` auto: a row with grouped-query heads or a state kept in another
-dtype is compared against it, never its own baseline). What is compared is
-:func:`ratio`, the paper's section 5.3:
+setting, machine and work, eager or compiled alike (a compiled mechanism against the
+baseline compiled the same way, never against the eager one: :func:`compiled`); which row
+of a group is the baseline is :func:`is_baseline`: the baseline mechanism with its full
+cache of keys and values in the cell's dtype (no ``kv_heads``, ``state_dtype`` auto: a row
+with grouped-query heads or a state kept in another dtype is compared against it, never its
+own baseline). What is compared is :func:`ratio`, the paper's section 5.3:
 
 * time ratio   = baseline time per sequence ÷ mechanism time per sequence (speed-up)
 * memory ratio = mechanism max batch ÷ baseline max batch (memory saved)
@@ -19,6 +20,7 @@ never a number, and never an infinity that could be read as a measured speed-up.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -34,12 +36,24 @@ def kv_heads(row: Row) -> int | None:
     return (row.model or {}).get("kv_heads")
 
 
+def compiled(row: Row) -> str | None:
+    """What a compiled row's label adds (:func:`attnbench.cell.compiled_label`:
+    ``compiled``, ``compiled(max-autotune)``); None for an eager row, and for a row from
+    before ``compile`` existed. A mechanism that compiles its own kernel in an eager model
+    (flex: ``row.compiled == "kernel"``) is an eager row here: it runs in the eager model."""
+    if not getattr(row, "compile", False):
+        return None
+    return cell.compiled_label(getattr(row, "compile_mode", None) or "default")
+
+
 def name(row: Row) -> str:
-    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`) and its
-    grouped-query heads (``sdpa (causal=True, kv_heads=3)``), as stored: two rows of one
-    name are one mechanism. :func:`label` is what a report prints of it."""
+    """A row's mechanism with its own parameters (:func:`attnbench.cell.label`), its
+    grouped-query heads (``sdpa (causal=True, kv_heads=3)``) and, compiled, what
+    :func:`compiled` says (``linear compiled``), as stored: two rows of one name are one
+    mechanism. :func:`label` is what a report prints of it."""
     kv = kv_heads(row)
-    return cell.label(row.attention, {**(row.params or {}), **({"kv_heads": kv} if kv else {})})
+    got = cell.label(row.attention, {**(row.params or {}), **({"kv_heads": kv} if kv else {})})
+    return got + (f" {c}" if (c := compiled(row)) else "")
 
 
 def label(row: Row) -> str:
@@ -54,8 +68,11 @@ def group(row: Row) -> tuple:
     baseline keeps every head's keys and values), batch setting (``max`` or a fixed b), the
     same machine and the same work: inference, a training step with the same optimizer and
     checkpointing, or serving with the same tokens and prefill chunk (the state's dtype, like
-    grouped-query heads, is the mechanism's: the baseline keeps the cell's); causal rows
-    against a causal baseline (``causal`` is a mechanism parameter)."""
+    grouped-query heads, is the mechanism's: the baseline keeps the cell's); compiled rows
+    against the baseline compiled in the same mode, eager rows against the eager one
+    (:func:`compiled`); causal rows against a causal baseline (``causal`` is a mechanism
+    parameter). The last two entries are what a row's :func:`name` says already
+    (:data:`NAMED`)."""
     model = {k: v for k, v in (row.model or {}).items() if k != "kv_heads"}
     return (
         row.n,
@@ -70,8 +87,21 @@ def group(row: Row) -> tuple:
         row.checkpoint,
         row.decode_tokens,
         row.prefill_chunk,
-        bool((row.params or {}).get("causal")),  # last: a plot's label says it already
+        # last: a row's name says them already (a plot's legend needs no more)
+        compiled(row),
+        bool((row.params or {}).get("causal")),
     )
+
+
+NAMED = 2  # the entries at the end of :func:`group` that :func:`name` says
+
+
+def eager(row: Row) -> Row:
+    """``row`` as its eager twin would be stored (``compile`` false): its :func:`group`
+    is the eager rows' it is set beside when a report asks what compiling did."""
+    if not compiled(row):
+        return row
+    return dataclasses.replace(row, compile=False, compile_mode=None)
 
 
 def is_baseline(row: Row, baseline: str) -> bool:
@@ -93,6 +123,12 @@ def baselines(rows: list[Row], baseline: str) -> dict[tuple, Row]:
 def setting(row: Row) -> tuple:
     """Everything of :func:`group` but n: rows of one setting form one table (or line)."""
     return group(row)[1:]
+
+
+def unnamed(row: Row) -> tuple:
+    """:func:`setting` less what the row's :func:`name` says (compiled, causal): rows
+    that differ only there are told apart by their names."""
+    return setting(row)[:-NAMED]
 
 
 def compared(rows: list[Row], baseline: str) -> list[Row]:
@@ -143,8 +179,8 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
     So is an out-of-memory mechanism; any other row that is not ``ok`` (skipped, error)
     and a figure either row lacks give ``–`` with the reason; a time either row took on a
     contended CPU gives ``busy``; a quotient beyond a float's range is no ratio either. A
-    defined ratio carries its caveats: memory modeled rather than measured, time taken off
-    the device or not at max batch, a noisy time."""
+    defined ratio carries its caveats: memory modeled (or profiled) rather than measured,
+    time taken off the device or not at max batch, a noisy time."""
     if b.status == "oom":
         source = b.memory_source or "measured"
         note = f"the baseline does not fit at {_at(b)} under the ceiling ({source})"
@@ -158,8 +194,14 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
         if not r.max_batch or not b.max_batch:
             return _undefined(SKIPPED, "fixed batch: no max batch was searched")
         v = r.max_batch / b.max_batch
-        modeled = "modeled" in (r.memory_source, b.memory_source)
-        return Ratio(v, f"{v:.1f}x", ("memory modeled, not measured",) if modeled else ())
+        sources = (r.memory_source, b.memory_source)
+        notes = ("memory modeled, not measured",) if "modeled" in sources else ()
+        if "profiled" in sources:
+            notes += (
+                "max batch modeled on the eager graph, not measured (the compiled step's own "
+                "peak was profiled on a CPU)",
+            )
+        return Ratio(v, f"{v:.1f}x", notes)
     t, tb = r.time_per_seq_s, b.time_per_seq_s
     if busy := next((x for x in (r, b) if x.busy and x.time_per_seq_s), None):
         why = (busy.contention or {}).get("why") or "contended"

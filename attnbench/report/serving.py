@@ -32,7 +32,7 @@ from typing import Any
 from attnbench.report.efficiency import Length, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
 from attnbench.report.grid import Grid
-from attnbench.report.ratio import baselines, compared, kv_heads, setting
+from attnbench.report.ratio import baselines, compared, compiled, kv_heads, setting
 from attnbench.report.tables import MISSING, RatioTable, context, fill
 from attnbench.row import Row, as_rows, printable
 
@@ -48,19 +48,22 @@ def applies(row: Row) -> bool:
 def configuration(row: Row) -> str:
     """A column's label, as stored: the mechanism with its parameters (``causal`` aside:
     every decode row is causal), its grouped-query heads and its state's dtype where not
-    the cell's (``auto``), and its budget: ``local (window=256, state=fp32)``."""
+    the cell's (``auto``), compiled or not (:func:`~attnbench.report.ratio.compiled`), and
+    its budget: ``local (window=256, state=fp32)``, ``linear compiled``."""
     inner = [f"{k}={v}" for k, v in sorted((row.params or {}).items()) if k != "causal"]
     if kv := kv_heads(row):
         inner.append(f"kv_heads={kv}")
     if row.state_dtype not in (None, "auto"):
         inner.append(f"state={row.state_dtype}")
     name = f"{row.attention} ({', '.join(inner)})" if inner else row.attention
+    name += f" {c}" if (c := compiled(row)) else ""
     return name + (f" k={row.k}" if row.k else "")
 
 
 def where(row: Row) -> tuple:
     """What one set of serving tables shares: :func:`~attnbench.report.ratio.setting` but
-    the batch (a table per batch) and the state's dtype (a column's)."""
+    the batch (a table per batch) and the state's dtype (a column's); compiled rows are a
+    set of their own, against vanilla compiled."""
     return setting(dataclasses.replace(row, batch_asked="", state_dtype=""))
 
 
@@ -120,7 +123,8 @@ def serving_tables(
         mine = compared(rows_here, baseline)
         heads = _columns(mine)
         first = rows_here[0]
-        many = f" ({first.dtype}, {first.decode_tokens} tokens)" if len(sets) > 1 else ""
+        how = f", {c}" if (c := compiled(first)) else ""
+        many = f" ({first.dtype}, {first.decode_tokens} tokens{how})" if len(sets) > 1 else ""
         for batch in _batches(rows_here):
             at = [r for r in mine if str(r.batch_asked) == str(batch)]
             if not at:
@@ -193,7 +197,7 @@ def lengths_table(lengths: list[Length]) -> Grid:
     )
 
 
-def _sig(v: float) -> str:
+def sig(v: float) -> str:
     """Three significant digits, never an exponent: ``4836``, ``21.2``, ``0.590``."""
     digits = 2 - math.floor(math.log10(abs(v))) if v else 0
     return f"{v:.{max(digits, 0)}f}"
@@ -236,7 +240,7 @@ def state_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
 
 
 def _mb(v: int | None) -> str:
-    return MISSING if v is None else _sig(v / 1e6)
+    return MISSING if v is None else sig(v / 1e6)
 
 
 def _copies(copies: list[float]) -> str:
@@ -246,8 +250,8 @@ def _copies(copies: list[float]) -> str:
         return MISSING
     low, high = min(copies), max(copies)
     if high > 1.1 * low:
-        return f"{_sig(low / 1e9)}–{_sig(high / 1e9)}"
-    return _sig(statistics.median(copies) / 1e9)
+        return f"{sig(low / 1e9)}–{sig(high / 1e9)}"
+    return sig(statistics.median(copies) / 1e9)
 
 
 def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str]) -> Grid | None:
@@ -278,7 +282,7 @@ def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str])
                     if d.get("copy_bytes_per_s")
                     else ""
                 )
-                cells.append(_sig(d["bytes_per_s"] / 1e9) + share)
+                cells.append(sig(d["bytes_per_s"] / 1e9) + share)
         copies = [
             d["copy_bytes_per_s"]
             for (m, _), r in timed.items()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from attnbench.report.plots import Plot, _figure, _lines, _text
+from attnbench.report.ratio import compiled
 from attnbench.report.serving import MAX, configuration, row_sets
 from attnbench.row import Row
 
@@ -47,7 +48,11 @@ def _plots(
         busy = f"; {left_out} left out: machine busy" if left_out else ""
         what = caption.removeprefix("Serving: ").removesuffix(" against n")
         ax.set_title(
-            _text(f"{what}: {first.dtype}, {first.decode_tokens} tokens, {first.device}{busy}"),
+            _text(
+                f"{what}: {first.dtype}, {first.decode_tokens} tokens, {first.device}"
+                + (f", {c}" if (c := compiled(first)) else "")
+                + busy
+            ),
             fontsize=8,
         )
         suffix = f"-{i + 1}" if len(sets) > 1 else ""

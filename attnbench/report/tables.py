@@ -22,7 +22,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.report.ratio import SKIPPED, baselines, compared, group, name, ratio, setting
+from attnbench.report.ratio import (
+    SKIPPED,
+    baselines,
+    compared,
+    compiled,
+    group,
+    name,
+    ratio,
+    setting,
+)
 from attnbench.row import Row, as_rows, printable, shorten
 from attnbench.workload import caption_of
 
@@ -46,6 +55,7 @@ class RatioTable:
     attention: str = ""  # the registry name behind ``mechanism`` (which carries its params)
     column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
     mode: str = "inference"  # or "train": a training step's table (the paper has none)
+    compiled: str = ""  # its rows' ratio.compiled (``compiled``), "" eager (as the paper's)
 
 
 def heading(t: RatioTable, k: Any) -> str:
@@ -56,10 +66,21 @@ def heading(t: RatioTable, k: Any) -> str:
     return "ratio" if k is None else f"{t.column}={k}"
 
 
+def compiling(row: Row) -> str:
+    """What a table's context says of a row compiled (``compiled (torch.compile, each
+    encoder layer), ``), of a mechanism that compiles its own kernel in the eager model
+    (flex), or nothing (eager)."""
+    if c := compiled(row):
+        return f"{c} (torch.compile, each encoder layer, the baseline's too), "
+    if getattr(row, "compiled", None) == "kernel":
+        return "its kernel compiled (torch.compile) in the eager model, "
+    return ""
+
+
 def context(rows: list[Row], work: str | None = None) -> str:
     """What a table's rows were measured on, in a line under it: ``work`` first (else the
-    workload's caption), then the preset, machine, dtype, model, ceiling, batch, version
-    and date of its first row."""
+    workload's caption), then how it was compiled (:func:`compiling`), the preset, machine,
+    dtype, model, ceiling, batch, version and date of its first row."""
     first = rows[0]
     model = first.model or {}
     env = first.env or {}
@@ -74,7 +95,9 @@ def context(rows: list[Row], work: str | None = None) -> str:
         caption = caption_of(first)
         work = f"{caption}, " if caption else ""
     return printable(
-        work + f"preset {first.device}, run on {env.get('device_name', '?')}, {first.dtype}, "
+        work
+        + compiling(first)
+        + f"preset {first.device}, run on {env.get('device_name', '?')}, {first.dtype}, "
         f"model {shape}, ceiling {first.ceiling_bytes} bytes, "
         + ("" if batch == "max" else f"fixed batch {batch}, ")
         + f"attnbench {env.get('attnbench', '?')}"
@@ -122,6 +145,7 @@ def ratio_tables(
                     attention=mrows[0].attention,
                     column=mrows[0].budget or "k",
                     mode=mrows[0].mode,
+                    compiled=compiled(mrows[0]) or "",
                 )
             )
     return tables
