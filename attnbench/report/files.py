@@ -51,11 +51,7 @@ class Report:
 
     def documents(self) -> list[str]:
         """The documents the report writes: those with a section that applies to a row."""
-        return list(
-            dict.fromkeys(
-                s.document for s in SECTIONS if s.document and any(map(s.applies, self.rows))
-            )
-        )
+        return list(dict.fromkeys(s.document for s in SECTIONS if s.document and s.used(self.rows)))
 
 
 def default_out(run_dir: Path) -> Path:
@@ -151,6 +147,11 @@ INTRO = {
     "ratio = the configuration's max batch / {0}'s; {0} with every head's cache and the same "
     "state dtype is each configuration's baseline.",
     sections.QUALITY: " Quality rows: no time or memory ratios.",
+    sections.COMPILED: " Compiled cells (compile=true: torch.compile of each encoder layer) "
+    "beside eager ones: speed-up from compiling = eager time per sequence / compiled, at the "
+    "same n, dtype, preset, batch and work; a compiled mechanism's ratios are against {0} "
+    "compiled the same way, never the eager one; flex compiles its own kernel even in the "
+    "eager model.",
 }
 # report.json's keys, in the order it has always had; each holds its sections' records.
 # The first three are always there; the others only where a section of theirs applies
@@ -161,6 +162,7 @@ RECORDS = (
     "serving_tables",
     "serving_efficiency_lengths",
     "serving_state",
+    "compiled",
 )
 ALWAYS = RECORDS[:3]
 
@@ -195,7 +197,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
         md[doc] = [f"# {text.markdown(title)}", "", text.markdown(_intro(report, doc)), ""]
         tex[doc] = [text.comment(title), r"% needs \usepackage{booktabs}", ""]
     page: list[tuple[str, list[str]]] = []
-    present = {s.record for s in SECTIONS if s.record and any(map(s.applies, report.rows))}
+    present = {s.record for s in SECTIONS if s.record and s.used(report.rows)}
     records: dict[str, list] = {k: [] for k in RECORDS if k in ALWAYS or k in present}
     for section, parts in report.made:
         for part in parts:

@@ -8,8 +8,10 @@ their format, so a new table or figure is one entry here, in every format at onc
 
 Tables go into a document, the Markdown and LaTeX file named after what it holds:
 ``table3`` (Table 3's ratios against the baseline, and the efficiency lengths read from
-them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`) or
-``quality`` (the quality tasks' tables). Figures go to ``plots/`` and the page.
+them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`),
+``compiled`` (eager and compiled side by side, flex beside local:
+:mod:`attnbench.report.compiled`, only where a row is compiled or flex) or ``quality`` (the
+quality tasks' tables). Figures go to ``plots/`` and the page.
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report import efficiency, plots, quality, quality_plots, serving, serving_plots
+from attnbench.report import (
+    compiled,
+    compiled_plots,
+    efficiency,
+    flex,
+    plots,
+    quality,
+    quality_plots,
+    ratio,
+    serving,
+    serving_plots,
+)
 from attnbench.report.grid import Grid
 from attnbench.report.paper import Beside, beside, load_paper
 from attnbench.report.tables import RatioTable
@@ -28,6 +41,7 @@ from attnbench.row import Row
 TABLE3 = "table3"
 SERVING = "serving"
 QUALITY = "quality"
+COMPILED = "compiled"
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,9 @@ class Section:
     """A kind of table or figure: ``name`` and ``title`` say what it is, ``applies`` which
     rows it reads, ``make`` its parts (none where the rows hold nothing for it).
     ``document`` is the file its tables go in (None: a figure); ``record`` its key in
-    ``report.json`` (None: nothing kept)."""
+    ``report.json`` (None: nothing kept). ``wanted``: a section that reads rows it is not
+    made for (the compiled ones read the eager twins) is there only where a row is one it
+    is made for."""
 
     name: str
     title: str
@@ -64,6 +80,11 @@ class Section:
     make: Callable[[Basis], list[Part]]
     document: str | None = None
     record: str | None = None
+    wanted: Callable[[Row], bool] | None = None
+
+    def used(self, rows: list[Row]) -> bool:
+        """Whether the rows hold anything for this section."""
+        return any(map(self.applies, rows)) and (self.wanted is None or any(map(self.wanted, rows)))
 
 
 def _cost(r: Row) -> bool:
@@ -85,14 +106,24 @@ def _lengths(basis: Basis) -> list[Part]:
     if not lengths:
         return []
     records = tuple(dataclasses.asdict(x) for x in lengths)
-    return [Part("efficiency length", efficiency.grid(lengths), records)]
+    legend = (COMPILED_LENGTHS,) if any(map(ratio.compiled, basis.rows)) else ()
+    return [Part("efficiency length", efficiency.grid(lengths, legend=legend), records)]
 
 
-def _grids(make: Callable[[list[Row]], Any]) -> Callable[[Basis], list[Part]]:
-    """Parts of a function that makes one grid, a list of them or None."""
+COMPILED_LENGTHS = (
+    "A compiled mechanism (its name says compiled) against the baseline compiled the same "
+    "way, never against the eager one."
+)
+
+
+def _grids(
+    make: Callable[[list[Row]], Any], baseline: bool = False
+) -> Callable[[Basis], list[Part]]:
+    """Parts of a function that makes one grid, a list of them or None (``baseline``: it
+    takes the report's baseline too)."""
 
     def parts(basis: Basis) -> list[Part]:
-        made = make(basis.rows)
+        made = make(basis.rows, basis.baseline) if baseline else make(basis.rows)
         grids = made if isinstance(made, list) else [] if made is None else [made]
         return [Part(g.title, g, (dataclasses.asdict(g),)) for g in grids]
 
@@ -214,6 +245,17 @@ SECTIONS = (
             SERVING, "serving_efficiency_lengths"),
     Section("serving-state", "Serving: state per sequence and achieved bandwidth", _decode,
             _grids(serving.state_grids), SERVING, "serving_state"),
+    Section("compiled", "Eager and compiled side by side", compiled.applies,
+            _grids(compiled.side_by_side), COMPILED, "compiled", compiled.wanted),
+    Section("compiled-short-n", "The short-n end: where compiling pays", compiled.applies,
+            _grids(compiled.short_n), COMPILED, "compiled", compiled.wanted),
+    Section("compiled-efficiency", "Efficiency lengths of compiled mechanisms",
+            compiled.applies, _grids(compiled.compiled_lengths, baseline=True), COMPILED,
+            "compiled", compiled.wanted),
+    Section("flex-vs-local", "flex beside local at the same window", compiled.applies,
+            _grids(flex.flex_beside_local), COMPILED, "compiled", compiled.wanted),
+    Section("compiled-memory", "Peak memory, eager and compiled (CPU profiler)",
+            compiled.applies, _grids(compiled.memory), COMPILED, "compiled", compiled.wanted),
     Section("paper", "The ratios beside the paper's Table 3", _cost, _paper, TABLE3),
     Section("time-vs-n", TIME, lambda r: _cost(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),
@@ -236,6 +278,8 @@ SECTIONS = (
             _figure(serving_plots.state_per_sequence)),
     Section("serving-batch-vs-n", "Serving: max batch against n", _decode,
             _figure(serving_plots.max_batch)),
+    Section("compiled-time-vs-n", compiled_plots.CAPTION, compiled.applies,
+            _figure(compiled_plots.time_vs_n), wanted=compiled.wanted),
     Section("approx-vs-budget", "Approximation error against the budget", _task("approx"),
             _figure(quality_plots.approx_vs_budget)),
     Section("spectrum-figures", "Figure 1: the spectrum of P", _task("spectrum"),
@@ -248,5 +292,8 @@ SECTIONS = (
 def make(
     section: Section, rows: list[Row], baseline: str, tables: list[tuple[RatioTable, str]]
 ) -> list[Part]:
-    """``section``'s parts from the rows it applies to."""
+    """``section``'s parts from the rows it applies to; none where it is not
+    :meth:`~Section.used`."""
+    if not section.used(rows):
+        return []
     return section.make(Basis([r for r in rows if section.applies(r)], baseline, tables))
