@@ -42,6 +42,7 @@ def mechanism_rows() -> list[tuple[str, ...]]:
                 i.budget or "-",
                 decode_cell(i.cannot_decode),
                 "yes" if i.gqa else "no",
+                "yes" if i.compiles else "no",
                 i.limits or "-",
             )
         )
@@ -58,6 +59,7 @@ HEADERS = (
     "budget (k)",
     "decode",
     "gqa",
+    "compiles",
     "limits",
 )
 

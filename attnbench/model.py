@@ -104,6 +104,17 @@ class Encoder(nn.Module):
         """Matmul FLOPs of one forward: each layer's attention plus its two FFN matmuls."""
         return sum(layer.attn.flops(b, n) + layer.ffn_flops(b, n) for layer in self.layers)
 
+    def dense_flops(self, b: int, n: int) -> int:
+        """:meth:`flops` with every layer's attention counted dense (``dense_attention_flops``:
+        what softmax attention over all n × n pairs computes), beside a block-sparse count."""
+        return sum(layer.attn.dense_flops(b, n) + layer.ffn_flops(b, n) for layer in self.layers)
+
+    def prepare(self, n: int, device: torch.device | str) -> float:
+        """Every layer's per-length structures built ahead of the first forward at length n
+        (``attn.prepare``): the seconds spent (layers share what they build, so only the
+        first builds; 0.0 when nothing needs building)."""
+        return sum(layer.attn.prepare(n, device) for layer in self.layers)
+
     def flops_backward(self, b: int, n: int) -> int:
         """Matmul FLOPs of one backward: each attention's own count, the FFN's two gradients
         of each matmul; with checkpointing, one more forward (each layer runs again)."""

@@ -46,6 +46,10 @@ class Info:
     limits: str | None = None  # what of the common contract it does not meet, or None
     cannot_decode: str | None = None  # why mode=decode is refused, or None: it decodes
     gqa: bool = False  # builds with kv_heads < n_heads (grouped-query attention)
+    # its kernel is compiled whatever the cell's ``compile`` says (torch.compile inside it)
+    compiles: bool = False
+    # why its backward cannot run on a CPU (training refused there), or None: it can
+    no_cpu_backward: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ def register(
     limits: str | None = None,
     cannot_decode: str | None = NO_DECODE,
     gqa: bool = False,
+    compiles: bool = False,
+    no_cpu_backward: str | None = None,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -129,6 +135,8 @@ def register(
             limits=limits,
             cannot_decode=cannot_decode,
             gqa=gqa,
+            compiles=compiles,
+            no_cpu_backward=no_cpu_backward,
         )
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls

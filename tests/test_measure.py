@@ -45,6 +45,8 @@ def _real_peak(model: torch.nn.Module, b: int, n: int, ceiling: int | None = Non
 @pytest.mark.parametrize("name", runnable_here())
 @pytest.mark.parametrize(("n", "b"), [(64, 1), (256, 3), (200, 2)])
 def test_modeled_peak_matches_tracked_cpu_peak(name: str, n: int, b: int) -> None:
+    if attnbench.info(name).compiles:  # test_memory_model holds its model against the profiler
+        pytest.skip(f"{name}: its compiled kernel cannot run under the tracker on real tensors")
     cell = Cell(
         name,
         n=n,

@@ -14,4 +14,5 @@ BUILTINS = (
     "linear",
     "local",
     "reformer",
+    "flex",
 )

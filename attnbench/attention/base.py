@@ -87,6 +87,14 @@ class MultiHeadAttention(nn.Module):
         self._check(x, key_padding_mask)
         return self.out_proj(self.attend(x, key_padding_mask))
 
+    def prepare(self, n: int, device: torch.device | str) -> float:
+        """Build the per-length structures a forward at length ``n`` on ``device`` needs
+        (flex's block mask) ahead of the first forward, and return the seconds spent building
+        them (0.0 when there are none, when they were built already, and on meta). The runner
+        calls it before compiling or timing, so that the build is recorded apart; a forward
+        that finds them unbuilt builds them itself."""
+        return 0.0
+
     # -- the incremental form (mechanisms registered with cannot_decode=None) -----------------
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Any:
@@ -166,8 +174,22 @@ class MultiHeadAttention(nn.Module):
         return 0
 
     def attention_flops(self, b: int, n: int) -> int:
-        """FLOPs between the projections: softmax(QKᵀ)V is 2 matmuls of 2·n·n·d each."""
+        """FLOPs between the projections, as this mechanism computes them; here the dense
+        count, :meth:`dense_attention_flops`."""
+        return self.dense_attention_flops(b, n)
+
+    def dense_attention_flops(self, b: int, n: int) -> int:
+        """Dense softmax(QKᵀ)V at this shape, 2 matmuls of 2·n·n·d each (grouped heads
+        alike), whatever the mechanism computes: the count beside a sparse or approximate
+        :meth:`attention_flops` (flex's block-sparse one)."""
         return 4 * b * n * n * self.d_model
+
+    def dense_flops(self, b: int, n: int) -> int:
+        """Matmul FLOPs of a dense layer of this shape: the four projections (K and V to
+        ``kv_heads`` heads) plus :meth:`dense_attention_flops`, i.e. vanilla's :meth:`flops`,
+        the count beside this mechanism's own."""
+        d, d_kv = self.d_model, self.kv_heads * self.head_dim
+        return 2 * 2 * b * n * d * (d + d_kv) + self.dense_attention_flops(b, n)
 
     def split_heads(self, t: Tensor) -> Tensor:
         """(b, n, heads·dh) -> (b, heads, n, dh), for queries (n_heads) or keys (kv_heads)."""

@@ -1,0 +1,302 @@
+"""PyTorch's FlexAttention (``torch.nn.attention.flex_attention``): the modern baseline.
+
+FlexAttention computes softmax(QKᵀ/√d)V block by block, skipping the (query block, key
+block) pairs its *block mask* says are empty and applying a ``mask_mod`` inside the pairs
+only partly allowed. ``pattern``: ``full`` (every key; with ``causal=true`` the same as
+``causal``), ``causal`` (j ≤ i) or ``window``, ``local``'s band with budget ``window`` = w
+(the sweep's ``k``): |i − j| ≤ w/2 non-causal (w even), the w keys i − w < j ≤ i causal.
+
+A block mask depends only on (n, pattern, window, causal, device): built once
+(:meth:`FlexAttention.prepare`, timed apart: the runner records it as the mask build) and
+shared by every layer and call. Key padding (True = padded) joins through the ``mask_mod``,
+in a block mask with one batch entry per sequence made for that call. Grouped-query heads go
+to the kernel with ``enable_gqa=True``.
+
+**It is only fast compiled, so it always compiles its kernel**: ``torch.compile(
+flex_attention, dynamic=False)``, made once per process, whatever the cell's ``compile``
+says (``info().compiles``); each new shape compiles on its first call (seconds on a CPU).
+Uncompiled, PyTorch runs an unfused reference that materialises the n × n scores, which
+attnbench never times. PyTorch 2.13's CPU kernel takes fp32, fp16 and bf16 only (float64 is
+refused in one line, never run another way) and has no backward (``info().no_cpu_backward``:
+training on a CPU is refused; on CUDA it trains like any mechanism).
+
+FLOPs are counted as the block-sparse kernel computes them (as tritonbench and attention-gym
+count FlexAttention): every block pair the block mask computes, a partly masked pair at its
+whole size (a sequence's last block only as long as the sequence), 4·d per query-key pair;
+``dense_attention_flops`` keeps the dense count beside it. The count is arithmetic (no mask
+built), so it holds on meta tensors too.
+
+On meta tensors (the memory model) no block mask is built and the kernel does not run: the
+fused kernel's allocations stand in through ``scaled_dot_product_attention`` on the same
+q, k, v (its output; in a training step what the device's fused kernel saves, and its
+backward), which the memory model already follows for ``sdpa``: a fused kernel that, like
+FlexAttention, never makes the n × n scores. A padded call's per-call block mask (small:
+blocks, not pairs) is not modeled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.registry import register
+from attnbench.validators import check_bool, check_choice, check_int
+
+PATTERNS = ("full", "causal", "window")
+BLOCK = 128  # create_block_mask's BLOCK_SIZE: the kernel's unit of sparsity
+NO_CPU_BACKWARD = "FlexAttention has no backward on CPU in torch 2.13"
+RECOMPILE_LIMIT = 64  # compiled shapes per process (Dynamo's default is 8)
+
+UNBOUNDED = 2**31 - 1  # an i − j bound no sequence reaches
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+_kernel: Callable[..., Tensor] | None = None  # torch.compile(flex_attention), made on first use
+# (n, pattern, window, causal, device) -> the block mask, shared by every layer
+_block_masks: dict[tuple[Any, ...], BlockMask] = {}
+_mask_mods: dict[tuple[Any, ...], MaskMod] = {}  # (pattern, window, causal, device) -> mask_mod
+
+
+def _on(device: torch.device | str) -> torch.device:
+    """``device`` with its index (``cuda`` is the current GPU): one cache key per device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def kernel() -> Callable[..., Tensor]:
+    """The compiled kernel, one per process (each shape compiles once, on its first call)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = torch.compile(flex_attention, dynamic=False)
+    return _kernel
+
+
+def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, gqa: bool) -> Tensor:
+    """The compiled kernel on (b, h, n, dh) queries and (b, kv_heads, n, dh) keys and values.
+
+    Inside a region compiled around it (a cell with ``compile=true``) ``flex_attention`` is
+    traced into that region's graph. Otherwise each new shape compiles once, and past
+    Dynamo's recompile limit it would run the unfused eager ``flex_attention`` instead,
+    silently (n × n scores: another figure), so the limit is raised for this call
+    (:data:`RECOMPILE_LIMIT`) and hitting it is an error. Under a TorchDispatchMode on real
+    tensors (FlopCounterMode, attnbench's memory tracker) Dynamo runs eager, which fails and
+    leaves FlexAttention broken for the rest of the process: refused in one line first."""
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
+    if is_in_torch_dispatch_mode(include_infra_modes=False):
+        raise RuntimeError(
+            "flex: its compiled kernel cannot run under a TorchDispatchMode (a FLOP counter, "
+            "the memory tracker) on real tensors; run it on meta tensors or use the profiler"
+        )
+    dynamo = torch._dynamo.config
+    limits = dynamo.recompile_limit, dynamo.fail_on_recompile_limit_hit
+    dynamo.recompile_limit = max(limits[0], RECOMPILE_LIMIT)
+    dynamo.fail_on_recompile_limit_hit = True
+    try:
+        return kernel()(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
+    finally:
+        dynamo.recompile_limit, dynamo.fail_on_recompile_limit_hit = limits
+
+
+@dataclass
+class FlexConfig:
+    pattern: str = "full"
+    window: int = 256  # w, used by pattern=window: the same budget as local's
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("pattern", self.pattern, PATTERNS)
+        check_int("window", self.window)
+        check_bool("causal", self.causal)
+        if self.pattern == "window" and not self.causal and self.window % 2:
+            raise ValueError(
+                f"window: must be even when pattern=window and causal=false (w/2 keys on each "
+                f"side of a query, as local's), got {self.window}"
+            )
+
+    @property
+    def is_causal(self) -> bool:
+        """pattern=causal is full attention with causal=true."""
+        return self.causal or self.pattern == "causal"
+
+    def span(self) -> tuple[float, float]:
+        """The allowed i − j, [lo, hi]: key j is seen by query i when lo ≤ i − j ≤ hi."""
+        inf = float("inf")
+        if self.pattern == "window":
+            w = self.window
+            return (0, w - 1) if self.is_causal else (-(w // 2), w // 2)
+        return (0, inf) if self.is_causal else (-inf, inf)
+
+    def key(self) -> tuple[str, int | None, bool]:
+        """What a block mask depends on besides n and the device (window only for window)."""
+        pattern = "window" if self.pattern == "window" else "full"
+        return pattern, self.window if pattern == "window" else None, self.is_causal
+
+
+def mask_mod(cfg: FlexConfig, device: torch.device | str) -> MaskMod:
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: True where query i sees key j, i.e.
+    lo ≤ i − j ≤ hi. The bounds are tensors, not constants: the compiled kernel takes them
+    as inputs, so every pattern and window at one shape runs one compiled graph (a sweep over
+    windows compiles once)."""
+    device = _on(device)
+    key = (*cfg.key(), str(device))
+    if key not in _mask_mods:
+        lo, hi = (max(-UNBOUNDED, min(UNBOUNDED, v)) for v in cfg.span())
+        bounds = torch.tensor([lo, hi], dtype=torch.int64, device=device)
+        low, high = bounds[0], bounds[1]
+
+        def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            d = q_idx - kv_idx
+            return (d >= low) & (d <= high)
+
+        _mask_mods[key] = allowed
+    return _mask_mods[key]
+
+
+def computed_blocks(n: int, cfg: FlexConfig, block: int = BLOCK) -> list[tuple[int, int]]:
+    """For each query block t, the (first, last) key position of the key blocks the block
+    mask computes for it (full or partial ones; contiguous for these patterns), with no
+    mask built: block (t, s) is computed when some i − j in it lies in :meth:`FlexConfig.span`."""
+    lo, hi = cfg.span()
+    blocks = -(-n // block)
+    out = []
+    for t in range(blocks):
+        r0, r1 = t * block, min(n, (t + 1) * block) - 1
+        # key block s (columns c0..c1) is computed iff r0 − c1 ≤ hi and r1 − c0 ≥ lo
+        first = 0 if hi == float("inf") else max(0, int(r0 - hi) // block)
+        last = blocks - 1 if lo == float("-inf") else min(blocks - 1, int(r1 - lo) // block)
+        out.append((first * block, min(n, (last + 1) * block) - 1))
+    return out
+
+
+def _dense(num: Tensor, indices: Tensor) -> Tensor:
+    """(…, nq, nkv) bool: the blocks listed by a block mask's ``num`` (…, nq) and ``indices``
+    (…, nq, nkv) (the first num of each row's indices)."""
+    listed = torch.arange(indices.shape[-1], device=num.device) < num[..., None]
+    dense = torch.zeros(indices.shape, dtype=torch.bool, device=num.device)
+    return dense.scatter_(-1, indices.long(), listed)
+
+
+def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
+    """A block mask's (num, indices) from a dense (…, nq, nkv) bool of blocks: each row's
+    listed blocks first, in order."""
+    num = dense.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
+    return num, indices.to(torch.int32)
+
+
+def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tensor) -> BlockMask:
+    """The block mask of ``base``'s pattern with the padded keys (``key_padding_mask``
+    (b, n), True = padded) hidden too, one batch entry per sequence: its ``mask_mod`` is
+    ``allowed`` and not padded, and its blocks are derived from ``base``'s without evaluating
+    the mask over all n × n pairs (``create_block_mask`` would, for every call): a block is
+    computed when ``base`` computes it and one of its keys is real, and full when ``base``'s is
+    full and none of its keys is padded."""
+    b, n = key_padding_mask.shape
+    size = base.BLOCK_SIZE[1]
+    blocks = -(-n // size)
+    padded = F.pad(key_padding_mask, (0, blocks * size - n), value=True).view(b, blocks, size)
+    real = F.pad(~key_padding_mask, (0, blocks * size - n), value=False).view(b, blocks, size)
+    some_real, all_real = real.any(dim=-1), ~padded.any(dim=-1)  # (b, nkv)
+    computed = _dense(base.kv_num_blocks, base.kv_indices)  # (1, 1, nq, nkv) partial
+    full = torch.zeros_like(computed)
+    if base.full_kv_num_blocks is not None:
+        full = _dense(base.full_kv_num_blocks, base.full_kv_indices)
+    computed = (computed | full) & some_real[:, None, None, :]  # (b, 1, nq, nkv)
+    full = full & all_real[:, None, None, :]
+    pad = key_padding_mask
+
+    def unpadded(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return allowed(b, h, q_idx, kv_idx) & ~pad[b, kv_idx]
+
+    return BlockMask.from_kv_blocks(
+        *_ordered(computed & ~full),
+        *_ordered(full),
+        BLOCK_SIZE=base.BLOCK_SIZE,
+        mask_mod=unpadded,
+        seq_lengths=(n, n),
+    )
+
+
+@register(
+    "flex",
+    config=FlexConfig,
+    causal=True,
+    budget="window",
+    gqa=True,
+    compiles=True,
+    no_cpu_backward=NO_CPU_BACKWARD,
+    cannot_train=None,
+    cannot_decode=(
+        "has no incremental form here: a decode step is one query over a K/V cache, with no "
+        "block sparsity to exploit (vanilla and sdpa serve it exactly)"
+    ),
+    summary="torch FlexAttention (compiled, block-sparse): pattern full|causal|window",
+)
+class FlexAttention(MultiHeadAttention):
+    def prepare(self, n: int, device: torch.device | str) -> float:
+        """Build and cache the block mask at length n: the seconds it took, 0.0 when it was
+        cached already (by this layer or another) and on meta (where none is built)."""
+        device = _on(device)
+        if device.type == "meta":
+            return 0.0
+        key = (n, *self.cfg.key(), str(device))
+        if key in _block_masks:
+            return 0.0
+        start = time.perf_counter()
+        _block_masks[key] = create_block_mask(
+            mask_mod(self.cfg, device), None, None, n, n, device=device
+        )
+        return time.perf_counter() - start
+
+    def block_mask(
+        self, n: int, device: torch.device, key_padding_mask: Tensor | None
+    ) -> BlockMask:
+        """The block mask of one call: the cached one, or with padding one for this batch
+        (:func:`padded_block_mask`)."""
+        self.prepare(n, device)
+        cached = _block_masks[(n, *self.cfg.key(), str(_on(device)))]
+        if key_padding_mask is None:
+            return cached
+        return padded_block_mask(cached, mask_mod(self.cfg, device), key_padding_mask)
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float64:
+            raise ValueError(
+                "dtype: flex's compiled CPU kernel takes float32, float16 or bfloat16 "
+                "(PyTorch 2.13), got float64"
+            )
+        q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
+        gqa = self.kv_heads != self.n_heads
+        if x.device.type == "meta":  # the fused kernel's allocations, never n × n
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa
+            )
+            return self.merge_heads(out)
+        mask = self.block_mask(x.shape[1], x.device, key_padding_mask)
+        out = run_kernel(q, k, v, mask, self.scale, gqa)
+        return self.merge_heads(out)  # (b, n, d)
+
+    def attention_flops(self, b: int, n: int) -> int:
+        """QKᵀ and P·V over every block pair the block mask computes (the kernel's count):
+        each query against the keys of its block's computed key blocks, 4·d per pair."""
+        rows = [min(n, (t + 1) * BLOCK) - t * BLOCK for t in range(-(-n // BLOCK))]
+        pairs = sum(
+            r * (last - first + 1)
+            for r, (first, last) in zip(rows, computed_blocks(n, self.cfg), strict=True)
+        )
+        return 4 * b * pairs * self.d_model
+
+    def recomputed_flops(self, b: int, n: int) -> int:
+        """Its backward recomputes the block-sparse QKᵀ, as flash attention's does."""
+        return self.attention_flops(b, n) // 2
