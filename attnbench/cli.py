@@ -201,6 +201,12 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         help="samples per cell and version (default: the suite's check.rounds)",
     )
     p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="also time each forward cell's layer under torch.compile, compiled before its "
+        "first sample (default: the suite's check.compile)",
+    )
+    p.add_argument(
         "--json",
         type=Path,
         default=Path("results/check/latest.json"),

@@ -126,6 +126,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             config_dir=args.config_dir,
             threshold=args.threshold,
             rounds=args.rounds,
+            compile=args.compile,
             json_path=args.json,
             seed=args.seed,
             quiet=args.quiet,

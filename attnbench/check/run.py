@@ -31,6 +31,7 @@ def run(
     config_dir: str | None = None,
     threshold: float | None = None,
     rounds: int | None = None,
+    compile: bool | None = None,
     json_path: Path = DEFAULT_JSON,
     seed: int = 0,
     quiet: bool = False,
@@ -43,9 +44,9 @@ def run(
 
     Modes: ``against`` (a git ref, default the parent commit) times that ref and the working
     tree interleaved; ``baseline`` compares the working tree with stored samples;
-    ``write_baseline`` stores the working tree's samples. ``threshold`` and ``rounds``
-    override the suite's ``check:`` settings; ``out`` gets the table, stderr the progress
-    bar and warnings.
+    ``write_baseline`` stores the working tree's samples. ``threshold``, ``rounds`` and
+    ``compile`` (None: the suite's) override the suite's ``check:`` settings; ``out`` gets
+    the table, stderr the progress bar and warnings.
     """
     if sum(x is not None for x in (against, baseline, write_baseline)) > 1:
         raise Misuse("--against, --baseline and --write-baseline exclude each other")
@@ -54,7 +55,9 @@ def run(
     started = time.time()
     stored_mode = baseline is not None or write_baseline is not None
     root = _root(cwd or Path.cwd(), stored_mode)
-    the_suite = suite.load_suite(suite_name, config_dir, {"threshold": threshold, "rounds": rounds})
+    the_suite = suite.load_suite(
+        suite_name, config_dir, {"threshold": threshold, "rounds": rounds, "compile": compile}
+    )
     settings = the_suite.settings
     stored = verdicts.read_baseline(baseline) if baseline is not None else None
     a_name = a_commit = None
@@ -72,8 +75,9 @@ def run(
         return _write_baseline(write_baseline, the_suite, got, here)
     if stored is not None:
         a, a_name = stored["samples"], f"baseline {baseline}"
+        a_compiled = stored.get("compiled", {})
     else:
-        a = got.versions["A"]
+        a, a_compiled = got.versions["A"], got.compiled.get("A", {})
     results = _judge(the_suite, a, got)
     out.print(verdicts.table(results, str(a_name), "working tree", 0.99))
     meta = {
@@ -84,6 +88,9 @@ def run(
         "fingerprint": here,
         "wall_s": round(time.time() - started, 1),
         "retried": got.retried,  # samples taken again because the worker waited for a CPU
+        # per version, per compiled cell: compile_s and graphs, before its first sample;
+        # information only, in no sample and no verdict
+        "compiled": {"A": a_compiled, "B": got.compiled.get("B", {})},
     }
     samples = {"A": a, "B": got.versions["B"]}
     return _conclude(results, meta, samples, got.contended, json_path)
@@ -131,7 +138,9 @@ def _write_baseline(
             "(write it on a quiet machine)"
         )
         return BUSY
-    verdicts.write_baseline(path, the_suite, got.versions["B"], got.reps, here)
+    verdicts.write_baseline(
+        path, the_suite, got.versions["B"], got.reps, here, got.compiled.get("B", {})
+    )
     print(
         f"attnbench check: baseline of {len(got.versions['B'])} cells x "
         f"{the_suite.settings['rounds']} samples written to {path}"

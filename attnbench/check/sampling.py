@@ -28,22 +28,31 @@ RETRIES = 3  # a contended sample is taken again up to this many times
 @dataclass
 class Samples:
     """Per version, per cell: seconds per forward, one value per round; and, per version
-    and cell, the rounds whose sample was still contended after its retries."""
+    and cell, the rounds whose sample was still contended after its retries, and what
+    compiling a compiled cell cost before its first sample (``compile_s``, ``graphs``:
+    information only, never in a verdict)."""
 
     versions: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     reps: dict[str, int] = field(default_factory=dict)
     unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
     contended: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     retried: int = 0  # samples taken again because they were contended
+    compiled: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
-def _take(worker: Worker, cell: int, reps: int, out: Samples) -> tuple[float, bool]:
+def _take(worker: Worker, cell: int, name: str, reps: int, out: Samples) -> tuple[float, bool]:
     """One sample of ``cell`` from ``worker``, taken again while the worker's process waited
-    for a CPU; (seconds per forward, whether the last try was still contended)."""
+    for a CPU; (seconds per forward, whether the last try was still contended). A sample the
+    worker could not take (a compiled cell that recompiled) ends the check: no figure."""
     with contention.Sched(worker.proc.pid) as sched:
         for attempt in range(RETRIES + 1):
             window = contention.Window(sched)
-            seconds = worker.ask(op="time", cell=cell, reps=reps)["s"]
+            got = worker.ask(op="time", cell=cell, reps=reps)
+            if "error" in got:
+                raise RuntimeError(
+                    f"the worker for {worker.tree} could not time {name}: {got['error']}"
+                )
+            seconds = got["s"]
             if not window.close().contended:
                 return seconds, False
             if attempt < RETRIES:
@@ -87,6 +96,10 @@ def sample(
         timed = []
         for i, c in enumerate(suite.cells):
             bad = {v: b[i]["reason"] for v, b in built.items() if not b[i]["ok"]}
+            for v, b in built.items():
+                if b[i]["ok"] and "compile_s" in b[i]:
+                    cost = {k: b[i][k] for k in ("compile_s", "graphs")}
+                    out.compiled.setdefault(v, {})[c.name] = cost
             for v, why in bad.items():
                 out.unavailable.setdefault(v, {})[c.name] = why
             ok = [b[i]["once_s"] for b in built.values() if b[i]["ok"]]
@@ -109,7 +122,7 @@ def sample(
                 versions = [v for v in trees if built[v][i]["ok"]]
                 rng.shuffle(versions)  # A B or B A: neither always goes first
                 for v in versions:
-                    seconds, busy = _take(workers[v], i, out.reps[name], out)
+                    seconds, busy = _take(workers[v], i, name, out.reps[name], out)
                     got = out.versions[v][name]
                     if busy:
                         out.contended.setdefault(v, {}).setdefault(name, []).append(len(got))

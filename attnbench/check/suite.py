@@ -9,7 +9,9 @@ one attention layer of the model's width (d_model, n_heads) in a worker process 
 cells of its own per mechanism: a training cell (its backward alone) at each n of
 ``check.train_n``, and a decode cell (one decode step of the causal layer at context n,
 :func:`attnbench.check.worker._decode`) at each n of ``check.decode_n``; a mechanism that
-cannot train or decode has that cell listed as skipped, with its reason.
+cannot train or decode has that cell listed as skipped, with its reason. With
+``check.compile``, each forward cell also gets a compiled twin (``… compiled``): the same
+layer under ``torch.compile``, compiled before the first sample (:mod:`attnbench.check.worker`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from attnbench.cell import label
 from attnbench.check import Misuse
 from attnbench.check.stats import min_samples
-from attnbench.validators import check_choice, check_int, check_number
+from attnbench.validators import check_bool, check_choice, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,17 @@ class SuiteCell:
     threshold: float
     # or "train": the layer's backward; "decode": one decode step at context n (worker._timer)
     mode: str = "inference"
+    # the layer under torch.compile, compiled before the first sample (forward cells only)
+    compiled: bool = False
 
     @property
     def name(self) -> str:
         """``linformer (k=128, sharing=layerwise) n=256 b=1``: the mechanism's one label
         (:func:`attnbench.cell.label`, as in reports) with the shape, and ``backward`` for a
-        training cell, ``decode`` for a decode cell. Samples, stored baselines and the
-        result JSON are keyed by it."""
+        training cell, ``decode`` for a decode cell, ``compiled`` for a compiled one.
+        Samples, stored baselines and the result JSON are keyed by it."""
         suffix = {"train": " backward", "decode": " decode"}.get(self.mode, "")
+        suffix += " compiled" if self.compiled else ""
         return f"{label(self.attention, self.params)} n={self.n} b={self.batch}{suffix}"
 
 
@@ -84,6 +89,7 @@ def load_suite(
             f"--suite: sweep {name!r} has no 'check:' settings; see conf/sweep/regression.yaml"
         )
     settings = OmegaConf.to_container(jobs[0].check, resolve=True)
+    settings.setdefault("compile", False)  # a suite from before compiled cells: eager only
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         check_settings(settings)
@@ -112,9 +118,14 @@ def load_suite(
             cell.n_heads,
             threshold_for(settings, cell.attention, cell.n, params),
         )
-        # a training cell too (the layer's backward) at the n that check.train_n names, and
-        # a decode cell (one decode step of a causal layer) at each n of check.decode_n
-        extra = [replace(base, mode="train")] if cell.n in settings.get("train_n", []) else []
+        # with check.compile, the forward's compiled twin; a training cell too (the layer's
+        # backward) at the n that check.train_n names, and a decode cell (one decode step of
+        # a causal layer) at each n of check.decode_n. Those two stay eager (docs/gate.md)
+        extra = []
+        if settings["compile"]:
+            twin = threshold_for(settings, cell.attention, cell.n, params, compiled=True)
+            extra.append(replace(base, compiled=True, threshold=twin))
+        extra += [replace(base, mode="train")] if cell.n in settings.get("train_n", []) else []
         extra += [
             replace(
                 base,
@@ -152,6 +163,7 @@ def check_settings(s: dict[str, Any]) -> None:
     check_number("sample_s", s.get("sample_s"), low=0, open_low=True)
     check_int("warmup", s.get("warmup"), low=0)
     check_int("threads", s.get("threads"), low=1)
+    check_bool("compile", s.get("compile", False))
     check_number("threshold", s.get("threshold"), low=0, open_low=True)
     check_number("alpha", s.get("alpha"), low=0, high=1, open_low=True, open_high=True)
     fewest = min_samples(s["alpha"])
@@ -189,13 +201,16 @@ def check_settings(s: dict[str, Any]) -> None:
             raise ValueError("device: cuda asked for, but torch sees no CUDA device here")
 
 
-def threshold_for(settings: dict[str, Any], attention: str, n: int, params: dict) -> float:
+def threshold_for(
+    settings: dict[str, Any], attention: str, n: int, params: dict, compiled: bool = False
+) -> float:
     """A cell's threshold: the last matching entry of ``check.thresholds`` wins (an entry
-    matches on ``attention``, ``n`` and any of the mechanism's parameters it names), else
-    ``check.threshold``."""
+    matches on ``attention``, ``n``, ``compiled`` and any of the mechanism's parameters it
+    names), else ``check.threshold``."""
     chosen = float(settings["threshold"])
+    this = {"attention": attention, "n": n, "compiled": compiled}
     for entry in settings.get("thresholds") or []:
         sel = {k: v for k, v in entry.items() if k != "threshold"}
-        if all({"attention": attention, "n": n}.get(k, params.get(k)) == v for k, v in sel.items()):
+        if all(this.get(k, params.get(k)) == v for k, v in sel.items()):
             chosen = float(entry["threshold"])
     return chosen

@@ -112,9 +112,11 @@ def write_baseline(
     samples: dict[str, list[float]],
     reps: dict[str, int],
     fingerprint: dict[str, Any],
+    compiled: dict[str, dict[str, float]] | None = None,
 ) -> None:
     """Store the working tree's samples, with the forwards per sample (a later comparison
-    must average the same work) and the machine's fingerprint (to warn when it differs)."""
+    must average the same work), the machine's fingerprint (to warn when it differs) and,
+    as information, what compiling each compiled cell cost."""
     data = {
         "schema": SCHEMA,
         "kind": "attnbench-check-baseline",
@@ -123,6 +125,7 @@ def write_baseline(
         "settings": suite.settings,
         "reps": reps,
         "samples": samples,
+        "compiled": compiled or {},
     }
     write_json(path, data)
 

@@ -6,12 +6,15 @@ version's code, not the code that drives the check. It therefore uses only what 
 version of attnbench has — ``attnbench.create`` and ``attnbench.names`` — and imports
 nothing else of the package; a decode cell also asks the layer for its incremental form
 (``new_state``, ``extend``, the state's ``seek``), which a version without it does not
-have: that version reports the cell as one it cannot build, never a crash.
+have: that version reports the cell as one it cannot build, never a crash. A compiled cell
+is compiled by the gate's own code (:func:`_gate_compiled`), so that a version from before
+compiled cells (HEAD~1 in CI) times them as well.
 
 Protocol, one JSON object per line. In: ``{"op": "setup", "cells": [...], "device", "threads",
 "warmup"}``, then ``{"op": "time", "cell": i, "reps": m}`` any number of times; the end of
 stdin ends the worker. Out: one JSON reply per request; a cell that this version cannot
-build is reported with its reason at setup and never timed.
+build is reported with its reason at setup and never timed (a compiled one's setup has its
+``compile_s``, ``graphs``); a sample that raises is answered ``{"error": why}``: no figure.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ os.dup2(2, 1)
 # a decode sample's layer and state are placed after a hole of up to this many bytes, drawn
 # per sample (_decode)
 PLACE_BYTES = 1 << 20
+# a compiled cell: torch.compile's default mode, static shapes (as attnbench.measure.compiled
+# compiles a step of one shape); warmed by at most this many calls until one compiles nothing
+COMPILE_MODE = "default"
+WARM_CALLS = 4
 
 
 def _reply(obj: dict[str, Any]) -> None:
@@ -77,6 +84,63 @@ def _timer(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
         return spent / reps
 
     return backward
+
+
+def _why(e: BaseException) -> str:  # one line: a compiler's messages run to pages
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
+def _gate_compiled() -> Any:
+    """The gate's own :mod:`attnbench.measure.compiled` (beside this file), loaded by path
+    under a private name, never the version's: the version under test may predate it. It
+    imports nothing of attnbench at run time, so it brings in no code of either version."""
+    import importlib.util
+
+    name = "_attnbench_gate_compiled"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(__file__), os.pardir, "measure", "compiled.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules[name]
+
+
+def _compiled(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> tuple[Any, dict]:
+    """A compiled forward cell: the layer under ``torch.compile`` (:data:`COMPILE_MODE`,
+    static shapes) run until a call compiles nothing, before any sample; ``timed(reps)``
+    under ``strict(timing=True)`` (a recompilation raises, and so does any new graph), and
+    ``{"compile_s", "graphs"}``: what compiling cost (information, in no verdict)."""
+    from torch._dynamo.exc import RecompileError
+
+    gate = _gate_compiled()
+    layer.compile(mode=COMPILE_MODE, dynamic=False)
+    timed = _timer(layer, x, cell, sync)
+    start, graphs = time.perf_counter(), 0
+    with gate.strict(timing=False):
+        for _ in range(WARM_CALLS):
+            before = gate.graphs()
+            timed(1)
+            graphs += gate.graphs() - before
+            if gate.graphs() == before:
+                break
+        else:
+            raise RuntimeError(
+                f"still compiling after {WARM_CALLS} calls: no steady compiled code to time"
+            )
+    cost = {"compile_s": time.perf_counter() - start, "graphs": graphs}
+
+    def strict(reps: int) -> float:
+        before = gate.graphs()
+        try:
+            with gate.strict(timing=True):
+                seconds = timed(reps)
+        except RecompileError as e:
+            raise RuntimeError(f"recompiled while sampled ({_why(e)})") from e
+        if gate.graphs() != before:
+            raise RuntimeError(f"compiled {gate.graphs() - before} new graph(s) while sampled")
+        return seconds
+
+    return strict, cost
 
 
 def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
@@ -214,17 +278,24 @@ def main(root: str) -> int:
                     g = torch.Generator().manual_seed(i)
                     tokens = 1 if decode else c["n"]
                     x = torch.randn(c["batch"], tokens, c["d_model"], generator=g).to(device)
-                    timed = _timer(layer, x, c, sync)
+                    cost: dict[str, Any] = {}
+                    if c.get("compiled"):  # compiled here, before any sample
+                        timed, cost = _compiled(layer, x, c, sync)
+                    else:
+                        timed = _timer(layer, x, c, sync)
                     if msg["warmup"]:
                         timed(msg["warmup"])
                     runs.append(timed)
-                    built.append({"ok": True, "once_s": timed(1)})
+                    built.append({"ok": True, "once_s": timed(1), **cost})
                 except Exception as e:  # this version cannot run the cell: say so
                     runs.append(None)
-                    built.append({"ok": False, "reason": f"{type(e).__name__}: {e}"})
+                    built.append({"ok": False, "reason": _why(e)})
             _reply({"cells": built})
         elif msg["op"] == "time":
-            _reply({"s": runs[msg["cell"]](msg["reps"])})
+            try:
+                _reply({"s": runs[msg["cell"]](msg["reps"])})
+            except Exception as e:  # no figure: the driver ends the check (exit 2)
+                _reply({"error": _why(e)})
     return 0
 
 

@@ -15,6 +15,10 @@ lengths seen to change become symbolic, and the warm-up (:meth:`Work.warm`) runs
 have. Recompiling while timing raises (``error_on_recompile``), and hitting the recompile
 limit raises instead of falling back to eager silently (``fail_on_recompile_limit_hit``): a
 compiled figure is of compiled code, or the cell is an error row.
+
+The gate's worker (:mod:`attnbench.check.worker`) loads this file by path to compile its
+compiled cells, inside a process whose ``attnbench`` is the version under test: it must
+import nothing of attnbench at run time (tests/test_check_gate.py checks).
 """
 
 from __future__ import annotations
