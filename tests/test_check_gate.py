@@ -88,6 +88,38 @@ class Plain(VanillaAttention):
     pass
 """
 
+RECOMPILING = """
+from dataclasses import dataclass
+
+import torch
+
+import attnbench
+from attnbench.attention.vanilla import VanillaAttention
+
+CALLS = [0]
+LATE = False  # read after a graph break: its guard fails once it turns true, a recompilation
+
+
+@torch.compiler.disable
+def tick():
+    global LATE
+    CALLS[0] += 1
+    LATE = CALLS[0] > {late}
+
+
+@dataclass
+class Cfg:
+    causal: bool = False
+
+
+@attnbench.register("mine", config=Cfg, causal=True, summary="recompiles after a while")
+class Mine(VanillaAttention):
+    def forward(self, x, key_padding_mask=None):
+        out = super().forward(x, key_padding_mask)
+        tick()
+        return out * (2.0 if LATE else 1.0)
+"""
+
 SUITE = """# @package _global_
 defaults:
   - override /device: cpu
@@ -111,6 +143,7 @@ check:
   alpha: 0.002
   thresholds: {thresholds}
   decode_n: {decode_n}
+  compile: {compile}
   pythonpath: ["."]
 """
 
@@ -131,12 +164,19 @@ def user_repo(
     thresholds: str = "[]",
     decode_n: str = "[]",
     plugin: str = PLUGIN.format(slowdown=0),
+    compile: str = "false",
 ) -> Path:
     repo = tmp / "repo"
     (repo / "conf/sweep").mkdir(parents=True)
     (repo / "myattn.py").write_text(plugin)
     (repo / "conf/sweep/quick.yaml").write_text(
-        SUITE.format(attention=attention, rounds=rounds, thresholds=thresholds, decode_n=decode_n)
+        SUITE.format(
+            attention=attention,
+            rounds=rounds,
+            thresholds=thresholds,
+            decode_n=decode_n,
+            compile=compile,
+        )
     )
     git("init", "-q", cwd=repo)
     git("add", ".", cwd=repo)
@@ -261,6 +301,99 @@ def test_a_decode_cell_the_old_version_cannot_time_is_new(tmp_path: Path) -> Non
     assert {c["verdict"] for c in cells.values()} <= {"same", "improved", "busy", "new", "skipped"}
 
 
+@pytest.mark.slow
+def test_a_compiled_twin_is_timed_after_compiling_and_its_compile_time_is_no_sample(
+    tmp_path: Path,
+) -> None:
+    """--compile (check.compile): the forward cell gets a compiled twin, compiled in each
+    version's worker before the first sample. Its compile time is in the JSON per version,
+    as information, and in no sample: every sample of it is a forward's time, orders of
+    magnitude under the compile, so that no verdict can see it. The suite says false and
+    the flag turns it on, as --rounds overrides check.rounds. (vanilla: the plugin's busy
+    wait reads the clock, which no compiled graph can hold: "still compiling", no twin.)"""
+    repo = user_repo(tmp_path, attention="vanilla", rounds=6)  # 6: the fewest alpha allows
+    done = check(repo, "--against", "HEAD", "--compile", "--threshold", "200%")
+    # 0, or 3 where a busy machine left a cell without a verdict: never 1 or 2
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    result = json.loads((repo / "out.json").read_text())
+    twin = "vanilla n=64 b=2 compiled"
+    cells = {c["cell"]: c for c in result["cells"]}
+    assert set(cells) == {"vanilla n=64 b=2", twin} and result["settings"]["compile"] is True
+    assert cells[twin]["verdict"] in ("same", "improved", "busy"), cells[twin]
+    for v in "AB":
+        cost = result["compiled"][v]
+        assert set(cost) == {twin}  # the eager cell compiles nothing
+        assert cost[twin]["compile_s"] > 0 and cost[twin]["graphs"] >= 1
+        samples = result["samples"][v][twin]
+        assert len(samples) == 6 and max(samples) < cost[twin]["compile_s"] / 10
+
+
+@pytest.mark.slow
+def test_a_compiled_cell_that_recompiles_while_sampled_is_an_error_not_a_figure(
+    tmp_path: Path,
+) -> None:
+    """A compiled layer whose guard fails after a while (a global it reads flips after the
+    10th call, its eager twin's counted: past the 6 of setup, within the first samples)
+    recompiles while sampled: that raises in the worker, and the check ends in one line
+    naming the cell, exit 2 (a crash, not a regression), with no figure written."""
+    repo = user_repo(tmp_path, rounds=6, compile="true", plugin=RECOMPILING.format(late=10))
+    done = check(repo, "--write-baseline", "base.json")  # one worker, one compile
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "could not time mine n=64 b=2 compiled: RuntimeError: recompiled while sampled" in line
+    assert "RecompileError" in line and not (repo / "base.json").exists()
+
+
+def test_check_compile_gives_each_forward_cell_a_compiled_twin_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Only forward cells get a twin (decode and training cells stay eager), keyed apart by
+    its name; a check.thresholds entry can select twins by ``compiled``."""
+    from attnbench.check.suite import load_suite
+
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep/quick.yaml").write_text(
+        SUITE.format(
+            attention="vanilla",
+            rounds=6,
+            thresholds="[{attention: vanilla, compiled: true, threshold: 0.5}]",
+            decode_n="[64]",
+            compile="false",
+        )
+    )
+    eager = load_suite("quick", str(tmp_path))
+    assert [c.name for c in eager.cells] == ["vanilla n=64 b=2", "vanilla n=64 b=2 decode"]
+    assert eager.settings["compile"] is False
+    both = load_suite("quick", str(tmp_path), {"compile": True})  # what --compile passes
+    assert [(c.name, c.compiled, c.threshold) for c in both.cells] == [
+        ("vanilla n=64 b=2", False, 0.1),
+        ("vanilla n=64 b=2 compiled", True, 0.5),
+        ("vanilla n=64 b=2 decode", False, 0.1),
+    ]
+
+
+def test_the_compile_code_the_worker_loads_by_path_imports_nothing_of_attnbench() -> None:
+    """The worker loads the gate's attnbench/measure/compiled.py by path, in a process whose
+    attnbench is the version under test (HEAD~1 may not have that module): an import of
+    attnbench there would bring in the version's code, or fail, instead of the gate's."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[1] / "attnbench/measure/compiled.py").read_text())
+    runtime = [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    ]
+    names = [
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for top in runtime
+        for node in ast.walk(top)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    assert names and not [n for n in names if n.split(".")[0] == "attnbench"], names
+
+
 def test_stored_baseline_mode(tmp_path: Path) -> None:
     repo = user_repo(tmp_path)
     wrote = check(repo, "--write-baseline", "base.json")
@@ -301,6 +434,7 @@ def test_stored_baseline_mode(tmp_path: Path) -> None:
         ("repo", ("--suite", "nosuch"), "--suite: sweep: unknown option 'nosuch'"),
         ("repo", ("--config-dir", "nowhere"), "--config-dir: no such directory: nowhere"),
         ("thresholds", ("--against", "HEAD"), "check.thresholds: each entry needs a threshold"),
+        ("compile", ("--against", "HEAD"), "check.compile: must be true or false, got 'maybe'"),
         ("settings", ("--baseline", "base.json"), "--baseline: check.threads is 1 here but 2"),
     ],
 )
@@ -311,6 +445,7 @@ def test_misuse_is_one_line_and_exit_2(
         tmp_path,
         attention="xformers" if setup == "empty" else "mine",
         thresholds="[{attention: mine}]" if setup == "thresholds" else "[]",
+        compile="maybe" if setup == "compile" else "false",
     )
     if setup == "settings":
         (repo / "base.json").write_text(
