@@ -177,8 +177,9 @@ FIELDS: tuple[Field, ...] = (
        " timed batch, compilation included, before anything was timed"),
     _f("compilations", int | None, count, "", "time", "compiled rows: graphs compiled for the"
        " cell (a recompilation while timing is an error row, never a figure)"),
-    _f("mask_build_s", float | None, seconds, "s", "time", "flex rows: building the block"
-       " mask, once per (n, pattern), before compiling"),
+    _f("mask_build_s", float | None, seconds, "s", "time", "flex rows: this cell's building of"
+       " the block mask, before compiling (masks are cached per (n, pattern) in a process: 0"
+       " where an earlier cell built it)"),
     _f("time_parts", dict[str, dict[str, Any]] | None, parts, "s", "time", "train rows:"
        " `forward`, `backward`, `optimizer`, each `median_s`, `iqr_s`, `samples_s`; their"
        " per-repeat sum is `time_samples_s`"),

@@ -174,6 +174,8 @@ def _first_line(e: BaseException) -> str:
 def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     memory = MemoryModel(cell, res)
     row.flops, row.flops_backward = cell.workload.flops(memory.model, cell)  # per sequence
+    if attnbench.info(cell.attention).compiles:  # flex: the kernel computes whole blocks only
+        row.flops_dense = memory.model.dense_flops(1, cell.n)
     row.update(**cell.workload.describe(memory.model, cell))
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak

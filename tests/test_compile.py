@@ -128,9 +128,11 @@ def test_a_compiler_failure_is_the_cells_error_row(tmp_path: Path, monkeypatch) 
     assert "InvalidCxxCompiler" in row.reason and "\n" not in row.reason
 
 
-def _run(tmp_path: Path, *args: str) -> object:
+def _run(tmp_path: Path, *args: str, n: int = 64) -> object:
+    flags = [a for a in args if a.startswith("-")]
+    args = tuple(a for a in args if not a.startswith("-"))
     return run_cli(
-        "run", "model=tiny", "device=cpu", "dtype=fp32", "progress=false", "n=64",
+        "run", *flags, "model=tiny", "device=cpu", "dtype=fp32", "progress=false", f"n={n}",
         f"out_dir={tmp_path}", "timing.min_seconds=0", "timing.min_repeats=2", *args,
     )  # fmt: skip
 
@@ -140,11 +142,35 @@ def _run(tmp_path: Path, *args: str) -> object:
     [
         (["compile=maybe"], "compile: must be true or false"),
         (["compile=true", "compile_mode=fast"], "compile_mode: must be one of"),
+        (["attention=flex", "mode=train"], "mode: attention=flex cannot train on a CPU: Flex"),
+        (["attention=flex", "attention.params.pattern=diagonal"], "pattern: must be one of"),
+        (["attention=flex_window", "k=0"], "k: must be an integer >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
-    out = _run(tmp_path, "attention=vanilla", *args)
+    attention = [] if any(a.startswith("attention=") for a in args) else ["attention=vanilla"]
+    out = _run(tmp_path, *attention, *args)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], out.stderr
     assert not list(tmp_path.rglob("cells.jsonl"))
+
+
+def test_a_sweep_leaves_flex_training_out_on_a_cpu_and_goes_on(tmp_path: Path) -> None:
+    """flex with every layer eager still runs its compiled kernel (the row says ``kernel``),
+    its block mask's build apart and its FLOPs block-sparse beside the dense count; a
+    training sweep on a CPU leaves flex out and measures the rest."""
+    out = _run(
+        tmp_path, "-m", "attention=flex_window,vanilla", "mode=inference,train", "k=64", n=512
+    )
+    assert out.returncode == 0, out.stderr
+    rows = attnbench.load([tmp_path])
+    got = sorted(zip(rows.attention, rows["mode"], strict=True))
+    assert got == [("flex", "inference"), ("vanilla", "inference"), ("vanilla", "train")]
+    flex = rows[rows.attention == "flex"].iloc[0]
+    assert flex.status == "ok" and flex.compiled == "kernel" and not flex.compile
+    assert flex.compile_s > 0 and flex.mask_build_s >= 0 and flex.compilations >= 1
+    # 128-token blocks: the band of 64 computes 10 of the 16 blocks (the diagonal and its
+    # neighbours), so its attention FLOPs are 10/16 of dense; the projections are the same
+    attention = flex.flops_dense - flex.flops
+    assert attention > 0 and flex.flops < flex.flops_dense
