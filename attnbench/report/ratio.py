@@ -191,16 +191,17 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
         bad = r if r.status != "ok" else b
         return _undefined(SKIPPED, f"{bad.attention}: {bad.status}: {bad.reason}")
     if kind == "memory":
+        if "profiled" in (r.memory_source, b.memory_source):
+            return _undefined(
+                SKIPPED,
+                "compiled on a CPU: no max batch (the memory model traces the eager graph; "
+                "the compiled step's peak was profiled at the timed batch)",
+            )
         if not r.max_batch or not b.max_batch:
             return _undefined(SKIPPED, "fixed batch: no max batch was searched")
         v = r.max_batch / b.max_batch
         sources = (r.memory_source, b.memory_source)
         notes = ("memory modeled, not measured",) if "modeled" in sources else ()
-        if "profiled" in sources:
-            notes += (
-                "max batch modeled on the eager graph, not measured (the compiled step's own "
-                "peak was profiled on a CPU)",
-            )
         return Ratio(v, f"{v:.1f}x", notes)
     t, tb = r.time_per_seq_s, b.time_per_seq_s
     if busy := next((x for x in (r, b) if x.busy and x.time_per_seq_s), None):
