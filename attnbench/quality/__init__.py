@@ -8,6 +8,8 @@ softmax attention on the same q/k/v/out projections (random inputs to a fresh la
 hidden states of a trained model, layer by layer). :mod:`attnbench.quality.spectrum` computes
 the singular-value spectrum of a vanilla model's context matrices P = softmax(QKᵀ/√d_h), the
 Linformer paper's Figure 1. :mod:`attnbench.quality.listops` generates Long Range Arena's
-ListOps from a seed; :mod:`attnbench.quality.classify` is the classifier over any mechanism
-and its fixed-budget training. All but the registry are plain library code.
+ListOps from a seed; :mod:`attnbench.quality.mqar` generates Zoology's multi-query associative
+recall from a seed (not yet a task of the registry); :mod:`attnbench.quality.classify` is the
+classifier over any mechanism and its fixed-budget training. All but the registry are plain
+library code.
 """
