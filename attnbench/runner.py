@@ -15,7 +15,6 @@ sequence is measured on this CPU in fp32 at ``cpu_batch``, if its estimated cost
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 
@@ -28,12 +27,12 @@ from attnbench.measure import compiled, contention
 from attnbench.measure.memory import (
     measured_peak_cuda,
     module_bytes,
-    profiled_peak,
     rounded,
     tracked_peak,
 )
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import Timing, time_forward
+from attnbench.prepare import prepare, time_step
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.workload import DTYPES, Work, random_input
@@ -240,7 +239,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         )
         return
     _feed(work, cell, b, GPU)
-    _compile(cell, model, work, dev, row, profile=False)  # afresh at b: its compile time
+    prepare(cell, model, work, dev, row, profile=False)  # afresh at b: its compile time
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
@@ -257,8 +256,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
         memory_source="measured",
         peak_reserved_bytes=None if peak.reserved is None else peak.reserved + overhead,
     )
-    timings = _time(
-        cell,
+    timings = time_step(
         work,
         dev,
         row,
@@ -298,10 +296,9 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> 
     min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
     step = workload.work(model, cell, x, "cpu", gpu=False)
     cpu = torch.device("cpu")
-    if _compile(cell, model, step, cpu, row, profile=cell.compile) and cell.compile:
+    if prepare(cell, model, step, cpu, row, profile=cell.compile) and cell.compile:
         row.update(batch=b, memory_source="profiled")
-    timings = _time(
-        cell,
+    timings = time_step(
         step,
         cpu,
         row,
@@ -315,61 +312,6 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> 
     )
     _put_timing(row, timings, b, "cpu", "fp32", cell, res)
     row.update(**step.row_fields())
-
-
-def _compile(
-    cell: Cell, model: torch.nn.Module, work: Work, device: torch.device, row: Row, *, profile: bool
-) -> bool:
-    """Get the step ready to time: per-length structures built (flex's block masks, their
-    time apart), then, for a compiled cell, its layers compiled and the step run until
-    compiled (the compile time and graphs in the row). With ``profile`` (a CPU), the
-    profiler's peak of the eager step and then of the compiled one, at the same batch.
-    Returns whether the step runs compiled code (compiled layers, or a mechanism that
-    compiles its own kernel)."""
-    grad = cell.workload.grad
-    own = attnbench.info(cell.attention).compiles
-    seconds = model.prepare(cell.n, device)
-    if own:
-        row.mask_build_s = seconds
-    if not (cell.compile or own):
-        return False
-    if profile:
-        with _autograd(grad):  # a first eager step: what it leaves (an optimizer's state)
-            work()  # is not the peak
-        row.eager_peak_bytes = _profiled(work, grad)
-    compiled.reset()  # this cell's compile time, not a cache hit of an earlier cell's
-    if cell.compile:
-        compiled.compile_layers(model, cell.compile_mode, cell.workload.compile_dynamic)
-    warm = compiled.warm(work, device, grad=grad)
-    row.update(
-        compiled="layers" if cell.compile else "kernel",
-        compile_s=warm.seconds,
-        compilations=warm.graphs,
-    )
-    if profile:
-        row.peak_bytes = _profiled(work, grad)
-    return True
-
-
-def _autograd(grad: bool) -> contextlib.AbstractContextManager[None]:
-    """How a step runs when timed: with autograd (a training step) or in inference mode."""
-    return torch.enable_grad() if grad else torch.inference_mode()
-
-
-def _profiled(work: Work, grad: bool) -> int:
-    """The CPU profiler's peak of one step, as a step runs when timed."""
-    with _autograd(grad):
-        return profiled_peak(work)
-
-
-def _time(cell: Cell, work: Work, device: torch.device, row: Row, **timing) -> list[Timing]:
-    """``work.time``; where compiled code runs, no recompilation allowed while timing (it
-    raises: the row is an error, not a figure of code compiled on the clock)."""
-    if row.compiled is None:
-        return work.time(device, **timing)
-    timings, graphs = compiled.timed(work, device, **timing)
-    row.compilations = (row.compilations or 0) + graphs
-    return timings
 
 
 def _put_timing(
