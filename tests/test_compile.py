@@ -174,3 +174,19 @@ def test_a_sweep_leaves_flex_training_out_on_a_cpu_and_goes_on(tmp_path: Path) -
     # neighbours), so its attention FLOPs are 10/16 of dense; the projections are the same
     attention = flex.flops_dense - flex.flops
     assert attention > 0 and flex.flops < flex.flops_dense
+
+
+def test_a_compiled_layer_around_flex_computes_what_flex_alone_does() -> None:
+    """compile=true traces flex_attention into the layer's graph: Inductor's CPU flex template
+    then takes q, k and v as buffers of their own (torch 2.13 failed on the projection's
+    views: "not enough values to unpack"), and the result is flex's in the eager model."""
+    torch.manual_seed(0)
+    model = attnbench.build_model(
+        "flex", layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256,
+        pattern="window", window=64,
+    ).eval()  # fmt: skip
+    x = torch.randn(1, 256, 32)
+    with torch.inference_mode():
+        eager = model(x)
+        compiled.compile_layers(model, "default", dynamic=False)
+        assert torch.allclose(model(x), eager, atol=2e-6, rtol=1e-5)

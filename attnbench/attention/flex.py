@@ -92,6 +92,11 @@ def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, g
     tensors (FlopCounterMode, attnbench's memory tracker) Dynamo runs eager, which fails and
     leaves FlexAttention broken for the rest of the process: refused in one line first."""
     if torch.compiler.is_compiling():
+        # traced into a layer compiled around it: Inductor's CPU flex template (torch 2.13)
+        # reads each of q, k, v as a 4-D buffer of its own and fails on the views of the
+        # projection's 2-D output that fusion hands it ("not enough values to unpack"), so
+        # each is made a buffer first, as in an eager call
+        q, k, v = (t.contiguous() for t in (q, k, v))
         return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
     if is_in_torch_dispatch_mode(include_infra_modes=False):
         raise RuntimeError(
