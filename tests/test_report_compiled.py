@@ -356,3 +356,19 @@ def test_grids_print() -> None:
     grids = [*compiled.side_by_side(rows), *compiled.short_n(rows), *flex_beside_local(rows)]
     assert all(grid_markdown(g).count("\n|") > 3 for g in grids)
     assert ratio("time", rows[1], rows[0]).value == pytest.approx(0.5)  # the one rule
+
+
+def test_flex_beside_local_at_their_default_window_when_k_is_unset() -> None:
+    """A sweep with k unset (+sweep=compiled) runs both at their default band, 256: they are
+    still set side by side, at window 256; flex with a window among its parameters is at
+    that window, and flex with the full pattern has no band to compare."""
+    rows = [
+        _row("local", 512, 0.040),
+        _row("flex", 512, 0.050),
+        _row("flex", 512, 0.060, params={"pattern": "window", "window": 64}),
+        _row("flex", 512, 0.070, params={"pattern": "full"}),
+    ]
+    grids = flex_beside_local(rows)
+    body = [line for grid in grids for line in grid.body]
+    assert ["256", "512", "40.0", "-", "50.0", "-", "1.25x¹", "-"] in body
+    assert sorted(line[0] for line in body) == ["256", "64"]

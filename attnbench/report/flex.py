@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import attnbench
 from attnbench.report.compiled import FLEX, LOCAL, Marks, against, applies, ms, where
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import compiled, eager, group, name, setting, unnamed
@@ -20,17 +21,17 @@ def flex_beside_local(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     """Per flex configuration, setting and compile mode: flex beside local at the same
     window (k) and n, each eager and compiled, and flex's time ÷ local's."""
     rows = [r for r in as_rows(rows) if applies(r) and r.attention in (FLEX, LOCAL)]
-    flex = [r for r in rows if r.attention == FLEX and r.k is not None]
+    flex = [r for r in rows if r.attention == FLEX and window(r) is not None]
     at: dict[tuple, Row] = {}  # flex by its name (its pattern's), local by its own
     for r in rows:
         who = name(eager(r)) if r.attention == FLEX else LOCAL
-        at.setdefault((who, compiled(r), r.k, group(eager(r))), r)
+        at.setdefault((who, compiled(r), window(r), group(eager(r))), r)
     tables: dict[tuple, dict[tuple, None]] = {}
     for r in flex:
         modes = {compiled(x) for x in rows if compiled(x) and unnamed(x) == unnamed(r)}
         for c in sorted(modes) or ["compiled"]:
             key = (name(eager(r)), setting(eager(r)), c)
-            tables.setdefault(key, {})[(r.k, group(eager(r)))] = None
+            tables.setdefault(key, {})[(window(r), group(eager(r)))] = None
     out = []
     for (mech, _, c), keys in tables.items():
         mark, body = Marks(), []
@@ -57,6 +58,18 @@ def flex_beside_local(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             )
         )
     return out
+
+
+def window(row: Row) -> int | None:
+    """The band's width w: the row's k, else the window among its parameters, else the
+    mechanism's default (a sweep with k unset runs each at its own: 256 for both); None for
+    flex without the window pattern (full, causal: no band to set beside local's)."""
+    params = row.params or {}
+    if row.attention == FLEX and params.get("pattern", "full") != "window":
+        return None
+    if row.k is not None:
+        return row.k
+    return params.get("window", attnbench.info(row.attention).params.get("window"))
 
 
 HEAD = ("window", "n", "local (ms)", "local {} (ms)", "flex (ms)", "flex {} (ms)", "flex ÷ local",
