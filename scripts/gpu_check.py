@@ -21,6 +21,12 @@ one prefilled state, not a prefill of its own); ``--decode-device v100_16gb`` pu
 the 16 GB ceiling of the other cells, for a GPU with less than 80 GB. A preset this GPU
 cannot hold ends the script before anything runs.
 
+Then compiled cells (``compile=true``, every layer under ``torch.compile``, n = 4096, fp16,
+batch max under the 16 GB ceiling): vanilla, sdpa, linear and local, whose max-batch probes
+run the compiled step (the compiled memory, measured), and ``flex`` with local's window, in
+the eager model (its kernel compiled) and compiled, inference and a training step (no
+backward on a CPU: this is where flex trains). Their compile times are in the rows.
+
     bash scripts/gpu_check.sh                  # on a CUDA machine; writes results/gpu_check/
     bash scripts/gpu_check.sh --decode-only    # the serving cells alone (a few minutes)
 """
@@ -71,6 +77,16 @@ DECODE = (
     ("local", False),
 )
 NS_DECODE = (2048,)
+# compiled: (mechanism, params, mode, compile) at NS_COMPILED
+COMPILED = (
+    *((name, (), "inference", True) for name in ("vanilla", "sdpa", "linear", "local")),
+    *(
+        ("flex", (("pattern", "window"),), mode, comp)
+        for mode in ("inference", "train")
+        for comp in (False, True)
+    ),
+)
+NS_COMPILED = (4096,)
 DECODE_TOKENS = 64  # the steps timed at the max batch (the first two are warm-ups)
 
 
@@ -121,6 +137,19 @@ def decode_cells(
         for n in ns
         for batch in batches
         for name, gqa in DECODE
+    ]
+
+
+def compiled_cells(
+    ns: tuple[int, ...], shape: dict, device: str, dtype: str, gpu: bool = True
+) -> list[Cell]:
+    """The compiled cells: each of :data:`COMPILED` at each n (flex's training only on a
+    GPU: there is no FlexAttention backward on a CPU)."""
+    return [
+        Cell(name, n=n, params=params, device=device, dtype=dtype, mode=mode, compile=comp, **shape)
+        for n in ns
+        for name, params, mode, comp in COMPILED
+        if gpu or not (name == "flex" and mode == "train")
     ]
 
 
@@ -220,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         # serving: batch=max is modeled only on a CPU; vanilla at batch=2 times its steps
         decode = decode_cells((128,), tiny, "cpu", "fp32")
         decode += [replace(c, batch=2) for c in decode[:1]]
-        todo = all_cells((64, 128), (64, 128), tiny, "cpu", "fp32")
-        todo = [c for c in todo if c.k is None] + [
+        todo = compiled_cells((128,), tiny, "cpu", "fp32", gpu=False)
+        todo += [c for c in all_cells((64, 128), (64, 128), tiny, "cpu", "fp32") if c.k is None]
+        todo += [
             Cell(
                 "linformer",
                 n=128,
@@ -247,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         todo = all_cells(NS, NS_TRAIN, TIMING, "v100_16gb", "fp16")
+        todo += compiled_cells(NS_COMPILED, TIMING, "v100_16gb", "fp16")
         decode = decode_cells(NS_DECODE, TIMING, args.decode_device, "fp16")
     todo = decode if args.decode_only else todo + decode
     try:  # a preset this GPU cannot hold: one line now, not a traceback minutes in

@@ -283,9 +283,16 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     )
     assert timed.count(" - |") == 0, timed  # its time per token and bandwidths are there
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    # 11 Table 3 and training cells, the zoo's 10 mechanisms at n = 64 and 128, and the
-    # 5 serving cells at batch=max and vanilla's at batch=2
-    assert len(rows) == 11 + 2 * 10 + 5 + 1 and all(r["status"] == "ok" for r in rows), rows
+    # 6 compiled cells (4 layers compiled, flex in the eager model and compiled; flex's
+    # training is the GPU's), 11 Table 3 and training cells, the zoo's 10 mechanisms at
+    # n = 64 and 128, and the 5 serving cells at batch=max and vanilla's at batch=2
+    assert len(rows) == 6 + 11 + 2 * 10 + 5 + 1 and all(r["status"] == "ok" for r in rows), rows
+    compiled = [(r["attention"], r["compiled"]) for r in rows[:6]]
+    assert compiled == [
+        ("vanilla", "layers"), ("sdpa", "layers"), ("linear", "layers"), ("local", "layers"),
+        ("flex", "kernel"), ("flex", "layers"),
+    ]  # fmt: skip
+    assert all(r["compile_s"] > 0 and r["time_per_seq_s"] > 0 for r in rows[:6])
     served = [r for r in rows if r["mode"] == "decode"]
     assert [(r["attention"], r["model"].get("kv_heads")) for r in served[:5]] == [
         ("vanilla", None),
