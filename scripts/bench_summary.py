@@ -39,7 +39,35 @@ def summarize(data: dict) -> str:
         out.append(
             f"| {name} | {e['role']} | {med * 1e3:.1f} | {counted} | {fastest_peer / med:.2f} |"
         )
-    return "\n".join(out)
+    pairs = _pairs(rows, rate)
+    return "\n".join(out + (["", *pairs] if pairs else []))
+
+
+def _pairs(rows: list[tuple[str, float, dict]], rate: float) -> list[str]:
+    """Eager beside compiled (tests/benchmarks/test_compiled_speed.py): each ``pair`` once,
+    the speed-up from compiling (eager ÷ compiled median, same run) and each against its
+    floor."""
+    by: dict[str, dict[str, tuple[float, dict]]] = {}
+    for _, med, e in rows:
+        if e["role"] in ("eager", "compiled") and "pair" in e:
+            by.setdefault(e["pair"], {})[e["role"]] = (med, e)
+    if not by:
+        return []
+    out = [
+        "| mechanism, work | eager ms | compiled ms | eager ÷ compiled | eager / floor | "
+        "compiled / floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for pair, got in sorted(by.items()):
+        if len(got) < 2:
+            continue
+        (te, e), (tc, _) = got["eager"], got["compiled"]
+        floor = e["flops"] / rate
+        out.append(
+            f"| {pair} | {te * 1e3:.1f} | {tc * 1e3:.1f} | {te / tc:.2f} | {te / floor:.2f} | "
+            f"{tc / floor:.2f} |"
+        )
+    return out
 
 
 if __name__ == "__main__":
