@@ -84,11 +84,13 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     both = attnbench.load("results/reference")
     # + the approximation-error run (32 rows on random inputs, 30 on the trained ListOps
     # model's states), ListOps (8, and 10 over five seeds), the spectrum (a random model
-    # and the trained one) and serving (189 cells and 27 of linear with an fp32 state)
-    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216
+    # and the trained one), serving (189 cells and 27 of linear with an fp32 state) and the
+    # compiled run (10 mechanisms at 7 n, eager and compiled, Linformer's k=256 not at 256)
+    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138
     assert set(both["mode"]) == {"inference", "train", "decode"}
     tasks = both.task.value_counts().to_dict()
-    assert tasks == {"cost": 195 + 216, "approx": 62, "listops": 18, "spectrum": 2}
+    assert tasks == {"cost": 195 + 216 + 138, "approx": 62, "listops": 18, "spectrum": 2}
+    assert both["compile"].sum() == 69 and (both.compiled == "kernel").sum() == 7
     ours = both[both.run_dir == str(REFERENCE)]
     assert ours.key.tolist() == df.key.tolist()
     assert ours.max_batch.tolist() == df.max_batch.tolist()
@@ -118,7 +120,7 @@ def test_reference_run_dtypes(reference: pd.DataFrame) -> None:
     assert isinstance(df.status.dtype, pd.CategoricalDtype)
     assert list(df.status.cat.categories) == ["ok", "oom", "skipped", "error"]
     assert isinstance(df.memory_source.dtype, pd.CategoricalDtype)
-    assert list(df.memory_source.cat.categories) == ["measured", "modeled"]
+    assert list(df.memory_source.cat.categories) == ["measured", "modeled", "profiled"]
     for column in ("attention", "dtype", "device", "mode", "time_device"):
         assert isinstance(df[column].dtype, pd.CategoricalDtype), column
     assert list(df.attention.cat.categories) == ["vanilla", "linformer"]  # the sweep's order
@@ -195,6 +197,7 @@ def test_several_paths_concatenate_with_gaps(tmp_path: Path, reference: pd.DataF
     assert df.memory_source.value_counts().to_dict() == {
         "measured": sources.count("measured"),
         "modeled": 42 + sources.count("modeled"),
+        "profiled": 0,  # a category of the schema's, none of these rows
     }
     assert (
         df.drop(columns="run_dir")
