@@ -54,6 +54,8 @@ def _pairs(rows: list[tuple[str, float, dict]], rate: float) -> list[str]:
     if not by:
         return []
     out = [
+        "Eager against compiled, same run",
+        "",
         "| mechanism, work | eager ms | compiled ms | eager ÷ compiled | eager / floor | "
         "compiled / floor |",
         "|---|---:|---:|---:|---:|---:|",
