@@ -96,6 +96,28 @@ class Encoder(nn.Module):
         """Bytes one sequence keeps between tokens at context n, over every layer."""
         return sum(layer.attn.state_bytes(n, itemsize) for layer in self.layers)
 
+    # -- the context memory (any mechanism, decoding or not) ------------------------------------
+
+    def layer_context_elements(self, n: int) -> list[int]:
+        """Each layer's context memory at length n, elements per sequence
+        (``attn.context_elements``). The layers agree unless the mechanism sizes them apart
+        (Linformer's k_decay or a list k); sharing across layers does not merge them
+        (Linformer's layerwise E is one matrix, but every layer projects its own K and V)."""
+        return [layer.attn.context_elements(n) for layer in self.layers]
+
+    def layer_context_bytes(self, n: int, itemsize: int) -> list[int]:
+        """:meth:`layer_context_elements` in a dtype of ``itemsize`` bytes."""
+        return [layer.attn.context_bytes(n, itemsize) for layer in self.layers]
+
+    def context_elements(self, n: int) -> int:
+        """The context memory of one sequence at length n over every layer (as
+        :meth:`state_bytes`, which for a decoder is these bytes plus its bookkeeping)."""
+        return sum(self.layer_context_elements(n))
+
+    def context_bytes(self, n: int, itemsize: int) -> int:
+        """:meth:`context_elements` in a dtype of ``itemsize`` bytes."""
+        return sum(self.layer_context_bytes(n, itemsize))
+
     def step_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one decode step (one token of b sequences seeing n tokens)."""
         return sum(layer.attn.step_flops(b, n) + layer.ffn_flops(b, 1) for layer in self.layers)

@@ -13,6 +13,12 @@ A mechanism with an incremental (decode) form also implements :meth:`new_state`,
 :meth:`extend_attend` and :meth:`state_bytes`: a serving engine's prefill is ``extend`` from an
 empty state, its decode step ``extend`` by one token, and every part of attnbench that needs
 the bytes a sequence keeps between tokens asks :meth:`state_bytes`.
+
+Every mechanism declares its context memory, :meth:`context_elements`: the elements per
+sequence and layer that carry the context at length n (the K/V cache, local's window, the
+recurrent state, Linformer's projected keys and values, Nyströmformer's landmarks), and
+:meth:`context_bytes`, those in a dtype. For a mechanism that decodes it is its state, so its
+``state_bytes`` is computed from it (plus any bookkeeping such as padding flags): one formula.
 """
 
 from __future__ import annotations
@@ -129,8 +135,25 @@ class MultiHeadAttention(nn.Module):
         """Bytes one sequence keeps in this layer between tokens at context ``n``, its state
         in a dtype of ``itemsize`` bytes: the one formula of serving's memory (the max batch,
         the report, the achieved bandwidth), checked against the meta model and the CPU
-        profiler."""
+        profiler. A mechanism computes it from :meth:`context_bytes` (its state is its
+        context memory) plus its bookkeeping, so the two cannot disagree."""
         raise NotImplementedError(f"{type(self).__name__} has no incremental form")
+
+    # -- the context memory (every mechanism) -------------------------------------------------
+
+    def context_elements(self, n: int) -> int:
+        """Elements one sequence keeps in this layer that carry its context at length ``n``:
+        what an output is read from besides the token's own query, as this mechanism keeps it
+        (the K/V cache at n, local's min(w, n) keys and values, linear attention's S and z,
+        Linformer's projected keys and values, Nyströmformer's landmarks). The one formula per
+        mechanism: for one that decodes it is the decode state less bookkeeping, and its
+        :meth:`state_bytes` is computed from it. Bookkeeping that no output reads as context
+        (a cache's padding flags) is not counted."""
+        raise NotImplementedError(f"{type(self).__name__} declares no context memory")
+
+    def context_bytes(self, n: int, itemsize: int) -> int:
+        """:meth:`context_elements` in a dtype of ``itemsize`` bytes."""
+        return self.context_elements(n) * itemsize
 
     def step_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one decode step of b sequences whose new token sees ``n`` tokens

@@ -117,11 +117,19 @@ class KVCache(KeyValues):
         return blocked
 
 
-def kv_cache_bytes(slots: int, heads: int, head_dim: int, itemsize: int) -> int:
-    """One sequence's keys and values in ``slots`` slots of one layer, plus their padding
-    flags (a byte a slot): what :class:`KeyValues` allocates per sequence (a cache at
-    capacity n: n slots; local's ring: min(w, n))."""
-    return 2 * heads * head_dim * slots * itemsize + slots
+def kv_elements(slots: int, heads: int, head_dim: int) -> int:
+    """One sequence's keys and values in ``slots`` slots of one layer, 2·heads·head_dim·slots
+    elements: the context memory of every mechanism that keeps keys and values (a cache at
+    capacity n: n slots; local's ring: min(w, n)), and what :class:`KeyValues` allocates per
+    sequence besides its padding flags."""
+    return 2 * heads * head_dim * slots
+
+
+def flag_bytes(slots: int) -> int:
+    """The padding flags of ``slots`` slots, a bool each: which slot holds padding. A state
+    keeps them (``state_bytes``), but they are bookkeeping, not context: no output reads
+    them as keys or values, so ``context_bytes`` leaves them out."""
+    return slots * torch.bool.itemsize
 
 
 def grouped(q: Tensor, kv_heads: int) -> Tensor:

@@ -48,6 +48,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.cache import kv_elements
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
 
@@ -291,6 +292,13 @@ class FlexAttention(MultiHeadAttention):
         mask = self.block_mask(x.shape[1], x.device, key_padding_mask)
         out = run_kernel(q, k, v, mask, self.scale, gqa)
         return self.merge_heads(out)  # (b, n, d)
+
+    def context_elements(self, n: int) -> int:
+        """Keys and values as the pattern keeps them: ``window`` min(w, n) of every key/value
+        head (as ``local``'s: the non-causal band's w + 1 counted as w), ``full`` and ``causal``
+        all n (the K/V cache at n)."""
+        slots = min(self.cfg.window, n) if self.cfg.pattern == "window" else n
+        return kv_elements(slots, self.kv_heads, self.head_dim)
 
     def attention_flops(self, b: int, n: int) -> int:
         """QKᵀ and P·V over every block pair the block mask computes (the kernel's count):

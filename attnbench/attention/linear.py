@@ -40,7 +40,7 @@ from attnbench.attention.prefix import (
     extend,
     linear_attention,
     linear_flops,
-    recurrent_state_bytes,
+    recurrent_state_elements,
 )
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
@@ -109,8 +109,14 @@ class LinearAttention(MultiHeadAttention):
         out = extend(q_f, k_f, v, self.cfg.chunk_size, state)
         return self.merge_heads(out.to(x.dtype))  # (b, c, d)
 
+    def context_elements(self, n: int) -> int:
+        """S (d_h × d_h) and z (d_h) per head, h·d_h·(d_h + 1) whatever n, causal or not
+        (the non-causal form computes the same sums over the whole sequence)."""
+        return recurrent_state_elements(self.n_heads, self.head_dim, self.head_dim)
+
     def state_bytes(self, n: int, itemsize: int) -> int:
-        return recurrent_state_bytes(self.n_heads, self.head_dim, self.head_dim, itemsize)
+        """S and z: the state is the context memory, nothing else."""
+        return self.context_bytes(n, itemsize)
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """Per head φ(k)ᵀv and φ(q)S, 2·d_k² each, and φ(q)z, 2·d_k: whatever n."""

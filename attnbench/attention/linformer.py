@@ -307,6 +307,22 @@ class LinformerAttention(MultiHeadAttention):
             return self.k
         return -(-n // self.proj_k.window)
 
+    def context_elements(self, n: int) -> int:
+        """Context memory, not a recurrent state (Linformer has no causal form): the projected
+        keys and values K̄ = E K and V̄ = F V that every query attends over, s = k rows of d
+        each (:meth:`slots`: for the pooled kinds at n < max_seq_len, the windows that start
+        before n), 2·s·d; a layer of its own k under k_decay or a list k.
+
+        The same for every sharing: sharing decides how many distinct E and F there are (the
+        parameters), not what a sequence is compressed into. ``none`` and ``headwise`` give
+        each head k projected keys and values of d_h; ``kv`` (E = F) still projects K and V
+        apart; ``layerwise`` shares E across layers, yet each layer projects its own K and V.
+        Under ``kv`` and ``layerwise`` with a sequence-linear projection both come from one
+        E X (k × d, and E 1), which a cache could keep instead (k·(d + 1)); counted here is
+        what the attention reads, K̄ and V̄, as the K/V cache counts K and V rather than the
+        n × d input they come from."""
+        return 2 * self.slots(n) * self.kv_heads * self.head_dim
+
     def recomputed_flops(self, b: int, n: int) -> int:
         """kernel=sdpa's fused backward recomputes Q (EK)ᵀ: 2·n·s·d; eager keeps P̄."""
         return 2 * b * n * self.slots(n) * self.d_model if self.cfg.kernel == "sdpa" else 0

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention
-from attnbench.attention.cache import KeyValues, kv_cache_bytes
+from attnbench.attention.cache import KeyValues, flag_bytes, kv_elements
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
 
@@ -197,13 +197,23 @@ class LocalAttention(MultiHeadAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         return self._banded(self.q_proj(x), self.k_proj(x), self.v_proj(x), key_padding_mask)
 
+    def slots(self, n: int) -> int:
+        """Keys and values a sequence keeps at length n: the window, min(w, n)."""
+        return min(self.cfg.window, n)
+
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Ring:
-        slots = min(self.cfg.window, capacity)
-        return Ring.empty(b, self.n_heads, slots, self.head_dim, dtype, device)
+        return Ring.empty(b, self.n_heads, self.slots(capacity), self.head_dim, dtype, device)
+
+    def context_elements(self, n: int) -> int:
+        """The window's min(w, n) keys and values of every head, causal or not: the ring a
+        decode step reads. The non-causal band reads one key more, w/2 on each side and the
+        query's own (w + 1); counted as w, the budget, so that both forms of one w sit at
+        one memory (one key of w + 1 is under 2 % at w ≥ 64)."""
+        return kv_elements(self.slots(n), self.n_heads, self.head_dim)
 
     def state_bytes(self, n: int, itemsize: int) -> int:
-        """The ring: min(w, n) keys and values of every head, and a padding flag each."""
-        return kv_cache_bytes(min(self.cfg.window, n), self.n_heads, self.head_dim, itemsize)
+        """The ring: its keys and values (:meth:`context_elements`), and a padding flag each."""
+        return self.context_bytes(n, itemsize) + flag_bytes(self.slots(n))
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """One query against the ring's min(w, n) written slots (whatever its capacity)."""

@@ -225,6 +225,16 @@ class NystromformerAttention(MultiHeadAttention):
         out = F.conv2d(image, weight, padding=(0, kernel // 2), groups=d)  # (b, d, 1, n)
         return out.squeeze(2).transpose(1, 2)  # (b, n, d), a view
 
+    def context_elements(self, n: int) -> int:
+        """The landmarks, per head: the m landmark keys K̃ and the m summaries
+        W = A⁺ softmax(Q̃ Kᵀ) V they weight (m × d_h each; m = min(num_landmarks, n)), 2·m·d.
+        A query's attention is softmax(q K̃ᵀ) W: everything of the context that reaches it
+        through attention is in K̃ and W (Q̃, A⁺ and B V only make W). Plus the
+        convolution's window: V at the min(conv_kernel, n) positions around the query,
+        min(conv_kernel, n)·d, a local path every output also reads (0 without it)."""
+        landmarks = 2 * self.landmarks_of(n, False) * self.d_model
+        return landmarks + min(self.cfg.conv_kernel, n) * self.d_model
+
     def attention_flops(self, b: int, n: int) -> int:
         """Between the projections, without padding (m = min(num_landmarks, n)):
 

@@ -51,7 +51,7 @@ from attnbench.attention.prefix import (
     causal_linear_attention,
     causal_linear_flops,
     extend,
-    recurrent_state_bytes,
+    recurrent_state_elements,
 )
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
@@ -194,8 +194,15 @@ class PerformerAttention(MultiHeadAttention):
         m = self.cfg.nb_features
         return RecurrentState.empty(b, self.n_heads, m, self.head_dim, dtype, device)
 
+    def context_elements(self, n: int) -> int:
+        """S (m × d_h) and z (m) per head over the m random features, h·m·(d_h + 1)
+        whatever n, causal or not (the non-causal form computes the same sums over the whole
+        sequence)."""
+        return recurrent_state_elements(self.n_heads, self.cfg.nb_features, self.head_dim)
+
     def state_bytes(self, n: int, itemsize: int) -> int:
-        return recurrent_state_bytes(self.n_heads, self.cfg.nb_features, self.head_dim, itemsize)
+        """S and z: the state is the context memory, nothing else."""
+        return self.context_bytes(n, itemsize)
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """φ(q), φ(k): 2·m·d each; per head φ(k)ᵀv and φ(q)S, 2·m·d_h each, φ(q)z 2·m."""

@@ -29,7 +29,7 @@ Their incremental form (serving) is the same recurrence: a :class:`RecurrentStat
 and z between calls, :func:`causal_linear_attention` starts from it and leaves it updated, so a
 prefill (in chunks or whole) and then one token at a time equal one causal pass over the whole
 sequence. Its size is fixed, m·(e + 1) numbers per head whatever the context
-(:func:`recurrent_state_bytes`).
+(:func:`recurrent_state_elements`).
 """
 
 from __future__ import annotations
@@ -72,9 +72,11 @@ class RecurrentState:
         """After every slot was filled: nothing to take, a recurrent state has no position."""
 
 
-def recurrent_state_bytes(heads: int, m: int, e: int, itemsize: int) -> int:
-    """One sequence's S and z in one layer: heads · m · (e + 1) numbers, whatever n."""
-    return heads * m * (e + 1) * itemsize
+def recurrent_state_elements(heads: int, m: int, e: int) -> int:
+    """One sequence's S and z in one layer: heads · m · (e + 1) elements, whatever n. The
+    context memory of linear attention and Performer, causal or not: the non-causal form
+    computes the same Σ φ(k_j) v_jᵀ and Σ φ(k_j), over the whole sequence."""
+    return heads * m * (e + 1)
 
 
 def _wide(*ts: Tensor) -> tuple[Tensor, ...]:

@@ -123,6 +123,12 @@ class ReformerAttention(MultiHeadAttention):
     def n_buckets(self, n: int) -> int:
         return self.padded_length(n) // self.cfg.bucket_size
 
+    def context_elements(self, n: int) -> int:
+        """All n keys and values, 2·n·d: LSH picks which keys a query meets only after hashing
+        the whole sequence, so nothing is compressed (the keys are the shared-QK projection,
+        normalised; the padding to a multiple of 2·bucket_size holds no context)."""
+        return 2 * n * self.d_model
+
     @torch.no_grad()
     def redraw_rotations(self) -> None:
         """Draw a fresh R (the library does so on every forward)."""

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.attention.cache import KVCache, kv_cache_bytes
+from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice
 
@@ -85,8 +85,13 @@ class SDPAAttention(MultiHeadAttention):
             bias.masked_fill_(blocked, float("-inf"))
         return self.merge_heads(self._sdpa(q, keys, values, bias, False))  # (b, c, d)
 
+    def context_elements(self, n: int) -> int:
+        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
+        return kv_elements(n, self.kv_heads, self.head_dim)
+
     def state_bytes(self, n: int, itemsize: int) -> int:
-        return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)
+        """The cache at capacity n: its keys and values, and a padding flag a token."""
+        return self.context_bytes(n, itemsize) + flag_bytes(n)
 
     def _sdpa(
         self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.attention.cache import KVCache, grouped, kv_cache_bytes, ungrouped
+from attnbench.attention.cache import KVCache, flag_bytes, grouped, kv_elements, ungrouped
 from attnbench.registry import register
 from attnbench.validators import check_bool
 
@@ -79,5 +79,10 @@ class VanillaAttention(MultiHeadAttention):
         )
         return self.merge_heads(ungrouped(out, self.n_heads))  # (b, c, d)
 
+    def context_elements(self, n: int) -> int:
+        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
+        return kv_elements(n, self.kv_heads, self.head_dim)
+
     def state_bytes(self, n: int, itemsize: int) -> int:
-        return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)
+        """The cache at capacity n: its keys and values, and a padding flag a token."""
+        return self.context_bytes(n, itemsize) + flag_bytes(n)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
-from attnbench.attention.cache import KVCache, kv_cache_bytes
+from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
 from attnbench.registry import register
 from attnbench.validators import check_bool
 
@@ -94,8 +94,13 @@ class XFormersAttention(MultiHeadAttention):
         blocked = state.blocked(c)  # (b | 1, 1, c | 1, L) or None
         return self._xformers(q, keys.transpose(1, 2), values.transpose(1, 2), blocked, False)
 
+    def context_elements(self, n: int) -> int:
+        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
+        return kv_elements(n, self.kv_heads, self.head_dim)
+
     def state_bytes(self, n: int, itemsize: int) -> int:
-        return kv_cache_bytes(n, self.kv_heads, self.head_dim, itemsize)
+        """The cache at capacity n: its keys and values, and a padding flag a token."""
+        return self.context_bytes(n, itemsize) + flag_bytes(n)
 
     def _xformers(
         self, q: Tensor, k: Tensor, v: Tensor, blocked: Tensor | None, causal: bool
