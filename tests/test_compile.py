@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
 import attnbench
 from attnbench.cell import Cell, key
 from attnbench.measure import compiled, presets
 from attnbench.runner import run_cell
 from attnbench.workload import Work
+from tests.conftest import run_cli
 
 TINY = dict(
     dtype="fp32", device="cpu", layers=2, d_model=32, n_heads=2, d_ff=64, batch=1,
