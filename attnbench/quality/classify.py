@@ -4,6 +4,9 @@ The model is LRA's shape for ListOps, small: a token embedding plus a learned po
 embedding (LRA learns one too), :func:`attnbench.build_model` with the mechanism under test,
 a mean over the real (non-padding) positions and a linear layer to the classes. Everything but
 the attention is the same for every mechanism, so accuracy differences are the attention's.
+With ``per_position=True`` the same model labels every position instead (no mean: the linear
+layer over each position's state, logits (b, n, classes)), as multi-query associative recall
+needs (:mod:`attnbench.quality.recall`); both train with :mod:`attnbench.quality.training`.
 
 :func:`train` trains one from scratch for a fixed number of AdamW steps (linear warmup, then
 linear decay to zero; gradients clipped at norm 1), deterministic from its seed: the data,
@@ -16,18 +19,16 @@ layer to the approximation-error study).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnbench
-from attnbench.measure.memory import profiled_peak
 from attnbench.quality import listops
+from attnbench.quality.training import Stepper, adamw, loop
 from attnbench.validators import check_choice, check_int, check_number
 
 # Chosen by measurement (torch 2.13 CPU, 2 cores shared with another job, so pessimistic):
@@ -58,10 +59,13 @@ DEFAULTS: dict[str, Any] = {
 
 
 class Classifier(nn.Module):
-    """ids (b, n) and a padding mask (b, n, True = padding) -> logits (b, n_classes).
+    """ids (b, n) and a padding mask (b, n, True = padding) -> logits (b, n_classes), or with
+    ``per_position`` logits (b, n, n_classes): a label for every position.
 
     ``params`` go to the attention (``k``, ``window`` …); ``n`` is the longest input and,
-    for a fixed-length mechanism (Linformer), the one length it takes.
+    for a fixed-length mechanism (Linformer), the one length it takes. ``padding_idx`` is
+    the token whose embedding is fixed at zero (ListOps' padding), or None where every token
+    is real (MQAR's filler is a token like any other).
     """
 
     def __init__(
@@ -75,6 +79,8 @@ class Classifier(nn.Module):
         n_heads: int,
         d_ff: int,
         n_classes: int = listops.N_CLASSES,
+        per_position: bool = False,
+        padding_idx: int | None = 0,
         **params: Any,
     ) -> None:
         super().__init__()
@@ -82,11 +88,11 @@ class Classifier(nn.Module):
         check_int("vocab", vocab, low=2)
         check_int("n", n)
         check_int("n_classes", n_classes, low=2)
-        self.attention, self.n = attention, n
+        self.attention, self.n, self.per_position = attention, n, per_position
         # a mechanism registered without padding support gets no mask (it would refuse one);
         # the mean-pool still ignores padding, but its attention mixes padding in
         self.masks_keys = attnbench.info(attention).padding_mask
-        self.tokens = nn.Embedding(vocab, d_model, padding_idx=0)
+        self.tokens = nn.Embedding(vocab, d_model, padding_idx=padding_idx)
         self.positions = nn.Embedding(n, d_model)
         self.encoder = attnbench.build_model(
             attention,
@@ -105,35 +111,19 @@ class Classifier(nn.Module):
             raise ValueError(f"ids: must be (batch, 1..{self.n}), got {tuple(ids.shape)}")
         return self.tokens(ids) + self.positions.weight[: ids.shape[1]]
 
-    def forward(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, mask: Tensor | None = None, at: Tensor | None = None) -> Tensor:
+        """Logits (b, n_classes); per position (b, n, n_classes), or with ``at`` (b, n, True
+        where a label is wanted) only those positions', (count, n_classes) in row-major
+        order: the head, the largest matmul of a small model over a large vocabulary, then
+        runs only where the loss looks."""
         h = self.encoder(self.embed(ids), mask if self.masks_keys else None)  # (b, n, d)
+        if self.per_position:
+            return self.head(h if at is None else h[at])
         if mask is None:
             return self.head(h.mean(dim=1))
         keep = (~mask).unsqueeze(-1).to(h.dtype)  # (b, n, 1): 1 on real tokens
         pooled = (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
         return self.head(pooled)  # (b, n_classes)
-
-
-def accuracy(
-    model: nn.Module, ids: Tensor, mask: Tensor, labels: Tensor, batch: int = 250
-) -> float:
-    """Share of correct argmax predictions, in eval mode, without gradients."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    with torch.inference_mode():
-        for i in range(0, len(labels), batch):
-            logits = model(ids[i : i + batch], mask[i : i + batch])
-            correct += int((logits.argmax(-1) == labels[i : i + batch]).sum())
-    model.train(was_training)
-    return correct / len(labels)
-
-
-def _lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps, then linear decay to 0 at ``steps``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (steps - step) / max(1, steps - warmup))
 
 
 def train(
@@ -201,8 +191,10 @@ def train(
             attention, vocab=len(listops.VOCAB), n=n, layers=layers, d_model=d_model,
             n_heads=n_heads, d_ff=d_ff, **params,
         )  # fmt: skip
-        step = _Stepper(model, sets, batch, _adamw(model, lr, weight_decay, steps, warmup), seed)
-        figures = _loop(step, steps, eval_every, progress)
+        train_set = (sets.x_train, sets.m_train, sets.y_train)
+        opt = adamw(model, lr, weight_decay, steps, warmup)
+        step = Stepper(model, train_set, batch, opt, seed)
+        figures = loop(step, (sets.x_test, sets.m_test, sets.y_test), steps, eval_every, progress)
     model.eval()
     return {
         "test_accuracy": figures["curve"][-1][1],
@@ -241,64 +233,3 @@ def check_settings(
     check_int(f"{prefix}test_examples", test_examples)
     check_int(f"{prefix}eval_every", eval_every)
     listops.check_shape(*lengths(n, min_len, max_len), max_depth, max_args, prefix)
-
-
-_Optimizer = tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]
-
-
-def _adamw(model: nn.Module, lr: float, weight_decay: float, steps: int, warmup: int) -> _Optimizer:
-    """AdamW and its schedule: linear warmup over ``warmup`` steps, then decay to 0."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: _lr_factor(i, steps, warmup))
-
-
-class _Stepper:
-    """One optimizer step per call on the next ``batch`` of an order drawn from ``seed``, a
-    new order each epoch; gradients clipped at norm 1."""
-
-    def __init__(
-        self, model: Classifier, sets: listops.Splits, batch: int, optimizer: _Optimizer, seed: int
-    ) -> None:
-        self.model, self.sets, self.batch = model, sets, batch
-        self.opt, self.sched = optimizer
-        self.order = torch.Generator().manual_seed(seed)
-        self.perm, self.at = torch.randperm(len(sets.y_train), generator=self.order), 0
-
-    def __call__(self) -> None:
-        s = self.sets
-        if self.at + self.batch > len(self.perm):  # a new epoch, a new order
-            self.perm, self.at = torch.randperm(len(s.y_train), generator=self.order), 0
-        idx = self.perm[self.at : self.at + self.batch]
-        self.at += self.batch
-        loss = F.cross_entropy(self.model(s.x_train[idx], s.m_train[idx]), s.y_train[idx])
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-
-
-def _loop(
-    step: _Stepper, steps: int, eval_every: int, progress: Callable[[int, float], None] | None
-) -> dict[str, Any]:
-    """``steps`` steps, the second profiled (step 1 made AdamW's state: step 2 is a steady
-    one) and the others timed, the test accuracy every ``eval_every`` steps and at the end."""
-    sets, curve = step.sets, []
-    peak_bytes, train_seconds, timed_steps = 0, 0.0, 0
-    for s in range(1, steps + 1):
-        if s == min(2, steps):
-            peak_bytes = profiled_peak(step)
-        else:
-            t0 = time.perf_counter()
-            step()
-            train_seconds += time.perf_counter() - t0
-            timed_steps += 1
-        if s % eval_every == 0 or s == steps:
-            curve.append((s, accuracy(step.model, sets.x_test, sets.m_test, sets.y_test)))
-            if progress is not None:
-                progress(*curve[-1])
-    return {
-        "steps_per_s": timed_steps / train_seconds if train_seconds > 0 else math.nan,
-        "peak_bytes": peak_bytes,
-        "curve": curve,
-    }
