@@ -64,7 +64,7 @@ class Cell:
     kv_heads: int | None = None  # grouped-query key/value heads; None = n_heads
     compile: bool = False  # torch.compile each encoder layer before anything is timed
     compile_mode: str = "default"  # torch.compile's mode (compile=true only)
-    task: str = "cost"  # or a quality task: approx, spectrum, listops (attnbench.quality.tasks)
+    task: str = "cost"  # or a quality task: approx, spectrum, listops, mqar (quality.tasks)
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
     @property
@@ -109,9 +109,15 @@ class Cell:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
-        """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists)."""
-        pairs = {f: tuple(tuple(p) for p in data.get(f, ())) for f in ("params", "quality")}
+        """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists, and
+        the values in them: a carried ``listops`` block, MQAR's ``lrs``)."""
+        pairs = {f: _tuples(data.get(f, ())) for f in ("params", "quality")}
         return cls(**{**data, **pairs})
+
+
+def _tuples(value: Any) -> Any:
+    """Lists (JSON's arrays) as tuples, at every depth: a cell is hashable."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:

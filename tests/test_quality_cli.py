@@ -115,7 +115,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("task=aprox",), "task: must be one of cost, approx, spectrum, listops; got 'aprox'"),
+        (("task=aprox",), "task: must be one of cost, approx, spectrum, listops, mqar; got"),
         (("task=approx", "attention=linear", "k=16"), "k: attention=linear has no budget"),
         (("task=approx", "attention=reformer"), "attention: reformer has no exact counterpart"),
         (("task=listops", "n=8"), "n: must be at least 16 for listops"),
@@ -138,6 +138,14 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
             ("task=spectrum", "quality.spectrum.inputs=listops", "+quality.listops.step=9"),
             "quality.listops: must be a setting of task=listops",
         ),
+        # MQAR's data (Zoology's constraints, at the cell's n) and training, issue #24
+        (("task=mqar", "n=63"), "n: must be even (Zoology's constraint), got 63"),
+        (("task=mqar", "n=64", "quality.mqar.num_kv_pairs=17"), "num_kv_pairs: must be at most"),
+        (("task=mqar", "n=64", "quality.mqar.vocab_size=64"), "quality.mqar.vocab_size: must"),
+        (("task=mqar", "n=64", "quality.mqar.power_a=0"), "quality.mqar.power_a: must be a"),
+        (("task=mqar", "n=64", "quality.mqar.short_conv=-1"), "quality.mqar.short_conv: must"),
+        (("task=mqar", "n=64", "quality.mqar.lrs=0.001"), "quality.mqar.lrs: must be a list"),
+        (("task=mqar", "n=64", "+quality.mqar.lr=0.001"), "quality.mqar: must be a setting"),
     ],
 )
 def test_bad_quality_input_is_one_line_exit_2_and_writes_nothing(
@@ -233,7 +241,7 @@ def test_the_config_and_the_library_take_the_registry_defaults() -> None:
 
     config = OmegaConf.to_container(OmegaConf.load(CONFIG).quality)
     assert config == {name: task.defaults() for name, task in tasks.REGISTRY.items()}
-    assert TASKS == ("cost", "approx", "spectrum", "listops") == ("cost", *tasks.REGISTRY)
+    assert TASKS == ("cost", "approx", "spectrum", "listops", "mqar") == ("cost", *tasks.REGISTRY)
     listops = tasks.REGISTRY["listops"].defaults()
     assert {k: classify.DEFAULTS[k] for k in listops if k != "seed"} == {
         k: v for k, v in listops.items() if k != "seed"

@@ -9,7 +9,10 @@
   (:mod:`attnbench.quality.spectrum`, the Linformer paper's Figure 1), random or trained;
 * ``listops`` — test accuracy on ListOps after a fixed budget of training steps
   (:mod:`attnbench.quality.classify`), beside the majority class, with steps per second, the
-  training peak memory and the accuracy curve.
+  training peak memory and the accuracy curve;
+* ``mqar`` — recall accuracy on Zoology's multi-query associative recall after a fixed
+  budget, at the best of a few learning rates (:mod:`attnbench.quality.recall`), beside
+  chance, with the context memory per layer.
 
 "The trained ListOps model" is the vanilla classifier that ``task=listops`` trains at the
 same settings and seed (training is deterministic on the CPU), trained once per process and
@@ -148,5 +151,14 @@ def listops(cell: Cell, s: Settings) -> dict[str, Any]:
     out = classify.train(cell.attention, cell.mechanism_params(), **_train_kwargs(cell, s))
     for name in classify.OBJECTS:
         out.pop(name)
+    out["curve"] = [list(point) for point in out["curve"]]
+    return out
+
+
+def mqar(cell: Cell, s: Settings) -> dict[str, Any]:
+    from attnbench.quality import recall
+
+    out = recall.train(cell.attention, cell.mechanism_params(), **_train_kwargs(cell, s))
+    out.pop("model")
     out["curve"] = [list(point) for point in out["curve"]]
     return out

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnbench.quality import listops, runs
+from attnbench.quality import listops, recall, runs
 from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Figure:
     wherever a figure may be undefined: a mechanism without rows has no ``row_error``)."""
 
     name: str
-    kind: str  # number | count | text | list
+    kind: str  # number | count | text | list | flag
     doc: str
 
 
@@ -106,6 +106,13 @@ def _check_spectrum(cell: Cell, s: dict[str, Any]) -> None:
 
 def _check_listops(cell: Cell, s: dict[str, Any]) -> None:
     _check_training(cell.n, s)
+
+
+def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
+    """The data's rules at the cell's n (Zoology's: n even, 4·pairs <= n, vocabulary > n and
+    able to hold the keys and values, power_a > 0), then the training's, by the checks the run
+    itself applies (:func:`attnbench.quality.recall.check_settings`)."""
+    recall.check_settings(cell.n, prefix="quality.mqar.", **s)
 
 
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
@@ -185,6 +192,43 @@ REGISTRY: dict[str, Task] = {
             _check_listops,
             runs.listops,
         ),
+        Task(
+            "mqar",
+            "multi-query associative recall (Zoology's MQAR) after a fixed training budget",
+            (
+                Setting("num_kv_pairs", recall.DEFAULTS["num_kv_pairs"], "key-value pairs"),
+                Setting("vocab_size", recall.DEFAULTS["vocab_size"], "tokens (keys, values)"),
+                Setting("power_a", recall.DEFAULTS["power_a"], "the query gaps' power law"),
+                Setting("train_examples", recall.DEFAULTS["train_examples"], "sequences"),
+                Setting("test_examples", recall.DEFAULTS["test_examples"], "sequences"),
+                _SEED,
+                Setting("steps", recall.DEFAULTS["steps"], "training steps per learning rate"),
+                Setting("batch", recall.DEFAULTS["batch"], "sequences per step"),
+                Setting("lrs", list(recall.DEFAULTS["lrs"]), "AdamW's peak rates: best kept"),
+                Setting("warmup", recall.DEFAULTS["warmup"], "linear warmup steps"),
+                Setting("weight_decay", recall.DEFAULTS["weight_decay"], "AdamW's"),
+                Setting("eval_every", recall.DEFAULTS["eval_every"], "steps between points"),
+                Setting("short_conv", recall.DEFAULTS["short_conv"], "kernel size, 0 = none"),
+            ),
+            (
+                Figure("test_accuracy", "number", "over query positions, best learning rate"),
+                Figure("chance", "number", "1/num_kv_pairs: one of the example's values"),
+                Figure("lr", "number", "the learning rate chosen"),
+                Figure("lr_accuracy", "list", "[learning rate, test accuracy] for each"),
+                Figure("curve", "list", "[step, test accuracy] every eval_every steps"),
+                Figure("steps_per_s", "number", "training steps per second"),
+                Figure("peak_bytes", "count", "bytes one training step allocates"),
+                Figure("causal", "flag", "trained causally (else bidirectionally)"),
+                Figure("short_conv", "count", "the short convolution's kernel, 0 = none"),
+                Figure("context_elements", "count", "context memory per layer and sequence"),
+                Figure("context_bytes", "count", "the same in fp32 bytes"),
+                Figure("train_examples", "count", "sequences trained on"),
+                Figure("test_examples", "count", "sequences tested on"),
+                Figure("seconds", "number", "the whole call, every learning rate"),
+            ),
+            _check_mqar,
+            runs.mqar,
+        ),
     )
 }
 TASKS = ("cost", *REGISTRY)
@@ -227,6 +271,7 @@ _FIGURES = {
     "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "text": lambda v: isinstance(v, str),
     "list": lambda v: isinstance(v, list),
+    "flag": lambda v: isinstance(v, bool),
 }
 
 

@@ -236,9 +236,10 @@ def _summary(row: Row) -> str:
         parts.append(
             f"error {q['rel_frobenius']:.4g} (relative Frobenius), cosine {q['cosine']:.4f}"
         )
-    if "test_accuracy" in q:
+    if "test_accuracy" in q:  # listops beside its majority class, mqar beside chance
+        bar = "majority_accuracy" if "majority_accuracy" in q else "chance"
         parts.append(
-            f"accuracy {q['test_accuracy']:.3f} (majority {q['majority_accuracy']:.3f}), "
+            f"accuracy {q['test_accuracy']:.3f} ({bar.split('_')[0]} {q[bar]:.3f}), "
             f"{q['steps_per_s']:.1f} steps/s"
         )
     if row.reason:
