@@ -163,7 +163,7 @@ class DecodeWork(Work):
             self.states = self.model.new_state(b, cap, dtype, self.device)
             for state in self.states:
                 state.seek(self.n)
-            self.token = self.x
+            self.token = self._first_token()  # as a real step's: its copy of x counted
             out = self.step()
             self.states = self.token = None
             return out
