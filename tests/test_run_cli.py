@@ -101,7 +101,7 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("attention=foo",), "attention: unknown option 'foo'; allowed: linear, linformer"),
+        (("attention=foo",), "attention: unknown option 'foo'; allowed: flex, flex_window, linear"),
         (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: approx, batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
         # a choice is an option of its group, named as typed: not a path to another file
@@ -111,7 +111,7 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("-m", "attention=vanilla,../config"), "attention: unknown option '../config'"),
         (("+sweep=../config",), "sweep: unknown option '../config'; allowed: approx"),
         (("~device",), "device: cannot be removed; allowed: a100_40gb"),
-        (("attention=null",), "attention: cannot be removed; allowed: linear"),
+        (("attention=null",), "attention: cannot be removed; allowed: flex, flex_window, linear"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
         # a single cell: k that would change nothing is refused, as for the quality tasks
         (("attention=vanilla", "k=64"), "k: attention=vanilla has no budget: k must be null"),
