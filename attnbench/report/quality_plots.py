@@ -1,13 +1,14 @@
 """Quality beside cost, drawn: the approximation error against the budget, the Linformer
-paper's Figure 1 (the spectrum of P) and the quality–cost Pareto plots; each function
-returns the figures its rows hold data for (none for rows of another task)."""
+paper's Figure 1 (the spectrum of P), the quality–cost Pareto plots and MQAR's recall–memory
+Pareto plot; each function returns the figures its rows hold data for (none for rows of
+another task)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from attnbench.report.plots import Plot, _figure, _text
+from attnbench.report.plots import DPI, SIZE_IN, Plot, _figure, _text
 from attnbench.report.quality import (
     RANDOM_FOOTNOTE,
     TRAINED_FOOTNOTE,
@@ -16,6 +17,7 @@ from attnbench.report.quality import (
     task_rows,
 )
 from attnbench.report.ratio import label
+from attnbench.report.recall import Setup, setups
 from attnbench.row import Row
 
 
@@ -114,6 +116,94 @@ def pareto_figures(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
                 fig,
                 f"{ylabel} against cost, per mechanism and budget; the dashed line joins "
                 "the mechanisms no other beats on both.",
+            )
+        )
+    return out
+
+
+def _recall_panel(ax: Any, setup: Setup, pairs: int, colours: dict[str, Any], keys: bool) -> None:
+    """One ``num_kv_pairs`` of a setup: accuracy (%) against context bytes per layer (log x),
+    a colour per mechanism, each mechanism's budgets joined in budget order (so Linformer's
+    line shows what each k buys; ``keys``: its points say their k), sd bars over seeds, a
+    short_conv variant hollow and dotted; chance dashed."""
+    here = [p for p in setup.points if p.pairs == pairs and p.figure("context_bytes")]
+    lines: dict[tuple[str, bool], list] = {}
+    for p in here:
+        lines.setdefault((p.mechanism, p.variant), []).append(p)
+    for (mechanism, variant), points in lines.items():
+        points.sort(key=lambda p: p.budget)
+        xs = [p.figure("context_bytes") for p in points]
+        ys = [p.mean for p in points]
+        colour = colours[mechanism]
+        name = mechanism + (" (" + points[0].config.rsplit(" ", 1)[-1] + ")" if variant else "")
+        ax.errorbar(
+            xs, ys, yerr=[p.sd or 0 for p in points], color=colour, marker="o", ms=4,
+            mfc="none" if variant else colour, ls=":" if variant else "-", lw=1, capsize=2,
+            label=_text(name),
+        )  # fmt: skip
+        if keys and mechanism.startswith("linformer"):
+            for p, x, y in zip(points, xs, ys, strict=True):
+                ax.annotate(f"k={p.budget}", (x, y), xytext=(5, -10), textcoords="offset points",
+                            fontsize=6, color=colour)  # fmt: skip
+    if (chance := setup.chance(pairs)) is not None:
+        ax.axhline(100 * chance, color="grey", lw=0.8, ls="--", label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-2, 102)
+    ax.margins(x=0.08)
+    ax.grid(True, alpha=0.3)
+
+
+def mqar_pareto(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
+    """The recall–memory Pareto plot of each MQAR setup: test accuracy against context
+    memory per layer and sequence (log x), at the largest ``num_kv_pairs`` (where the
+    mechanisms part), and every ``num_kv_pairs`` as small multiples where there are several."""
+    from matplotlib.figure import Figure
+
+    out = []
+    found = setups(rows)
+    for i, setup in enumerate(found):
+        mechanisms = dict.fromkeys(p.mechanism for p in setup.points)
+        colours = {m: f"C{j % 10}" for j, m in enumerate(mechanisms)}
+        suffix = f"-{i + 1}" if len(found) > 1 else ""
+        top = max(setup.pairs)
+        fig, ax = _figure()
+        _recall_panel(ax, setup, top, colours, keys=True)
+        ax.set_xlabel("context memory per layer per sequence (bytes, fp32)")
+        ax.set_ylabel("test accuracy over queries (%)")
+        ax.legend(fontsize=6, loc="best")
+        ax.set_title(_text(f"MQAR recall against context memory: {setup.title}, {top} pairs"),
+                     fontsize=9)  # fmt: skip
+        caption = (
+            f"MQAR test accuracy against the context memory one sequence needs per layer, "
+            f"{setup.title}, {top} key-value pairs; a colour per mechanism, its budgets joined "
+            "(Linformer's points name their k), bars: sd over seeds; dashed: chance."
+        )
+        out.append(Plot(f"mqar-pareto{suffix}", fig, caption))
+        if len(setup.pairs) < 2:
+            continue
+        fig = Figure(figsize=SIZE_IN, dpi=DPI, layout="constrained")
+        count = len(setup.pairs)
+        columns = min(3, count)
+        axes = fig.subplots(-(-count // columns), columns, sharex=True, sharey=True, squeeze=False)
+        for ax, pairs in zip(axes.flat, setup.pairs, strict=False):
+            _recall_panel(ax, setup, pairs, colours, keys=False)
+            ax.set_title(f"{pairs} pairs", fontsize=8)
+            ax.tick_params(labelsize=6)
+        for ax in list(axes.flat)[count:]:
+            ax.set_visible(False)
+        legend: dict[str, Any] = {}  # every panel's entries, once (not every one has all)
+        for ax in axes.flat:
+            for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+                legend.setdefault(name, handle)
+        fig.legend(legend.values(), legend.keys(), fontsize=5, loc="outside right upper")
+        fig.supxlabel("context memory per layer per sequence (bytes)", fontsize=7)
+        fig.supylabel("test accuracy (%)", fontsize=7)
+        fig.suptitle(_text(f"MQAR recall against context memory: {setup.title}"), fontsize=9)
+        out.append(
+            Plot(
+                f"mqar-pareto-pairs{suffix}",
+                fig,
+                f"The same at every number of pairs, {setup.title}: a panel per num_kv_pairs.",
             )
         )
     return out

@@ -11,7 +11,8 @@ Tables go into a document, the Markdown and LaTeX file named after what it holds
 them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`),
 ``compiled`` (eager and compiled side by side, flex beside local:
 :mod:`attnbench.report.compiled`, only where a row is compiled or flex) or ``quality`` (the
-quality tasks' tables). Figures go to ``plots/`` and the page.
+quality tasks' tables; MQAR's: :mod:`attnbench.report.recall`). Figures go to ``plots/``
+and the page.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from attnbench.report import (
     quality,
     quality_plots,
     ratio,
+    recall,
     serving,
     serving_plots,
 )
@@ -237,6 +239,12 @@ SECTIONS = (
             QUALITY, "quality"),
     Section("listops-seeds", "ListOps accuracy over seeds", _task("listops"),
             _grids(quality.listops_seeds_table), QUALITY, "quality"),
+    Section("mqar", "MQAR accuracy", _task("mqar"), _grids(recall.accuracy_tables), QUALITY,
+            "quality"),
+    Section("mqar-cost", "MQAR cost beside recall", _task("mqar"), _grids(recall.cost_tables),
+            QUALITY, "quality"),
+    Section("mqar-seeds", "MQAR accuracy over seeds", _task("mqar"),
+            _grids(recall.seed_tables), QUALITY, "quality"),
     Section("ratios", "Time and memory ratios against the baseline", _cost, _ratios, TABLE3,
             "tables"),
     Section("serving", "Serving: time-per-token and max-batch ratios against the baseline",
@@ -286,6 +294,8 @@ SECTIONS = (
             _figure(quality_plots.spectrum_figures)),
     Section("pareto", "Quality against cost", lambda r: True,
             _figure(quality_plots.pareto_figures)),
+    Section("mqar-pareto", "MQAR recall against context memory", _task("mqar"),
+            _figure(quality_plots.mqar_pareto)),
 )  # fmt: skip
 
 
