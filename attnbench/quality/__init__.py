@@ -9,7 +9,9 @@ hidden states of a trained model, layer by layer). :mod:`attnbench.quality.spect
 the singular-value spectrum of a vanilla model's context matrices P = softmax(QKᵀ/√d_h), the
 Linformer paper's Figure 1. :mod:`attnbench.quality.listops` generates Long Range Arena's
 ListOps from a seed; :mod:`attnbench.quality.mqar` generates Zoology's multi-query associative
-recall from a seed (not yet a task of the registry); :mod:`attnbench.quality.classify` is the
-classifier over any mechanism and its fixed-budget training. All but the registry are plain
-library code.
+recall from a seed; :mod:`attnbench.quality.classify` is the classifier over any mechanism
+(a label per sequence, or per position) and ListOps' training run,
+:mod:`attnbench.quality.recall` MQAR's (task=mqar: the short convolution, causal or not, the
+best of a few learning rates), :mod:`attnbench.quality.training` the fixed-budget training both
+share. All but the registry are plain library code.
 """
