@@ -21,6 +21,7 @@ import gc
 import torch
 
 import attnbench
+from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import compiled, contention
@@ -99,7 +100,7 @@ def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> i
 def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
     """A real step at b under the ceiling less the fixed overhead; OOM is caught, the
     input's allocation included."""
-    dev = torch.device(GPU)
+    dev = indexed_device(GPU)
     try:
         _feed(work, cell, b, GPU)
         measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
@@ -216,7 +217,7 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
     """Real probes confirm or correct the model's max batch; then peak memory and time at
     that batch, on the GPU. A workload that primes (a training step's optimizer state) runs
     one step at b = 1 first, as that state exists in every step after a real run's first."""
-    dtype, dev, workload = DTYPES[cell.dtype], torch.device(GPU), cell.workload
+    dtype, dev, workload = DTYPES[cell.dtype], indexed_device(GPU), cell.workload
     overhead = res.preset.overhead_bytes
     model = build(cell, res, GPU, dtype)
     work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)

@@ -34,6 +34,7 @@ backward on a CPU: this is where flex trains). Their compile times are in the ro
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -44,8 +45,8 @@ import torch
 from attnbench.cell import Cell, validate
 from attnbench.env import fix_malloc
 from attnbench.measure import presets
-from attnbench.row import Row
-from attnbench.runner import run_cell
+from attnbench.row import Row, read
+from attnbench.runner import MemoryModel, run_cell
 
 NS = (512, 1024, 2048, 4096, 8192, 16384)
 NS_TRAIN = (512, 1024, 2048, 4096)
@@ -181,9 +182,32 @@ def decode_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def residual_table(rows: list[Row], todo: list[Cell]) -> str:
+    """The memory model against the allocator, bytes not batches: each eager row's modeled
+    peak at the batch the probes found, beside ``torch.cuda.max_memory_allocated`` there
+    (both with the preset's overhead), and what the allocator reserved beyond it. A max
+    batch the model overstates while its bytes agree is the allocator's fragmentation."""
+    cells = {_done_key(c): c for c in todo}
+    lines = [
+        "| cell | max b | modeled GB | allocated GB | model − allocated | reserved − allocated |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cell = cells.get(_done_key(r))
+        if r.status != "ok" or r.compile or not r.max_batch or cell is None or not r.peak_bytes:
+            continue
+        modeled = MemoryModel(cell, validate(cell)).peak(r.max_batch)
+        extra = (r.peak_reserved_bytes or r.peak_bytes) - r.peak_bytes
+        lines.append(
+            f"| {cell.label} | {r.max_batch} | {modeled / 1e9:.3f} | {r.peak_bytes / 1e9:.3f} | "
+            f"{(modeled - r.peak_bytes) / r.peak_bytes:+.2%} | {extra / r.peak_bytes:.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[Row]) -> str:
     def work(r: Row) -> tuple:
-        return (r.mode, r.checkpoint, bool(dict(r.params).get("causal")))
+        return (r.mode, r.checkpoint, bool(dict(r.params).get("causal")), r.compile)
 
     base = {(r.n, work(r)): r for r in rows if r.attention == "vanilla"}
     lines = [
@@ -200,7 +224,7 @@ def table(rows: list[Row]) -> str:
             + (" causal" if work(r)[2] else "")
         )
         v = base.get((r.n, work(r)))
-        mode = r.mode + (" checkpoint" if r.checkpoint else "")
+        mode = r.mode + (" checkpoint" if r.checkpoint else "") + (" compiled" if r.compile else "")
         t, tv = r.time_per_seq_s, v and v.time_per_seq_s
         mb, mbv = r.max_batch, v and v.max_batch
         lines.append(
@@ -212,6 +236,25 @@ def table(rows: list[Row]) -> str:
             f"{r.status if r.status == 'ok' else r.status + ': ' + str(r.reason)} |"
         )
     return "\n".join(lines)
+
+
+def _done_key(c: Cell | Row) -> str:
+    """What tells this script's cells apart, read alike from a cell and from its stored row."""
+    return json.dumps(
+        [
+            c.attention,
+            c.n,
+            c.k,
+            sorted(dict(c.params).items()),
+            c.mode,
+            c.compile,
+            c.device,
+            bool(c.checkpoint),
+            c.batch if isinstance(c, Cell) else c.batch_asked,
+            (c.model or {}).get("kv_heads"),
+        ],
+        default=str,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +270,18 @@ def main(argv: list[str] | None = None) -> int:
         "--decode-only",
         action="store_true",
         help="only the serving (mode=decode) cells",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --out and run only the cells they lack (a check cut "
+        "off by a time limit goes on where it stopped)",
+    )
+    parser.add_argument(
+        "--zoo-last",
+        action="store_true",
+        help="run the zoo's inference cells after the training, compiled and serving ones "
+        "(when device time is short, the zoo is what can wait)",
     )
     parser.add_argument(
         "--decode-device",
@@ -286,9 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: error: --decode-device {args.decode_device}: {e}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    with args.out.open("w") as f:
-        for i, cell in enumerate(todo, 1):
+    rows = read(args.out) if args.resume and args.out.exists() else []
+    done = {_done_key(r) for r in rows}
+    left = [c for c in todo if _done_key(c) not in done]
+    if args.zoo_last:
+        zoo = {_done_key(c) for c in todo if c.mode == "inference" and not c.compile}
+        zoo -= {_done_key(c) for c in cells(NS, TIMING, "v100_16gb", "fp16")}
+        left.sort(key=lambda c: _done_key(c) in zoo)  # stable: otherwise in order
+    if rows:
+        print(f"gpu_check: {len(rows)} rows kept from {args.out}, {len(left)} cells to run")
+    with args.out.open("a" if rows else "w") as f:
+        for i, cell in enumerate(left, 1):
             start = time.perf_counter()
             row = run_cell(cell)
             row.wall_s = time.perf_counter() - start
@@ -296,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(row.to_json() + "\n")
             f.flush()
             print(
-                f"[{i}/{len(todo)}] {cell.label}: {row.status} "
+                f"[{i}/{len(left)}] {cell.label}: {row.status} "
                 f"b={row.max_batch} ({row.wall_s:.1f} s)",
                 flush=True,
             )
@@ -311,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     if served := [r for r in rows if r.mode == "decode"]:
         print(f"\nserving ({served[0].device}, {served[0].dtype}):\n")
         print(decode_table(served))
+    print("\nthe memory model against the allocator, at each measured max batch:\n")
+    print(residual_table(rows, todo))
     return 0
 
 

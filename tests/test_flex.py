@@ -273,6 +273,25 @@ def test_prepare_builds_once_and_shares_the_block_mask() -> None:
     assert vanilla.prepare(n, "cpu") == 0.0
 
 
+def test_a_mask_first_built_by_a_forward_serves_a_training_step() -> None:
+    """The first GPU run found it: an inference cell built the cached mask under
+    inference_mode, and the next training cell failed ("Inference tensors cannot be saved
+    for backward"). Built outside it, every tensor of the mask can be saved."""
+    n = 144  # a length no other test builds
+    layer = attnbench.create("flex", d_model=D, n_heads=H, max_seq_len=n, pattern="window")
+    with torch.inference_mode():
+        assert layer.prepare(n, "cpu") > 0.0
+    mask = flex._block_masks[(n, *layer.cfg.key(), "cpu")]
+    tensors = [t for t in mask.as_tuple() if isinstance(t, torch.Tensor)]
+    assert tensors and not any(t.is_inference() for t in tensors)
+    bounds = flex.mask_mod(layer.cfg, "cpu").__closure__
+    assert not any(
+        c.cell_contents.is_inference()
+        for c in bounds or ()
+        if isinstance(c.cell_contents, torch.Tensor)
+    )
+
+
 def test_on_meta_nothing_is_built_and_no_n_by_n_is_made() -> None:
     n = 4096
     with torch.device("meta"):

@@ -440,3 +440,36 @@ def test_affine_solve_falls_back_to_the_search_where_the_peak_is_not_affine() ->
     assert evaluations > 4  # it had to search
     assert b == 1900 and peak(b) <= 20_000 < peak(b + 1)
     assert solve_affine(peak, ceiling=900, fixed=0) == (0, 1)  # b = 1 does not fit
+
+
+def test_cuda_memory_calls_get_an_indexed_device(monkeypatch) -> None:
+    """The first GPU run found it: torch.cuda.set_per_process_memory_fraction and
+    mem_get_info refuse a bare torch.device("cuda") ("Expected a torch.device with a
+    specified index"), and every GPU cell was an error row. Each call that takes a device
+    is recorded here, with torch.cuda stubbed, and must see one with its index."""
+    from attnbench.attention.base import indexed_device
+    from attnbench.measure import memory
+
+    seen: list[object] = []
+
+    def record(*args: object, **kwargs: object) -> int:
+        seen.extend(a for a in (*args, *kwargs.values()) if isinstance(a, torch.device))
+        return 0
+
+    class Props:
+        total_memory = 16 << 30
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for name in (
+        "synchronize",
+        "reset_peak_memory_stats",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "set_per_process_memory_fraction",
+    ):
+        monkeypatch.setattr(torch.cuda, name, record)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: record(d) or Props())
+    assert indexed_device("cuda") == torch.device("cuda", 0)
+    assert indexed_device("cpu") == torch.device("cpu")
+    memory.measured_peak_cuda(lambda: None, torch.device("cuda"), ceiling=1 << 30)
+    assert seen and all(d == torch.device("cuda", 0) for d in seen)

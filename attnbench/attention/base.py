@@ -251,3 +251,13 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.n_heads else ""
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, cfg={self.cfg}"
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index (``cuda`` is the current GPU): torch.cuda's memory calls
+    (``set_per_process_memory_fraction``, ``mem_get_info``) refuse a bare ``cuda``, and a
+    cache keyed by device needs one key per GPU."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device

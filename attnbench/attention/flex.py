@@ -37,7 +37,8 @@ blocks, not pairs) is not modeled.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.base import MultiHeadAttention, indexed_device
 from attnbench.attention.cache import kv_elements
 from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
@@ -64,14 +65,6 @@ _kernel: Callable[..., Tensor] | None = None  # torch.compile(flex_attention), m
 # (n, pattern, window, causal, device) -> the block mask, shared by every layer
 _block_masks: dict[tuple[Any, ...], BlockMask] = {}
 _mask_mods: dict[tuple[Any, ...], MaskMod] = {}  # (pattern, window, causal, device) -> mask_mod
-
-
-def _on(device: torch.device | str) -> torch.device:
-    """``device`` with its index (``cuda`` is the current GPU): one cache key per device."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def kernel() -> Callable[..., Tensor]:
@@ -149,16 +142,27 @@ class FlexConfig:
         return pattern, self.window if pattern == "window" else None, self.is_causal
 
 
+@contextmanager
+def _shareable() -> Iterator[None]:
+    """Where the cached masks are built: outside ``inference_mode``, whose tensors a
+    training step cannot save for backward, so that a mask first built by a forward (an
+    inference cell, a probe) serves a later training step too (on CUDA the first training
+    cell after an inference one failed so); ``no_grad``, as a mask is no parameter."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
+
+
 def mask_mod(cfg: FlexConfig, device: torch.device | str) -> MaskMod:
     """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: True where query i sees key j, i.e.
     lo ≤ i − j ≤ hi. The bounds are tensors, not constants: the compiled kernel takes them
     as inputs, so every pattern and window at one shape runs one compiled graph (a sweep over
     windows compiles once)."""
-    device = _on(device)
+    device = indexed_device(device)
     key = (*cfg.key(), str(device))
     if key not in _mask_mods:
         lo, hi = (max(-UNBOUNDED, min(UNBOUNDED, v)) for v in cfg.span())
-        bounds = torch.tensor([lo, hi], dtype=torch.int64, device=device)
+        with _shareable():
+            bounds = torch.tensor([lo, hi], dtype=torch.int64, device=device)
         low, high = bounds[0], bounds[1]
 
         def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -253,16 +257,17 @@ class FlexAttention(MultiHeadAttention):
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build and cache the block mask at length n: the seconds it took, 0.0 when it was
         cached already (by this layer or another) and on meta (where none is built)."""
-        device = _on(device)
+        device = indexed_device(device)
         if device.type == "meta":
             return 0.0
         key = (n, *self.cfg.key(), str(device))
         if key in _block_masks:
             return 0.0
         start = time.perf_counter()
-        _block_masks[key] = create_block_mask(
-            mask_mod(self.cfg, device), None, None, n, n, device=device
-        )
+        with _shareable():
+            _block_masks[key] = create_block_mask(
+                mask_mod(self.cfg, device), None, None, n, n, device=device
+            )
         return time.perf_counter() - start
 
     def block_mask(
@@ -271,7 +276,7 @@ class FlexAttention(MultiHeadAttention):
         """The block mask of one call: the cached one, or with padding one for this batch
         (:func:`padded_block_mask`)."""
         self.prepare(n, device)
-        cached = _block_masks[(n, *self.cfg.key(), str(_on(device)))]
+        cached = _block_masks[(n, *self.cfg.key(), str(indexed_device(device)))]
         if key_padding_mask is None:
             return cached
         return padded_block_mask(cached, mask_mod(self.cfg, device), key_padding_mask)

@@ -42,6 +42,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from attnbench.attention.base import indexed_device
+
 ALLOC_ROUND = 512  # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every block's granule
 
 
@@ -220,6 +222,7 @@ def measured_peak_cuda(
 
     Includes what already lives on the device (weights, input), as a user's OOM does.
     """
+    device = indexed_device(device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
