@@ -51,11 +51,11 @@ class Cell:
     min_repeats: int = 5
     min_seconds: float = 1.0
     cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
-    time_budget_s: float = 60.0  # per-cell limit on CPU timing work (estimated beforehand)
+    time_budget_s: float = 30.0  # per-cell limit on CPU timing work (estimated beforehand)
     flush_l2: bool = False
     threads: int | None = None  # CPU timing threads; None: the CPUs the process was given
     model_only: bool = False  # memory from the model alone, no real probes, no timing
-    mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload): inference, train
+    mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload.names())
     optimizer: str = "adamw"  # train only: adamw | sgd | none
     checkpoint: bool = False  # train only: activation checkpointing per layer
     decode_tokens: int = 128  # decode only: tokens generated after the prompt of n
@@ -64,7 +64,7 @@ class Cell:
     kv_heads: int | None = None  # grouped-query key/value heads; None = n_heads
     compile: bool = False  # torch.compile each encoder layer before anything is timed
     compile_mode: str = "default"  # torch.compile's mode (compile=true only)
-    task: str = "cost"  # or a quality task: approx, spectrum, listops, mqar (quality.tasks)
+    task: str = "cost"  # or a quality task of quality.tasks.REGISTRY
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
     @property
@@ -90,9 +90,9 @@ class Cell:
         return {name: getattr(self, name) for name in self.workload.settings}
 
     @property
-    def model(self) -> dict[str, int]:
-        """The model's shape; ``kv_heads`` only when set, so that the keys of cells from
-        before grouped-query heads stay as they were."""
+    def shape(self) -> dict[str, int]:
+        """The model's shape (stored as a row's ``model``); ``kv_heads`` only when set, so
+        that the keys of cells from before grouped-query heads stay as they were."""
         shape = {f: getattr(self, f) for f in MODEL_FIELDS}
         return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
 
@@ -355,7 +355,7 @@ def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
     """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
     out = asdict(cell)
     out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
-    out["model"] = cell.model
+    out["model"] = cell.shape
     return out
 
 

@@ -30,13 +30,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """One Table 3 cell timed on the CPU, vanilla against Linformer: a first look."""
     import torch
 
+    from attnbench.cell import check_k
     from attnbench.env import fix_malloc, use_threads
     from attnbench.measure.timing import time_forward
 
-    if args.k >= args.n:
-        print(
-            f"attnbench demo: error: --k: must be below --n={args.n}, got {args.k}", file=sys.stderr
-        )
+    try:  # the rule every cell applies (Linformer projects n positions onto at most n)
+        check_k("linformer", args.n, args.k)
+    except ValueError as e:
+        print(f"attnbench demo: error: --{e}", file=sys.stderr)
         return 2
     fix_malloc()  # steady CPU timings, as attnbench run has them
     use_threads(None)  # the CPUs this process was given, as attnbench run times on

@@ -22,9 +22,9 @@ Columns, in the row's own order:
 Types: integers as pandas' nullable ``Int64`` (``<NA>`` where a cell has none, e.g. ``k``
 for vanilla; a column with gaps stays integer, never 512.0), other numbers ``float64`` (NaN
 where absent), text as pandas' ``string`` dtype (``<NA>`` where absent), flags as
-``boolean``; ``status``
-a categorical with the categories ok, oom, skipped, error (in that order, all of them
-always), ``memory_source`` one with measured, modeled; ``attention``, ``dtype``,
+``boolean``; ``status`` and
+``memory_source`` categoricals with their fields' fixed categories, all of them always, in
+the order of :data:`attnbench.row_fields.STATUSES` and ``MEMORY_SOURCES``; ``attention``, ``dtype``,
 ``device``, ``mode`` and ``time_device`` categoricals of the values found, in the order
 they first appear (a sweep's order: vanilla before linformer). ``batch_asked`` is text,
 ``"max"`` or the number as written (``"8"``), so the column has one type
@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any
 from attnbench.row import Row, printable, read
 from attnbench.row_checks import ENV_FIELDS
 from attnbench.row_fields import FIELDS, Field
+from attnbench.store import CELLS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-CELLS = "cells.jsonl"
 OBJECT = "object"
 _PLAIN = {"int": "Int64", "float": "float64", "str": "string", "bool": "boolean"}
 _INFERRED = ("boolean", "Int64", "float64", "string")  # the first that fits every value

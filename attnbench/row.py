@@ -12,13 +12,14 @@ Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
   batch the row's memory figure was taken at. Schema 1 kept the first only inside ``cell``.
 * ``budget`` names the mechanism parameter that ``k`` set (``k``, ``nb_features``; None
   where there is none), so a report needs no registry to head its columns.
-* ``mode`` is ``inference`` or ``train``. A train row adds ``optimizer``, ``checkpoint``,
+* ``mode`` names the row's workload (:mod:`attnbench.workload`), whose own settings are
+  fields that other rows read as null. A train row adds ``optimizer``, ``checkpoint``,
   ``flops_backward`` (per sequence) and ``time_parts``: the median, IQR and samples of the
   step's forward, backward and optimizer parts, whose per-repeat sum is ``time_samples_s``
   (fields a row without them, inference or older, reads as null).
 * ``task`` is ``cost`` (time and memory: every row written before it existed reads so) or a
-  quality task, ``approx``, ``spectrum`` or ``listops``, whose figures are in ``quality``
-  (a mapping of JSON values; attnbench.quality.tasks).
+  quality task of :data:`attnbench.quality.tasks.REGISTRY`, whose figures are in ``quality``
+  (a mapping of JSON values).
 
 Reading is strict where a figure would be wrong and tolerant where nothing is lost: a
 missing or mistyped field, a NaN, infinite or negative time, a number too large for a float,
@@ -83,7 +84,7 @@ class _Record:
             batch_asked=cell.batch,
             ceiling_bytes=ceiling,
             overhead_bytes=overhead,
-            model=cell.model,
+            model=cell.shape,
             env=dict(env),
         )
 

@@ -281,11 +281,11 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> 
         row.reason = f"time not measured: {workload.no_cpu_time}"
         return
     rate, busy = cpu_matmul_rate()
-    estimate, work = workload.cost_s(meta, cell, b, rate)  # a step, and the whole timing
-    if work > cell.time_budget_s:
+    step_s, timing_s = workload.cost_s(meta, cell, b, rate)  # a step, and the whole timing
+    if timing_s > cell.time_budget_s:
         row.reason = (
-            f"time skipped: ~{estimate:.1f} s per {workload.what} at b={b} on this CPU; "
-            f"its timing (~{work:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
+            f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
+            f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
         )
         if busy:  # the estimate may be the contention's, not the cell's: say so
             row.reason += "; machine busy: the CPU's rate was measured while contended"
@@ -309,7 +309,7 @@ def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> 
         # contended repeats are taken again within what is left of the budget, and for no
         # longer than ten times the timing's own length: a busy machine slows a sweep
         # boundedly, and says so, rather than holding it until the machine is quiet
-        patience_s=min(cell.time_budget_s - work, max(10 * min_seconds, 1.0)),
+        patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
     )
     _put_timing(row, timings, b, "cpu", "fp32", cell, res)
     row.update(**step.row_fields())

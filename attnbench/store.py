@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from attnbench.row import Row
 
+CELLS = "cells.jsonl"  # a run directory's rows: the one place this name is written
+
 
 class StoreError(OSError):
     """A write into a run directory failed: ``cannot write PATH: [Errno 28] No space left on
@@ -180,7 +182,7 @@ class RunStore:
 
     def __init__(self, run_dir: Path) -> None:
         self.dir = Path(run_dir)
-        self.cells = self.dir / "cells.jsonl"
+        self.cells = self.dir / CELLS
 
     @contextmanager
     def _locked(self) -> Iterator[Any]:

@@ -11,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from attnbench.store import CELLS
+
 MIN_FREE_BYTES = 1 << 20  # below this a sweep cannot store its config, let alone its rows
 
 
@@ -50,6 +52,6 @@ def check_writable(name: str, directory: Path) -> None:
             f"{name}: cannot write {directory}: [Errno {errno.ENOSPC}] "
             f"{os.strerror(errno.ENOSPC)} ({free} bytes free)"
         )
-    cells = where / "cells.jsonl"
+    cells = where / CELLS
     if where == Path(directory) and cells.exists() and not os.access(cells, os.W_OK):
         raise ValueError(f"{name}: cannot write {cells}: permission denied")

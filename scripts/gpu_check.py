@@ -251,7 +251,7 @@ def _done_key(c: Cell | Row) -> str:
             c.device,
             bool(c.checkpoint),
             c.batch if isinstance(c, Cell) else c.batch_asked,
-            (c.model or {}).get("kv_heads"),
+            (c.shape if isinstance(c, Cell) else c.model or {}).get("kv_heads"),
         ],
         default=str,
     )

@@ -30,3 +30,17 @@ def test_a_sweep_file_expands_as_hydra_runs_it_with_the_command_line_winning() -
     assert multirun and len(jobs) == 3  # the command line's n=64 replaces the file's 64,128
     assert [j.attention.name for j in jobs] == ["vanilla", "linformer", "performer"]
     assert {j.n for j in jobs} == {64}
+
+
+def test_a_cell_from_python_and_from_the_default_command_line_are_the_same_cell() -> None:
+    """Every default is written once: Cell's own and conf/config.yaml's are held equal here
+    (Cell.time_budget_s said 60 s where the config said 30), through the one table
+    cell_from_cfg reads the config by."""
+    from attnbench.cell import Cell
+    from attnbench.sweep.config import CELL_KEYS, cell_from_cfg
+
+    (job,), _ = expand_jobs([])
+    assert cell_from_cfg(job) == Cell("vanilla", n=512)
+    fields = {f for f in Cell.__dataclass_fields__ if f not in ("attention", "k", "device")}
+    handled = {"ceiling_bytes", "params", "kv_heads", "quality", "model_only"}
+    assert fields - handled == set(CELL_KEYS)  # a new Cell field is read from the config too

@@ -75,7 +75,7 @@ def test_cli_demo_runs_one_cell() -> None:
     ("args", "needle"),
     [
         (("demo", "--n", "0"), "--n: must be an integer >= 1, got '0'"),
-        (("demo", "--n", "64", "--k", "64"), "--k: must be below --n=64, got 64"),
+        (("demo", "--n", "64", "--k", "65"), "--k: must be at most n=64, got 65"),
         (("launch",), "invalid choice: 'launch'"),
     ],
 )

@@ -111,6 +111,9 @@ def test_other_launchers_give_the_same_rows(tmp_path: Path, launcher: str) -> No
         (("-m", "attention=vanilla,../config"), "attention: unknown option '../config'"),
         (("+sweep=../config",), "sweep: unknown option '../config'; allowed: approx"),
         (("~device",), "device: cannot be removed; allowed: a100_40gb"),
+        # a key the cell needs, removed: one line, never a default of the code's
+        (("~decode_tokens", "mode=decode", "causal=true"), "decode_tokens: required"),
+        (("~timing.time_budget_s",), "timing.time_budget_s: required"),
         (("attention=null",), "attention: cannot be removed; allowed: flex, flex_window, linear"),
         (("attention=linformer", "k=0"), "k: must be an integer >= 1, got 0"),
         # a single cell: k that would change nothing is refused, as for the quality tasks

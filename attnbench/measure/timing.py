@@ -1,6 +1,6 @@
 """Time of one forward: median and IQR over repeats, by device events on CUDA.
 
-Rules (DESIGN.md): a forward under ``torch.inference_mode()``, or a training step's parts
+Rules (docs/measurement.md): a forward under ``torch.inference_mode()``, or a training step's parts
 with autograd (:func:`time_parts`); warm-up not counted;
 repeat until at least ``min_repeats`` runs and ``min_seconds`` of timed work; raw samples kept
 so statistics can be recomputed. On CUDA each repeat is bracketed by CUDA events (device

@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnbench import registry
 from attnbench.attention.base import MultiHeadAttention, blocked_keys
 from attnbench.attention.linformer import LinformerAttention
 from attnbench.model import Encoder
@@ -73,12 +74,6 @@ from attnbench.validators import check_int, check_number
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 EXACT = ("vanilla", "sdpa")  # softmax attention itself: what an exact_layer may be
-NO_COUNTERPART = {
-    "reformer": (
-        "its shared QK (no k_proj) and self-mask change the attention itself, so no softmax "
-        "attention on the same weights is what it approximates"
-    ),
-}
 # |M V − real| / |real| above this (both float64): the probed map does not reproduce the
 # output, so the mechanism is not linear in V that way and gets no rows
 LINEAR_TOLERANCE = 1e-6
@@ -86,13 +81,22 @@ METRICS = ("rel_frobenius", "cosine", "row_error")
 
 
 def _why_no_counterpart(name: str) -> str | None:
-    """Why ``name``'s error against softmax on the same weights is undefined here, or None."""
-    if name in NO_COUNTERPART:
-        return NO_COUNTERPART[name]
+    """Why ``name``'s error against softmax on the same weights is undefined here, or None:
+    it cannot run in fp32 here, or it lacks one of the four projections the exact layer's
+    weights are copied into (the registry's ``limits`` say why: Reformer's shared QK)."""
     spec = info(name)
     if "fp32" not in spec.dtypes:
         return f"it runs in {'/'.join(spec.dtypes)} only and the error is measured in fp32"
-    return spec.unavailable
+    if spec.unavailable:
+        return spec.unavailable
+    # a throwaway layer on meta, built without touching the caller's RNG (Performer draws its
+    # features on the CPU whatever the device)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        layer = registry.create(name, d_model=8, n_heads=2, max_seq_len=1024)
+    missing = [p for p in PROJECTIONS if not isinstance(getattr(layer, p, None), nn.Linear)]
+    if missing:
+        return f"it has no {', '.join(missing)} for the exact layer's weights ({spec.limits})"
+    return None
 
 
 def exact_counterpart(name: str) -> None:

@@ -48,15 +48,11 @@ from attnbench.validators import check_choice, check_int, check_number
 # own Figure 2 (iclr24_zoology_figure2) trains attention without one: short_conv=0.
 SHORT_CONV = 3
 
-# Starting points, for the calibration (issue #24, item 4) to settle: Zoology's smallest
-# Figure 2 model is 2 layers of width 64 (conf/model/mqar.yaml) trained on 100 000 examples for
-# 64 epochs at batch 512; a CPU trains far fewer. Zoology sweeps four rates (np.logspace(-4, -2,
-# 4) in its Figure 2, np.logspace(-3, -1.5, 4) in Based's): two of them here, each a whole
-# training run. Measured at these defaults (torch 2.13 CPU, 2 quiet cores; model=mqar, n = 64,
-# 8 pairs): vanilla 99.95 % at lr 3e-3 (0.84 % at 1e-3: not yet past its jump, which 3e-3
-# makes between steps 1000 and 1500), 25.0 steps/s, 44.3 MiB training peak, 174 s for the
-# whole command (both rates); one rate alone 60-80 s. lr 1e-2 stays at 0.1 %; without the
-# short convolution 3e-3 reaches 99.97 %.
+# The defaults of a single run: Zoology's smallest Figure 2 model is 2 layers of width 64
+# (conf/model/mqar.yaml) trained on 100 000 examples for 64 epochs at batch 512, far more than a
+# CPU trains; Zoology sweeps four rates, two of them here, each a whole training run. The
+# reference sweep's calibration (V = 128, 1500 steps, lr 3e-3 alone) is conf/sweep/recall.yaml's,
+# with its measurements in docs/quality.md.
 DEFAULTS: dict[str, Any] = {
     **{k: v for k, v in mqar.DEFAULTS.items() if k != "n"},  # n is the cell's
     "steps": 2000,

@@ -234,9 +234,10 @@ REGISTRY: dict[str, Task] = {
 TASKS = ("cost", *REGISTRY)
 
 
-def settings(cell: Cell) -> dict[str, Any]:
-    """The cell's settings over its task's defaults; a carried ``listops`` block over the
-    listops task's defaults (what the trained model was trained with)."""
+def quality_settings(cell: Cell) -> dict[str, Any]:
+    """The cell's quality settings (``Cell.settings`` are its workload's) over its task's
+    defaults; a carried ``listops`` block over the listops task's defaults (what the trained
+    model was trained with)."""
     task = REGISTRY[cell.task]
     out = {**task.defaults(), **dict(cell.quality)}
     if any(s.carried for s in task.settings):
@@ -256,14 +257,14 @@ def validate(cell: Cell) -> None:
         trained = tuple(REGISTRY["listops"].defaults())
         for key, _ in dict(cell.quality).get("listops") or ():
             check_choice("quality.listops", key, trained, "a setting of task=listops")
-    s = settings(cell)
+    s = quality_settings(cell)
     check_int(f"quality.{task.name}.seed", s["seed"], low=0)
     task.check(cell, s)
 
 
 def run(cell: Cell) -> dict[str, Any]:
     """The quality figures of a validated cell (the row's ``quality``)."""
-    return REGISTRY[cell.task].run(cell, settings(cell))
+    return REGISTRY[cell.task].run(cell, quality_settings(cell))
 
 
 _FIGURES = {

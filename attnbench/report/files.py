@@ -29,7 +29,7 @@ from attnbench.report.sections import SECTIONS, Part, Section
 from attnbench.report.tables import RatioTable, ratio_tables
 from attnbench.report.terminal import print_tables as print_tables
 from attnbench.row import printable
-from attnbench.store import RunStore
+from attnbench.store import CELLS, RunStore
 from attnbench.workload import DEFAULT
 
 
@@ -168,7 +168,7 @@ ALWAYS = RECORDS[:3]
 
 
 def _intro(report: Report, document: str) -> str:
-    rows_file = printable(str(report.run_dir / "cells.jsonl"))
+    rows_file = printable(str(report.run_dir / CELLS))
     return f"Rows: {rows_file} ({len(report.rows)} cells)." + INTRO[document].format(
         report.baseline
     )

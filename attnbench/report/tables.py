@@ -54,7 +54,7 @@ class RatioTable:
     context: str = ""
     attention: str = ""  # the registry name behind ``mechanism`` (which carries its params)
     column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
-    mode: str = "inference"  # or "train": a training step's table (the paper has none)
+    mode: str = "inference"  # its rows' workload (train: a table the paper has none of)
     compiled: str = ""  # its rows' ratio.compiled (``compiled``), "" eager (as the paper's)
 
 

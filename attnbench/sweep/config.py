@@ -60,48 +60,73 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     :func:`attnbench.cell.kept_k`'s rule, and ``k`` is checked in any case (k=0 is a typo)."""
     if not isinstance(cfg.get("device"), DictConfig):
         raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
-    name = cfg.attention.name
+    name = _setting(cfg, "attention.name")
     attnbench.info(name)  # an unknown mechanism: one line
-    params = OmegaConf.to_container(cfg.attention.params, resolve=True) or {}
-    causal = cfg.get("causal", False)
+    params = OmegaConf.to_container(_setting(cfg, "attention.params"), resolve=True) or {}
+    causal = _setting(cfg, "causal")
     check_bool("causal", causal)
-    mode = cfg.get("mode", "inference")
+    mode = _setting(cfg, "mode")
     if causal or mode == "decode":  # the top-level key sets the mechanism's own parameter (a
         params["causal"] = True  # sweepable key); a decoder is causal whatever it says
-    if cfg.k is not None:
-        check_int("k", cfg.k)
-    t = cfg.timing
+    k = _setting(cfg, "k")
+    if k is not None:
+        check_int("k", k)
     return Cell(
         attention=name,
-        n=cfg.n,
-        k=cells.kept_k(name, cfg.k, in_sweep=in_sweep),
-        batch=cfg.batch,
-        dtype=cfg.dtype,
+        k=cells.kept_k(name, k, in_sweep=in_sweep),
         device=cfg.device.name,
-        ceiling_bytes=parse_size(cfg.ceiling),
+        ceiling_bytes=parse_size(_setting(cfg, "ceiling")),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
-        layers=cfg.model.layers,
-        d_model=cfg.model.d_model,
-        n_heads=cfg.model.n_heads,
-        d_ff=cfg.model.d_ff,
-        min_repeats=t.min_repeats,
-        min_seconds=float(t.min_seconds),
-        cpu_batch=t.cpu_batch,
-        time_budget_s=float(t.time_budget_s),
-        flush_l2=t.flush_l2,
-        threads=t.get("threads"),
-        mode=mode,
-        optimizer=cfg.get("optimizer", "adamw"),
-        checkpoint=cfg.get("checkpoint", False),
-        decode_tokens=cfg.get("decode_tokens", 128),
-        state_dtype=cfg.get("state_dtype", "auto"),
-        prefill_chunk=cfg.get("prefill_chunk", 512),
-        kv_heads=cfg.model.get("kv_heads"),
-        compile=cfg.get("compile", False),
-        compile_mode=cfg.get("compile_mode", "default"),
-        task=cfg.get("task", "cost"),
+        kv_heads=cfg.model.get("kv_heads"),  # model groups without grouped-query heads omit it
         quality=_quality(cfg),
+        **{field: _read(cfg, field, key) for field, key in CELL_KEYS.items()},
     )
+
+
+# Cell fields read as they are from a key of conf/config.yaml (a test holds each Cell
+# default equal to the composed config's): one list, no default of this module's own
+CELL_KEYS = {
+    "n": "n",
+    "batch": "batch",
+    "dtype": "dtype",
+    "layers": "model.layers",
+    "d_model": "model.d_model",
+    "n_heads": "model.n_heads",
+    "d_ff": "model.d_ff",
+    "min_repeats": "timing.min_repeats",
+    "min_seconds": "timing.min_seconds",
+    "cpu_batch": "timing.cpu_batch",
+    "time_budget_s": "timing.time_budget_s",
+    "flush_l2": "timing.flush_l2",
+    "threads": "timing.threads",
+    "mode": "mode",
+    "optimizer": "optimizer",
+    "checkpoint": "checkpoint",
+    "decode_tokens": "decode_tokens",
+    "state_dtype": "state_dtype",
+    "prefill_chunk": "prefill_chunk",
+    "compile": "compile",
+    "compile_mode": "compile_mode",
+    "task": "task",
+}
+_ABSENT = object()
+_FLOATS = ("min_seconds", "time_budget_s")  # seconds, whether written 1 or 1.0
+
+
+def _read(cfg: DictConfig, field: str, key: str) -> Any:
+    value = _setting(cfg, key)
+    return float(value) if field in _FLOATS and isinstance(value, (int, float)) else value
+
+
+def _setting(cfg: DictConfig, key: str) -> Any:
+    """The value of a key conf/config.yaml declares; removed (``~key``) it is one line, not
+    a default of this code's nor Hydra's ``ConfigAttributeError``."""
+    value = OmegaConf.select(cfg, key, default=_ABSENT)
+    if value is _ABSENT:
+        raise ValueError(
+            f"{key}: required (conf/config.yaml declares it; set it instead of removing it)"
+        )
+    return value
 
 
 def _quality(cfg: DictConfig) -> tuple[tuple[str, Any], ...]:
@@ -286,11 +311,12 @@ def expand_jobs(
 def check_run_keys(cfg: DictConfig) -> None:
     """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
     for key in ("rerun", "progress", "report", "timing.flush_l2"):
-        check_bool(key, OmegaConf.select(cfg, key))
-    check_limit("cell_timeout_s", cfg.cell_timeout_s)
+        check_bool(key, _setting(cfg, key))
+    check_limit("cell_timeout_s", _setting(cfg, "cell_timeout_s"))
     for key in ("timing.min_seconds", "timing.time_budget_s"):
-        check_number(key, OmegaConf.select(cfg, key), low=0)
-    check_choice("report_baseline", cfg.report_baseline, attnbench.names(), "a mechanism")
+        check_number(key, _setting(cfg, key), low=0)
+    baseline = _setting(cfg, "report_baseline")
+    check_choice("report_baseline", baseline, attnbench.names(), "a mechanism")
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
