@@ -56,14 +56,13 @@ from attnbench.store import numbered_lines
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
-# a timing whose interquartile range exceeds this fraction of its median is footnoted in a
-# report as noisy: the machine was busy, or the process was unlucky (README, "Quieter timings")
-NOISY = 0.10
 NAMES = frozenset(BY_NAME)
 
 
 class _Record:
     """What a :class:`Row` does beside holding its fields (which come from the table)."""
+
+    __slots__ = ()  # with Row's slots: a name no field has cannot be set (a typo raises)
 
     @classmethod
     def new(cls, cell: Cell, ceiling: int, overhead: int, env: dict[str, Any]) -> Row:
@@ -135,10 +134,15 @@ def _field(f: Any) -> tuple[str, Any, Any]:
     return f.name, f.type, dataclasses.field(default=f.default)
 
 
-Row = dataclasses.make_dataclass("Row", [_field(f) for f in FIELDS], bases=(_Record,))
-Row.__module__ = __name__
-Row.__doc__ = """One cell's figures, a field per entry of :data:`attnbench.row_fields.FIELDS`
-(``row.max_batch``)."""
+if TYPE_CHECKING:  # the fields, typed, for a type checker (generated from the table)
+    from attnbench.row_static import Row
+else:
+    Row = dataclasses.make_dataclass(
+        "Row", [_field(f) for f in FIELDS], bases=(_Record,), slots=True
+    )
+    Row.__module__ = __name__
+    Row.__doc__ = """One cell's figures, a field per entry of
+    :data:`attnbench.row_fields.FIELDS` (``row.max_batch``)."""
 
 
 def _checked(data: dict[str, Any]) -> dict[str, Any]:

@@ -228,3 +228,39 @@ def markdown_table() -> str:
     for f in order:
         lines.append(f"| `{f.name}` | {f.type_text()} | {f.unit} | {f.group} | {f.doc} |")
     return "\n".join(lines)
+
+
+def _source(t: Any) -> str:
+    """A field's type as Python source: ``dict[str, Any] | None``."""
+    if isinstance(t, types.UnionType):
+        return " | ".join(_source(a) for a in typing.get_args(t))
+    if t is type(None):
+        return "None"
+    if t is Any:
+        return "Any"
+    if (origin := typing.get_origin(t)) is not None:
+        return f"{origin.__name__}[{', '.join(_source(a) for a in typing.get_args(t))}]"
+    return t.__name__
+
+
+def static_source() -> str:
+    """attnbench/row_static.py: the row's fields as a type checker sees them (the runtime
+    class is made from :data:`FIELDS`, which no checker can read). Regenerate with
+    ``python -c "from attnbench.row_fields import static_source as s; print(s(), end='')"
+    > attnbench/row_static.py``; tests/test_cell_and_row.py holds the file equal to this."""
+    lines = [
+        '"""The row\'s fields as a type checker sees them, generated from',
+        "attnbench.row_fields.FIELDS by row_fields.static_source(); never imported at run time",
+        '(attnbench.row.Row is made from the table)."""',
+        "",
+        "from typing import Any",
+        "",
+        "from attnbench.row import _Record",
+        "",
+        "",
+        "class Row(_Record):",
+        "    def __init__(self, **fields: Any) -> None: ...",
+        "",
+        *(f"    {f.name}: {_source(f.type)}" for f in FIELDS),
+    ]
+    return "\n".join(lines) + "\n"

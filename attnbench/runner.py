@@ -322,7 +322,6 @@ def _put_timing(
     a workload's named parts go to ``time_parts`` by name."""
     timing = timings[-1]
     flops_per_step = (row.flops + (row.flops_backward or 0)) * b  # row.flops is per sequence
-    rate = flops_per_step / timing.median
     # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
     same_gpu = device == "cuda" and res.preset.gpu == row.env["device_name"]
     peak = res.preset.peak_flops.get(dtype) if same_gpu else None
@@ -336,8 +335,8 @@ def _put_timing(
         time_dtype=dtype,
         time_method=timing.method,
         time_samples_s=list(timing.samples),
-        flops_per_s=rate,
-        pct_of_peak=None if peak is None else 100 * rate / peak,
+        flops_per_s=timing.flops_per_s(flops_per_step),
+        pct_of_peak=timing.pct_of_peak(flops_per_step, peak),
     )
     if cell.workload.parts:
         row.time_parts = {

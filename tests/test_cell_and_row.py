@@ -233,3 +233,28 @@ def test_a_declared_quality_figure_of_the_wrong_kind_is_refused() -> None:
     # undefined (None) and undeclared figures are kept as they are
     row = Row.from_dict({**approx, "quality": {"row_error": None, "later": [1, "x"]}})
     assert row.quality == {"row_error": None, "later": [1, "x"]}
+
+
+def test_a_row_refuses_a_name_no_field_has() -> None:
+    """A misspelt field used to be set and then silently lost by to_dict (no slots)."""
+    from attnbench.row import Row
+
+    row = Row(attention="vanilla", n=4, dtype="fp32", device="cpu")
+    row.mask_build_s = 1.0
+    with pytest.raises(AttributeError, match="mask_buld_s"):
+        row.mask_buld_s = 1.0  # type: ignore[attr-defined]
+    with pytest.raises(KeyError, match="mask_buld_s"):
+        row.update(mask_buld_s=1.0)
+    assert row.to_dict()["mask_build_s"] == 1.0
+
+
+def test_the_rows_static_fields_are_the_tables() -> None:
+    """Type checkers read attnbench/row_static.py; it is generated from FIELDS and must not
+    drift from it (regenerate: row_fields.static_source's docstring)."""
+    from pathlib import Path
+
+    import attnbench
+    from attnbench.row_fields import static_source
+
+    path = Path(attnbench.__file__).parent / "row_static.py"
+    assert path.read_text() == static_source()

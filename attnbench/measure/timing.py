@@ -30,6 +30,11 @@ from attnbench.measure import contention
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H100: 50 MB)
 
 
+# a timing whose interquartile range exceeds this fraction of its median is footnoted in a
+# report as noisy: the machine was busy, or the process was unlucky (README, "Quieter timings")
+NOISY = 0.10
+
+
 @dataclass(frozen=True)
 class Timing:
     samples: tuple[float, ...]  # seconds per forward, in the order taken (the ones kept)
@@ -56,6 +61,14 @@ class Timing:
             return 0.0
         q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
         return q3 - q1
+
+    def flops_per_s(self, flops: float) -> float:
+        """The rate of ``flops`` done once per sample (a step's work) at the median."""
+        return flops / self.median
+
+    def pct_of_peak(self, flops: float, peak_flops: float | None) -> float | None:
+        """That rate as a percentage of a datasheet's peak; None without one."""
+        return None if peak_flops is None else 100 * self.flops_per_s(flops) / peak_flops
 
     def __repr__(self) -> str:
         return (

@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 
 from attnbench import cell
-from attnbench.row import NOISY, Row, printable
+from attnbench.measure.timing import NOISY
+from attnbench.row import Row, printable
 
 SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
 BUSY = "busy"  # timed, but on a contended CPU: no figure (attnbench.measure.contention)
