@@ -18,7 +18,10 @@ says (``info().compiles``); each new shape compiles on its first call (seconds o
 Uncompiled, PyTorch runs an unfused reference that materialises the n × n scores, which
 attnbench never times. PyTorch 2.13's CPU kernel takes fp32, fp16 and bf16 only (float64 is
 refused in one line, never run another way) and has no backward (``info().no_cpu_backward``:
-training on a CPU is refused; on CUDA it trains like any mechanism).
+training on a CPU is refused; on CUDA it trains like any mechanism). Below 64 positions
+its compiled CPU kernel returned wrong rows, at times NaN, with heads of 8 or 16 (torch 2.13,
+at n = 8, 24, 40, 56, from run to run): on a CPU such a sequence runs padded to 64 positions
+(:data:`CPU_MIN_LEN`), the added keys masked, and only its own rows kept.
 
 FLOPs are counted as the block-sparse kernel computes them (as tritonbench and attention-gym
 count FlexAttention): every block pair the block mask computes, a partly masked pair at its
@@ -48,15 +51,15 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from attnbench.attention.base import MultiHeadAttention, indexed_device
+from attnbench.attention.base import MultiHeadAttention, declare, indexed_device
 from attnbench.attention.cache import kv_elements
-from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
 
 PATTERNS = ("full", "causal", "window")
 BLOCK = 128  # create_block_mask's BLOCK_SIZE: the kernel's unit of sparsity
 NO_CPU_BACKWARD = "FlexAttention has no backward on CPU in torch 2.13"
 RECOMPILE_LIMIT = 64  # compiled shapes per process (Dynamo's default is 8)
+CPU_MIN_LEN = 64  # a shorter sequence runs on the CPU padded to this (FlexAttention.attend)
 
 UNBOUNDED = 2**31 - 1  # an i − j bound no sequence reaches
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -238,7 +241,7 @@ def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tenso
     )
 
 
-@register(
+@declare(
     "flex",
     config=FlexConfig,
     causal=True,
@@ -294,8 +297,18 @@ class FlexAttention(MultiHeadAttention):
                 q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa
             )
             return self.merge_heads(out)
-        mask = self.block_mask(x.shape[1], x.device, key_padding_mask)
-        out = run_kernel(q, k, v, mask, self.scale, gqa)
+        n = x.shape[1]
+        if x.device.type == "cpu" and n < CPU_MIN_LEN and not torch.compiler.is_compiling():
+            # torch 2.13's compiled CPU kernel returns wrong rows, NaN at times, below 64
+            # positions with heads of 8 or 16 (seen at n = 8, 24, 40, 56; never from 64 on):
+            # it runs at 64, the added keys masked as padding, and the first n rows are kept
+            grow = CPU_MIN_LEN - n
+            q, k, v = (F.pad(t, (0, 0, 0, grow)) for t in (q, k, v))
+            real = torch.zeros(x.shape[0], n, dtype=torch.bool, device=x.device)
+            padding = real if key_padding_mask is None else key_padding_mask
+            key_padding_mask = F.pad(padding, (0, grow), value=True)
+        mask = self.block_mask(q.shape[-2], x.device, key_padding_mask)
+        out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :n, :]
         return self.merge_heads(out)  # (b, n, d)
 
     def context_elements(self, n: int) -> int:
