@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from attnbench.version import __version__
+
 _WHERE = {
     "Info": "attnbench.registry",
     "create": "attnbench.registry",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-import attnbench
+from attnbench import registry
 from attnbench.attention.base import check_kv_heads
 from attnbench.measure import presets
 from attnbench.quality import tasks
@@ -70,7 +70,7 @@ class Cell:
     @property
     def budget(self) -> str | None:
         """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``)."""
-        return attnbench.info(self.attention).budget
+        return registry.info(self.attention).budget
 
     def mechanism_params(self) -> dict[str, Any]:
         """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
@@ -146,7 +146,7 @@ def kept_k(attention: str, k: int | None, *, in_sweep: bool) -> int | None:
     a sweep over mechanisms and k measures it once, as the baseline of each k); a single
     cell keeps it, so that :func:`check_k` refuses it: a row labelled with a k that changed
     nothing would mislead."""
-    if attnbench.info(attention).budget or not in_sweep:
+    if registry.info(attention).budget or not in_sweep:
         return k
     return None
 
@@ -158,9 +158,9 @@ def check_k(attention: str, n: int, k: int | None) -> None:
     if k is None:
         return
     check_int("k", k)
-    info = attnbench.info(attention)
+    info = registry.info(attention)
     if info.budget is None:
-        budgeted = [m for m in attnbench.names() if attnbench.info(m).budget]
+        budgeted = [m for m in registry.names() if registry.info(m).budget]
         raise ValueError(
             f"k: attention={attention} has no budget: k must be null (k sets the budget of "
             f"{', '.join(budgeted)}), got {k}"
@@ -177,7 +177,7 @@ def left_out(cell: Cell) -> str | None:
     no incremental form) no cell of that mode.
     Performer's number of features is free. A single cell at k = n is still measured; a
     single causal cell of such a mechanism is refused by :func:`validate`."""
-    info = attnbench.info(cell.attention)
+    info = registry.info(cell.attention)
     k, n = cell.mechanism_params().get(info.budget) if info.budget else None, cell.n
     if info.fixed_max_len and isinstance(k, int) and isinstance(n, int) and k >= n:
         return f"k={k} >= n={n}"
@@ -223,8 +223,8 @@ def check_causal(cell: Cell) -> None:
     ones that can, not the mechanism's own error (or an unknown-parameter one)."""
     causal = dict(cell.params).get("causal", False)
     check_bool("causal", causal)
-    if causal and not attnbench.info(cell.attention).causal:
-        can = [m for m in attnbench.names() if attnbench.info(m).causal]
+    if causal and not registry.info(cell.attention).causal:
+        can = [m for m in registry.names() if registry.info(m).causal]
         raise ValueError(
             f"causal: attention={cell.attention} has no causal form; causal=true works with "
             f"{', '.join(can)}"
@@ -236,7 +236,7 @@ def check_budget(cell: Cell) -> None:
     back on its config's default (k=256), silently at n >= 256 and as a misleading ``k``
     range error below. ``k=null`` is refused unless the budget is set through the
     mechanism's own parameters (``+attention.params.k=32``)."""
-    info = attnbench.info(cell.attention)
+    info = registry.info(cell.attention)
     if info.budget and info.fixed_max_len and cell.k is None:
         if info.budget not in dict(cell.params):
             what = "its budget" if info.budget == "k" else f"its budget, {info.budget}"
@@ -294,14 +294,14 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
 
 
 def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
-    attnbench.info(cell.attention)  # unknown mechanism
+    registry.info(cell.attention)  # unknown mechanism
     check_int("n", cell.n)
     if isinstance(cell.batch, str) and cell.batch != "max":
         raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
     if cell.batch != "max":
         check_int("batch", cell.batch)
     work = cell.workload  # an unknown mode: one line naming the workloads
-    if why := work.refuses(attnbench.info(cell.attention)):  # before causal: decode sets it
+    if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
         raise ValueError(f"mode: attention={cell.attention} {why}")
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
@@ -330,7 +330,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta
     with torch.device("meta"):
-        attnbench.create(
+        registry.create(
             cell.attention,
             d_model=cell.d_model,
             n_heads=cell.n_heads,
@@ -340,7 +340,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
         )
     work.check(cell, params, ceiling - preset.overhead_bytes)
     gpu = on_gpu(cell, preset)
-    if not gpu and (why := work.refuses_on_cpu(attnbench.info(cell.attention))):
+    if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
         raise ValueError(f"mode: attention={cell.attention} {why}")
     resolved = Resolved(preset, ceiling, gpu, params)
     if gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):

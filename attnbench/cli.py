@@ -12,7 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-import attnbench
 from attnbench import commands
 from attnbench.validators import argtype, parse_fraction, parse_int
 
@@ -28,9 +27,11 @@ def decode_cell(why: str | None) -> str:
 
 def mechanism_rows() -> list[tuple[str, ...]]:
     """One row per mechanism from ``info()``: the source of README's table and ``list``."""
+    from attnbench import registry  # loads torch: not for --help
+
     rows = []
-    for name in attnbench.names():
-        i = attnbench.info(name)
+    for name in registry.names():
+        i = registry.info(name)
         rows.append(
             (
                 name,
@@ -71,6 +72,8 @@ def markdown_table() -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from attnbench import registry
+
     if args.markdown:
         print(markdown_table())
         return 0
@@ -79,7 +82,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     table = Table(*HEADERS, "available here", title="attnbench mechanisms")
     table.columns[0].no_wrap = True
     for row in mechanism_rows():
-        why = attnbench.info(row[0]).unavailable
+        why = registry.info(row[0]).unavailable
         table.add_row(*row, "yes" if why is None else f"no: {why}")
     commands.make_console().print(table)
     return 0

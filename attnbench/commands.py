@@ -12,8 +12,6 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-import attnbench
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -33,6 +31,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from attnbench.cell import check_k
     from attnbench.env import fix_malloc, use_threads
     from attnbench.measure.timing import time_forward
+    from attnbench.model import build_model
 
     try:  # the rule every cell applies (Linformer projects n positions onto at most n)
         check_k("linformer", args.n, args.k)
@@ -51,7 +50,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     t, busy = {}, []
     for name, params in (("vanilla", {}), ("linformer", {"k": args.k, "sharing": "layerwise"})):
-        model = attnbench.build_model(name, max_seq_len=args.n, **params)
+        model = build_model(name, max_seq_len=args.n, **params)
         timing = time_forward(
             lambda m=model: m(x),
             x.device,

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-import attnbench
 from attnbench.validators import check_int
+from attnbench.version import __version__
 
 
 @functools.cache
@@ -113,7 +113,7 @@ def environment() -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name() if cuda else cpu_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "attnbench": attnbench.__version__,
+        "attnbench": __version__,
         "git_revision": git_revision(),
         "threads": torch.get_num_threads(),
         "cpus": allocated()[0],

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-import attnbench
+from attnbench import registry
 from attnbench.cell import Cell
 from attnbench.measure import compiled
 from attnbench.measure.memory import profiled_peak
@@ -30,7 +30,7 @@ def prepare(
     Returns whether the step runs compiled code (compiled layers, or a mechanism that
     compiles its own kernel)."""
     grad = cell.workload.grad
-    own = attnbench.info(cell.attention).compiles
+    own = registry.info(cell.attention).compiles
     seconds = model.prepare(cell.n, device)
     if own:
         row.mask_build_s = seconds

@@ -15,11 +15,23 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from torch import nn
 
-from attnbench.attention import BUILTINS
+from attnbench.attention import (
+    flex,
+    linear,
+    linformer,
+    local,
+    nystromformer,
+    performer,
+    reformer,
+    sdpa,
+    vanilla,
+    xformers,
+)
 from attnbench.attention.base import MultiHeadAttention
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -238,7 +250,38 @@ def create(
     )
 
 
-# the built-ins register themselves when their modules are imported; the registry imports
-# them once it is defined, so that any way into attnbench finds every built-in registered
-for _name in BUILTINS:
-    importlib.import_module(f"attnbench.attention.{_name}")
+def _declared(module: ModuleType) -> type[MultiHeadAttention]:
+    """The one mechanism class a built-in module declares (:func:`attention.base.declare`)."""
+    (cls,) = (
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and v.__module__ == module.__name__ and "declared" in vars(v)
+    )
+    return cls
+
+
+def _register_builtin(module: ModuleType) -> str:
+    cls = _declared(module)
+    name, capabilities = cls.declared  # type: ignore[attr-defined]
+    register(name, **capabilities)(cls)
+    return name
+
+
+# the built-ins, in the order of names(): the one list of them, registered here
+BUILTINS = tuple(
+    map(
+        _register_builtin,
+        (
+            vanilla,
+            sdpa,
+            xformers,
+            linformer,
+            performer,
+            nystromformer,
+            linear,
+            local,
+            reformer,
+            flex,
+        ),
+    )
+)

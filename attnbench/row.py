@@ -177,10 +177,10 @@ def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": "inference", "budget": None}
     out["batch_asked"] = cell.get("batch", "max") if isinstance(cell, dict) else "max"
     if data.get("k") is not None and isinstance(data.get("attention"), str):
-        import attnbench
+        from attnbench import registry
 
         try:
-            out["budget"] = attnbench.info(data["attention"]).budget
+            out["budget"] = registry.info(data["attention"]).budget
         except ValueError:  # a plugin's rows, the plugin not loaded here: unknown
             out["budget"] = None
     return out

@@ -20,7 +20,7 @@ import gc
 
 import torch
 
-import attnbench
+from attnbench import registry
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -152,7 +152,7 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
 
 
 def _run(cell: Cell, res: Resolved, row: Row) -> None:
-    why = attnbench.info(cell.attention).unavailable
+    why = registry.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
         row.update(status="skipped", reason=why)
         return
@@ -174,7 +174,7 @@ def _first_line(e: BaseException) -> str:
 def _measure(cell: Cell, res: Resolved, row: Row) -> None:
     memory = MemoryModel(cell, res)
     row.flops, row.flops_backward = cell.workload.flops(memory.model, cell)  # per sequence
-    if attnbench.info(cell.attention).compiles:  # flex: the kernel computes whole blocks only
+    if registry.info(cell.attention).compiles:  # flex: the kernel computes whole blocks only
         row.flops_dense = memory.model.dense_flops(1, cell.n)
     row.update(**cell.workload.describe(memory.model, cell))
     if cell.batch == "max":

@@ -24,6 +24,7 @@ recurrent state, Linformer's projected keys and values, Nyströmformer's landmar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -261,3 +262,16 @@ def indexed_device(device: torch.device | str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def declare(name: str, **capabilities: Any) -> Callable[[type], type]:
+    """Class decorator of a built-in mechanism: what :func:`attnbench.registry.register` will
+    be called with, kept on the class. The registry imports the built-ins at its top and
+    registers each (:data:`attnbench.registry.BUILTINS`), so no mechanism module imports the
+    registry: no import cycle. A plugin's mechanism calls ``register`` itself."""
+
+    def keep(cls: type) -> type:
+        cls.declared = (name, capabilities)  # type: ignore[attr-defined]
+        return cls
+
+    return keep

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.prefix import (
     DEFAULT_CHUNK,
     RecurrentState,
@@ -42,7 +42,6 @@ from attnbench.attention.prefix import (
     linear_flops,
     recurrent_state_elements,
 )
-from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
 
 
@@ -73,7 +72,7 @@ def feature_map(x: Tensor) -> Tensor:
     return F.elu(x).add_(1)
 
 
-@register(
+@declare(
     "linear",
     config=LinearConfig,
     causal=True,

@@ -47,8 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.attention.base import MultiHeadAttention
-from attnbench.registry import register
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.validators import check_bool, check_choice, check_int
 
 SHARING = ("none", "headwise", "kv", "layerwise")
@@ -196,7 +195,7 @@ class SequenceProjection(nn.Module):
         )
 
 
-@register(
+@declare(
     "linformer",
     config=LinformerConfig,
     causal=False,

@@ -56,9 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.cache import KeyValues, flag_bytes, kv_elements
-from attnbench.registry import register
 from attnbench.validators import check_bool, check_int
 
 MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
@@ -132,7 +131,7 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
     )
 
 
-@register(
+@declare(
     "local",
     config=LocalConfig,
     causal=True,

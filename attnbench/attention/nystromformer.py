@@ -61,8 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.attention.base import MultiHeadAttention
-from attnbench.registry import register
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.validators import check_bool, check_int
 
 
@@ -138,7 +137,7 @@ def segment_weights(
     return weights, empty
 
 
-@register(
+@declare(
     "nystromformer",
     config=NystromformerConfig,
     causal=False,

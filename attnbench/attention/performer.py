@@ -44,7 +44,7 @@ from performer_pytorch.performer_pytorch import (
 )
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.prefix import (
     DEFAULT_CHUNK,
     RecurrentState,
@@ -53,7 +53,6 @@ from attnbench.attention.prefix import (
     extend,
     recurrent_state_elements,
 )
-from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice, check_int
 
 KERNELS = ("softmax", "relu")
@@ -82,7 +81,7 @@ class PerformerConfig:
             check_int("feature_redraw_interval", self.feature_redraw_interval)
 
 
-@register(
+@declare(
     "performer",
     config=PerformerConfig,
     causal=True,

@@ -52,8 +52,7 @@ import torch.nn.functional as F
 from reformer_pytorch.reformer_pytorch import TOKEN_SELF_ATTN_VALUE, max_neg_value
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention
-from attnbench.registry import register
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.validators import check_bool, check_int
 
 
@@ -89,7 +88,7 @@ def rows(t: Tensor, index: Tensor) -> Tensor:
     return t.reshape(B * M, e).index_select(0, flat.view(-1)).view(B, -1, e)
 
 
-@register(
+@declare(
     "reformer",
     config=ReformerConfig,
     causal=True,

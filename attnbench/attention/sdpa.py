@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
 from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
-from attnbench.registry import register
 from attnbench.validators import check_bool, check_choice
 
 BACKENDS = {
@@ -44,7 +43,7 @@ class SDPAConfig:
         check_choice("backend", self.backend, list(BACKENDS))
 
 
-@register(
+@declare(
     "sdpa",
     config=SDPAConfig,
     causal=True,

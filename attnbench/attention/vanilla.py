@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
 from attnbench.attention.cache import KVCache, flag_bytes, grouped, kv_elements, ungrouped
-from attnbench.registry import register
 from attnbench.validators import check_bool
 
 
@@ -50,7 +49,7 @@ def softmax_attend(
     return probs @ v
 
 
-@register(
+@declare(
     "vanilla",
     config=VanillaConfig,
     causal=True,

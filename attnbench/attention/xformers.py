@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
 from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
-from attnbench.registry import register
 from attnbench.validators import check_bool
 
 NOT_INSTALLED = "xformers is not installed (pip install 'attnbench[xformers]')"
@@ -55,7 +54,7 @@ class XFormersConfig:
         check_bool("causal", self.causal)
 
 
-@register(
+@declare(
     "xformers",
     config=XFormersConfig,
     causal=True,

@@ -230,7 +230,8 @@ def main(root: str) -> int:
 
     import torch
 
-    import attnbench
+    import attnbench  # its __file__: which tree this worker imports
+    from attnbench import registry
 
     # the driver says where each module must come from inside this version's tree (its
     # path relative to the tree): anything else means the wrong version would be timed
@@ -265,7 +266,7 @@ def main(root: str) -> int:
                     decode = c.get("mode") == "decode"
                     causal = {"causal": True} if decode else {}
                     layer = (
-                        attnbench.create(
+                        registry.create(
                             c["attention"],
                             d_model=c["d_model"],
                             n_heads=c["n_heads"],

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import attnbench
+from attnbench import registry
+from attnbench.model import build_model
 from attnbench.quality import listops
 from attnbench.quality.training import Stepper, adamw, loop
 from attnbench.validators import check_choice, check_int, check_number
@@ -84,17 +85,17 @@ class Classifier(nn.Module):
         **params: Any,
     ) -> None:
         super().__init__()
-        check_choice("attention", attention, attnbench.names(), "a registered mechanism")
+        check_choice("attention", attention, registry.names(), "a registered mechanism")
         check_int("vocab", vocab, low=2)
         check_int("n", n)
         check_int("n_classes", n_classes, low=2)
         self.attention, self.n, self.per_position = attention, n, per_position
         # a mechanism registered without padding support gets no mask (it would refuse one);
         # the mean-pool still ignores padding, but its attention mixes padding in
-        self.masks_keys = attnbench.info(attention).padding_mask
+        self.masks_keys = registry.info(attention).padding_mask
         self.tokens = nn.Embedding(vocab, d_model, padding_idx=padding_idx)
         self.positions = nn.Embedding(n, d_model)
-        self.encoder = attnbench.build_model(
+        self.encoder = build_model(
             attention,
             layers=layers,
             d_model=d_model,
@@ -172,7 +173,7 @@ def train(
     """
     started = time.perf_counter()
     params = dict(params or {})
-    check_choice("attention", attention, attnbench.names(), "a registered mechanism")
+    check_choice("attention", attention, registry.names(), "a registered mechanism")
     n = listops.check_n(n, n if max_len is None else max_len)
     check_settings(
         n, steps=steps, batch=batch, lr=lr, seed=seed, warmup=warmup, weight_decay=weight_decay,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import attnbench
+from attnbench import registry
 from attnbench.quality import classify, mqar, training
 from attnbench.validators import check_choice, check_int, check_number
 
@@ -129,7 +129,7 @@ def check_settings(n: int, *, prefix: str = "", **s: Any) -> None:
 
 def causal(attention: str) -> bool:
     """Whether ``attention`` trains causally here: whenever it has a causal form."""
-    return attnbench.info(attention).causal
+    return registry.info(attention).causal
 
 
 def context_memory(model: classify.Classifier, n: int) -> tuple[int, int]:
@@ -186,7 +186,7 @@ def train(
     call) and the object ``model`` (the chosen run's, in eval mode; not a figure).
     """
     started = time.perf_counter()
-    check_choice("attention", attention, attnbench.names(), "a registered mechanism")
+    check_choice("attention", attention, registry.names(), "a registered mechanism")
     data = {
         "num_kv_pairs": num_kv_pairs, "vocab_size": vocab_size, "power_a": power_a,
         "train_examples": train_examples, "test_examples": test_examples, "seed": seed,

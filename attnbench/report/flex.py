@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import attnbench
+from attnbench import registry
 from attnbench.report.compiled import FLEX, LOCAL, Marks, against, applies, ms, where
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import compiled, eager, group, name, setting, unnamed
@@ -69,7 +69,7 @@ def window(row: Row) -> int | None:
         return None
     if row.k is not None:
         return row.k
-    return params.get("window", attnbench.info(row.attention).params.get("window"))
+    return params.get("window", registry.info(row.attention).params.get("window"))
 
 
 HEAD = ("window", "n", "local (ms)", "local {} (ms)", "flex (ms)", "flex {} (ms)", "flex ÷ local",

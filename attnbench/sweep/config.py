@@ -25,12 +25,12 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-import attnbench
 from attnbench import cell as cells
-from attnbench.attention import BUILTINS
+from attnbench import registry
 from attnbench.cell import Cell
 from attnbench.env import resolve_threads
 from attnbench.measure import presets
+from attnbench.registry import BUILTINS
 from attnbench.sweep import slurm
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
@@ -61,7 +61,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     if not isinstance(cfg.get("device"), DictConfig):
         raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
     name = _setting(cfg, "attention.name")
-    attnbench.info(name)  # an unknown mechanism: one line
+    registry.info(name)  # an unknown mechanism: one line
     params = OmegaConf.to_container(_setting(cfg, "attention.params"), resolve=True) or {}
     causal = _setting(cfg, "causal")
     check_bool("causal", causal)
@@ -169,7 +169,7 @@ def register_user_mechanisms() -> None:
     """A mechanism registered in Python but without a YAML file is still an ``attention``
     option (with its default parameters): it shows up in sweeps with no extra step."""
     cs = ConfigStore.instance()
-    for name in attnbench.names():
+    for name in registry.names():
         if name not in BUILTINS:
             cs.store(group="attention", name=name, node={"name": name, "params": {}})
 
@@ -316,7 +316,7 @@ def check_run_keys(cfg: DictConfig) -> None:
     for key in ("timing.min_seconds", "timing.time_budget_s"):
         check_number(key, _setting(cfg, key), low=0)
     baseline = _setting(cfg, "report_baseline")
-    check_choice("report_baseline", baseline, attnbench.names(), "a mechanism")
+    check_choice("report_baseline", baseline, registry.names(), "a mechanism")
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:

@@ -34,7 +34,7 @@ from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes, tracked_peak
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
-from attnbench.workload import DTYPES, Work, Workload, register
+from attnbench.workload.base import DTYPES, Work, Workload
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -309,7 +309,7 @@ class Decode(Workload):
                 f"causal: mode=decode runs the causal model; set causal=true, got "
                 f"attention={cell.attention} without it"
             )
-        from attnbench.workload import encoder
+        from attnbench.workload.base import encoder
 
         model = encoder(cell, params, "meta").to(DTYPES[cell.dtype])
         itemsize = state_dtype(cell, DTYPES[cell.dtype]).itemsize
@@ -376,4 +376,4 @@ class Decode(Workload):
         return step, steps
 
 
-DECODE = register(Decode())
+DECODE = Decode()

@@ -23,7 +23,7 @@ from attnbench.measure.autocast import emulated_autocast
 from attnbench.measure.fused import device_kernels
 from attnbench.registry import Info
 from attnbench.train import PARTS, TrainStep
-from attnbench.workload import DTYPES, Work, Workload, encoder, register
+from attnbench.workload.base import DTYPES, Work, Workload, encoder
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -135,4 +135,4 @@ def train_label(optimizer: str | None, checkpoint: bool | None) -> str:
     return f"train({optimizer}{', checkpoint' if checkpoint else ''})"
 
 
-TRAIN = register(Train())
+TRAIN = Train()
