@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import subprocess
 import sys
@@ -113,3 +115,93 @@ def processes_with(needle: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+# -- slow tests: `pytest -m "not slow"` is the daily loop, `.ci/run` runs everything ---------
+# Every test that starts a process (:func:`_spawns`); whole modules of end-to-end runs (a
+# scheduler, the gate's interleaved versions, the speed benchmarks); single tests that take
+# seconds in-process (measured with --durations). Matched as node-id prefixes.
+SLOW = (
+    "tests/benchmarks/",
+    "tests/test_check_gate.py",
+    "tests/test_interrupts.py",
+    "tests/test_processes.py",
+    "tests/test_quality_cli.py",
+    "tests/test_report_writers.py",
+    "tests/test_run_cli.py",
+    "tests/test_slurm.py",
+    "tests/test_compile.py::test_a_sweep_leaves_flex_training_out_on_a_cpu_and_goes_on",
+    "tests/test_compile.py::test_a_compiled_row_says_what_ran_and_what_compiling_cost",
+    "tests/test_compile.py::test_a_compiled_layer_around_flex_computes_what_flex_alone_does",
+    "tests/test_contention.py::test_a_cell_timed_beside_a_busy_loop_is_stored_busy_and_said_last",
+    "tests/test_contention.py::test_a_cell_times_on_the_cpus_it_was_given_and_says_so",
+    "tests/test_contention.py::test_a_timing_beside_a_busy_loop_on_its_cpu_is_busy_and_one_",
+    "tests/test_decode_workload.py::test_decode_end_to_end_through_the_cli",
+    "tests/test_decode_workload.py::test_the_gpu_branch_driven_on_cpu",
+    "tests/test_docs.py::test_every_run_command_shown_composes_and_validates",
+    "tests/test_edges_run.py::test_a_disk_that_fills_during_a_sweep_is_one_line",
+    "tests/test_measure.py::test_gpu_check_script_runs_its_cpu_smoke",
+    "tests/test_memory_model.py::test_modeled_peak_equals_the_profilers[flex-",
+    "tests/test_memory_model.py::test_modeled_peak_equals_the_profilers[linformer-",
+    "tests/test_readme_and_cli.py::test_readme_measurement_example_runs",
+    "tests/test_readme_and_cli.py::test_cli_demo_runs_one_cell",
+    "tests/test_report_files.py::test_out_never_deletes_what_is_not_a_report",
+    "tests/test_scale.py::test_every_shipped_sweep_expands_as_hydra_composes_it",
+    "tests/test_train.py::test_train_mode_end_to_end_through_the_cli",
+    "tests/test_train.py::test_checkpointing_fits_a_larger_batch_for_one_more_forward",
+    "tests/test_workloads.py::test_a_workload_from_a_plugin_runs_end_to_end",
+    "tests/test_recall.py::test_the_task_end_to_end",
+    "tests/test_report_serving.py::test_report_command_writes_the_serving_sections",
+    "tests/test_robustness.py::test_half_precision_on_cpu_is_finite_and_close[flex-",
+    "tests/test_measure.py::test_affine_solve_finds_the_searchs_answer_in_four_meta_forwards",
+    "tests/test_measure.py::test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu",
+    "tests/test_scale.py::test_a_thousand_jobs_compose_a_handful_of_times",
+    "tests/test_scale.py::test_every_cell_of_a_large_sweep_is_still_validated",
+    "tests/test_hostile.py::test_hostile_free_text_in_plots_and_the_terminal",
+    "tests/test_report_files.py::test_report_command_writes_every_format",
+    "tests/test_report_compiled.py::test_report_writes_the_compiled_document",
+    "tests/test_memory_model.py::test_the_profiler_leaves_stderr_quiet",
+    "tests/test_train.py::test_mixed_precision_keeps_fp32_weights_and_state_and_casts_activations",
+    "tests/test_decode_workload.py::test_the_max_batch_is_serving_s_kv_caches_fall_like_one_over_n",
+    "tests/test_compile.py::test_compiled_layers_compute_what_the_eager_ones_do",
+    "tests/test_measure.py::test_max_batch_search_finds_the_exact_boundary_in_log_probes",
+    "tests/test_measure.py::test_the_gpu_branch_driven_on_cpu",
+    "tests/test_memory_model.py::test_modeled_peak_equals_the_profilers[reformer-()-encoder12]",
+    "tests/test_memory_model.py::test_modeled_peak_equals_the_profilers[nystromformer-()-encoder12]",
+    "tests/test_memory_model.py::test_modeled_peak_equals_the_profilers[performer-()-encoder12]",
+    "tests/test_scale.py::test_composing_once_per_choice_of_groups_gives_hydras_configs",
+    "tests/test_scale.py::test_a_users_config_dir_groups_and_options",
+    "tests/test_report_files.py::test_plots_are_real_images_of_the_stated_size",
+    "tests/test_listops.py::test_label_distribution",
+    "tests/test_compile.py::test_a_recompilation_while_timing_raises_and_none_is_counted_otherwise",
+    "tests/test_compile.py::test_a_compiler_failure_is_the_cells_error_row",
+    "tests/test_decode_workload.py::test_grouped_query_heads_in_the_forward_and_training_modes[train-",
+)
+
+
+SPAWNS = ("run_cli(", "subprocess.", "Popen(", "CLI,")  # a new Python: ~3 s of imports each
+
+
+@functools.cache
+def _spawns(function: Callable[..., object]) -> bool:
+    """Whether a test starts a process, itself or through a helper of its module (one level):
+    every real subprocess of the CLI is slow, whatever it checks."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    if any(s in source for s in SPAWNS):
+        return True
+    module = sys.modules.get(function.__module__)
+    helpers = [
+        f for name, f in vars(module).items()
+        if inspect.isfunction(f) and not name.startswith("test") and f"{name}(" in source
+    ] if module else []  # fmt: skip
+    return any(any(s in inspect.getsource(f) for s in SPAWNS) for f in helpers)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        if item.nodeid.startswith(SLOW) or (function is not None and _spawns(function)):
+            item.add_marker(pytest.mark.slow)
