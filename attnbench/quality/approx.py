@@ -56,6 +56,7 @@ is its target), and a mechanism that cannot run in fp32 here (xformers: fp16/bf1
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -89,14 +90,19 @@ def _why_no_counterpart(name: str) -> str | None:
         return f"it runs in {'/'.join(spec.dtypes)} only and the error is measured in fp32"
     if spec.unavailable:
         return spec.unavailable
-    # a throwaway layer on meta, built without touching the caller's RNG (Performer draws its
-    # features on the CPU whatever the device)
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        layer = registry.create(name, d_model=8, n_heads=2, max_seq_len=1024)
-    missing = [p for p in PROJECTIONS if not isinstance(getattr(layer, p, None), nn.Linear)]
-    if missing:
+    if missing := _missing_projections(name):
         return f"it has no {', '.join(missing)} for the exact layer's weights ({spec.limits})"
     return None
+
+
+@functools.cache
+def _missing_projections(name: str) -> tuple[str, ...]:
+    """Which of the four projections a layer of ``name`` lacks, asked once per mechanism
+    (every refusal lists the allowed ones) of a throwaway layer on meta, built without
+    touching the caller's RNG (Performer draws its features on the CPU whatever the device)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        layer = registry.create(name, d_model=8, n_heads=2, max_seq_len=1024)
+    return tuple(p for p in PROJECTIONS if not isinstance(getattr(layer, p, None), nn.Linear))
 
 
 def exact_counterpart(name: str) -> None:
