@@ -37,7 +37,7 @@ def test_a_cell_from_python_and_from_the_default_command_line_are_the_same_cell(
     (Cell.time_budget_s said 60 s where the config said 30), through the one table
     cell_from_cfg reads the config by."""
     from attnbench.cell import Cell
-    from attnbench.sweep.config import CELL_KEYS, cell_from_cfg
+    from attnbench.sweep.cells import CELL_KEYS, cell_from_cfg
 
     (job,), _ = expand_jobs([])
     assert cell_from_cfg(job) == Cell("vanilla", n=512)

@@ -73,7 +73,8 @@ def load_suite(
 
     from attnbench.cell import left_out
     from attnbench.registry import info
-    from attnbench.sweep.config import cell_from_cfg, expand_jobs
+    from attnbench.sweep.cells import cell_from_cfg
+    from attnbench.sweep.config import expand_jobs
     from attnbench.workload import refuses
 
     # Hydra ignores a search path that does not exist: the suite would silently come from

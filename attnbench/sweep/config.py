@@ -27,124 +27,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
 from attnbench import registry
-from attnbench.cell import Cell
 from attnbench.env import resolve_threads
-from attnbench.measure import presets
 from attnbench.registry import BUILTINS
 from attnbench.sweep import slurm
+from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
 from attnbench.validators import (
     check_bool,
     check_choice,
-    check_int,
     check_limit,
     check_name,
     check_number,
-    parse_size,
 )
 from attnbench.writable import check_writable
 
 CONFIG_MODULE = "attnbench.conf"
-
-
-def _plain(value: Any) -> Any:
-    """Hashable plain data from config values (lists become tuples)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
-def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
-    """The cell a (composed) job config describes; which ``k`` it keeps is
-    :func:`attnbench.cell.kept_k`'s rule, and ``k`` is checked in any case (k=0 is a typo)."""
-    if not isinstance(cfg.get("device"), DictConfig):
-        raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
-    name = _setting(cfg, "attention.name")
-    registry.info(name)  # an unknown mechanism: one line
-    params = OmegaConf.to_container(_setting(cfg, "attention.params"), resolve=True) or {}
-    causal = _setting(cfg, "causal")
-    check_bool("causal", causal)
-    mode = _setting(cfg, "mode")
-    if causal or mode == "decode":  # the top-level key sets the mechanism's own parameter (a
-        params["causal"] = True  # sweepable key); a decoder is causal whatever it says
-    k = _setting(cfg, "k")
-    if k is not None:
-        check_int("k", k)
-    return Cell(
-        attention=name,
-        k=cells.kept_k(name, k, in_sweep=in_sweep),
-        device=cfg.device.name,
-        ceiling_bytes=parse_size(_setting(cfg, "ceiling")),
-        params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
-        kv_heads=cfg.model.get("kv_heads"),  # model groups without grouped-query heads omit it
-        quality=_quality(cfg),
-        **{field: _read(cfg, field, key) for field, key in CELL_KEYS.items()},
-    )
-
-
-# Cell fields read as they are from a key of conf/config.yaml (a test holds each Cell
-# default equal to the composed config's): one list, no default of this module's own
-CELL_KEYS = {
-    "n": "n",
-    "batch": "batch",
-    "dtype": "dtype",
-    "layers": "model.layers",
-    "d_model": "model.d_model",
-    "n_heads": "model.n_heads",
-    "d_ff": "model.d_ff",
-    "min_repeats": "timing.min_repeats",
-    "min_seconds": "timing.min_seconds",
-    "cpu_batch": "timing.cpu_batch",
-    "time_budget_s": "timing.time_budget_s",
-    "flush_l2": "timing.flush_l2",
-    "threads": "timing.threads",
-    "mode": "mode",
-    "optimizer": "optimizer",
-    "checkpoint": "checkpoint",
-    "decode_tokens": "decode_tokens",
-    "state_dtype": "state_dtype",
-    "prefill_chunk": "prefill_chunk",
-    "compile": "compile",
-    "compile_mode": "compile_mode",
-    "task": "task",
-}
-_ABSENT = object()
-_FLOATS = ("min_seconds", "time_budget_s")  # seconds, whether written 1 or 1.0
-
-
-def _read(cfg: DictConfig, field: str, key: str) -> Any:
-    value = _setting(cfg, key)
-    return float(value) if field in _FLOATS and isinstance(value, (int, float)) else value
-
-
-def _setting(cfg: DictConfig, key: str) -> Any:
-    """The value of a key conf/config.yaml declares; removed (``~key``) it is one line, not
-    a default of this code's nor Hydra's ``ConfigAttributeError``."""
-    value = OmegaConf.select(cfg, key, default=_ABSENT)
-    if value is _ABSENT:
-        raise ValueError(
-            f"{key}: required (conf/config.yaml declares it; set it instead of removing it)"
-        )
-    return value
-
-
-def _quality(cfg: DictConfig) -> tuple[tuple[str, Any], ...]:
-    """The settings of the cell's quality task (``quality.<task>.*``); none for cost."""
-    task = cfg.get("task", "cost")
-    block = OmegaConf.select(cfg, f"quality.{task}") if task != "cost" else None
-    if block is None:
-        return ()
-    values = OmegaConf.to_container(block, resolve=True)
-    if task in ("approx", "spectrum") and values.get("inputs") == "listops":
-        # the trained model these inputs come from is task=listops's, at its settings
-        listops = OmegaConf.to_container(OmegaConf.select(cfg, "quality.listops"), resolve=True)
-        values["listops"] = tuple(sorted(listops.items()))
-    return tuple(sorted((key, _plain(v)) for key, v in values.items()))
-
-
-def preset_from_cfg(cfg: DictConfig) -> presets.Preset:
-    return presets.from_dict(OmegaConf.to_container(cfg.device, resolve=True))
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -311,11 +209,11 @@ def expand_jobs(
 def check_run_keys(cfg: DictConfig) -> None:
     """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
     for key in ("rerun", "progress", "report", "timing.flush_l2"):
-        check_bool(key, _setting(cfg, key))
-    check_limit("cell_timeout_s", _setting(cfg, "cell_timeout_s"))
+        check_bool(key, setting(cfg, key))
+    check_limit("cell_timeout_s", setting(cfg, "cell_timeout_s"))
     for key in ("timing.min_seconds", "timing.time_budget_s"):
-        check_number(key, _setting(cfg, key), low=0)
-    baseline = _setting(cfg, "report_baseline")
+        check_number(key, setting(cfg, key), low=0)
+    baseline = setting(cfg, "report_baseline")
     check_choice("report_baseline", baseline, registry.names(), "a mechanism")
 
 

@@ -34,7 +34,8 @@ from attnbench.row import Row
 from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError, read_rows
 from attnbench.sweep import claims
-from attnbench.sweep.config import cell_from_cfg, preset_from_cfg, register_user_mechanisms, run_dir
+from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg
+from attnbench.sweep.config import register_user_mechanisms, run_dir
 from attnbench.sweep.finish import busy_line
 from attnbench.validators import check_limit
 
