@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -24,14 +24,18 @@ from attnbench.attention.base import check_kv_heads
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.quality.tasks import TASKS
-from attnbench.train import OPTIMIZERS
+from attnbench.settings import CELL_FIELDS, DEFAULTS, defaults, resolve
 from attnbench.validators import check_bool, check_choice, check_int
 from attnbench.workload import DEFAULT as DEFAULT_MODE
 from attnbench.workload import Workload
+from attnbench.workload import find as find_workload
 from attnbench.workload import get as get_workload
 
 KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
+
+
+_D = DEFAULTS  # the model's, timing's and compiling's declared defaults (attnbench.settings)
 
 
 @dataclass(frozen=True)
@@ -44,28 +48,38 @@ class Cell:
     device: str = "v100_16gb"
     ceiling_bytes: int | None = None  # default: the preset's whole memory
     params: tuple[tuple[str, Any], ...] = ()  # the mechanism's own, as sorted (key, value)
-    layers: int = 12
-    d_model: int = 768
-    n_heads: int = 12
-    d_ff: int = 3072
-    min_repeats: int = 5
-    min_seconds: float = 1.0
-    cpu_batch: int = 1  # batch for CPU timing when the preset's GPU is not here
-    time_budget_s: float = 30.0  # per-cell limit on CPU timing work (estimated beforehand)
-    flush_l2: bool = False
-    threads: int | None = None  # CPU timing threads; None: the CPUs the process was given
+    layers: int = _D["layers"]
+    d_model: int = _D["d_model"]
+    n_heads: int = _D["n_heads"]
+    d_ff: int = _D["d_ff"]
+    min_repeats: int = _D["min_repeats"]
+    min_seconds: float = _D["min_seconds"]
+    cpu_batch: int = _D["cpu_batch"]
+    time_budget_s: float = _D["time_budget_s"]
+    flush_l2: bool = _D["flush_l2"]
+    threads: int | None = _D["threads"]
     model_only: bool = False  # memory from the model alone, no real probes, no timing
     mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload.names())
-    optimizer: str = "adamw"  # train only: adamw | sgd | none
-    checkpoint: bool = False  # train only: activation checkpointing per layer
-    decode_tokens: int = 128  # decode only: tokens generated after the prompt of n
-    state_dtype: str = "auto"  # decode only: the cache's or state's dtype; auto = the cell's
-    prefill_chunk: int = 512  # decode only: prompt tokens per prefill call; 0 = all at once
-    kv_heads: int | None = None  # grouped-query key/value heads; None = n_heads
-    compile: bool = False  # torch.compile each encoder layer before anything is timed
-    compile_mode: str = "default"  # torch.compile's mode (compile=true only)
+    # that workload's declared settings, as sorted (key, value), its defaults filled in; a
+    # mapping is taken too: Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True})
+    mode_settings: tuple[tuple[str, Any], ...] = ()
+    kv_heads: int | None = _D["kv_heads"]
+    compile: bool = _D["compile"]
+    compile_mode: str = _D["compile_mode"]
     task: str = "cost"  # or a quality task of quality.tasks.REGISTRY
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
+
+    def __post_init__(self) -> None:
+        """Its workload's and its task's settings complete and sorted, so that a cell that
+        names a default and one that leaves it out are one cell (one key, one hash)."""
+        given = dict(self.mode_settings)
+        work = find_workload(self.mode)
+        if work is not None:
+            given = {**defaults(work.settings), **given}
+        object.__setattr__(self, "mode_settings", _tuples(sorted(given.items())))
+        if self.task in tasks.REGISTRY:
+            quality = {**tasks.REGISTRY[self.task].defaults(), **dict(self.quality)}
+            object.__setattr__(self, "quality", _tuples(sorted(quality.items())))
 
     @property
     def budget(self) -> str | None:
@@ -87,7 +101,7 @@ class Cell:
     @property
     def settings(self) -> dict[str, Any]:
         """The cell's values of the settings its workload owns (train: optimizer, checkpoint)."""
-        return {name: getattr(self, name) for name in self.workload.settings}
+        return dict(self.mode_settings)
 
     @property
     def shape(self) -> dict[str, int]:
@@ -110,9 +124,16 @@ class Cell:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists, and
-        the values in them: a carried ``listops`` block, MQAR's ``lrs``)."""
-        pairs = {f: _tuples(data.get(f, ())) for f in ("params", "quality")}
-        return cls(**{**data, **pairs})
+        the values in them: a carried ``listops`` block, MQAR's ``lrs``); a spec stored
+        before the workload's settings were its set reads as the same cell."""
+        pairs = {f: _tuples(data.get(f, ())) for f in ("params", "quality", "mode_settings")}
+        names = {f.name for f in fields(cls)}
+        work = find_workload(data.get("mode", DEFAULT_MODE))
+        if "mode_settings" not in data and work is not None:  # a spec stored before: the
+            pairs["mode_settings"] = tuple(  # settings were fields of the cell
+                (s.name, data[s.name]) for s in work.settings if s.name in data
+            )
+        return cls(**{k: v for k, v in {**data, **pairs}.items() if k in names})
 
 
 def _tuples(value: Any) -> Any:
@@ -197,25 +218,26 @@ def on_gpu(cell: Cell, preset: presets.Preset) -> bool:
     return preset.is_gpu and torch.cuda.is_available() and not cell.model_only
 
 
-STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
-# torch.compile's modes (torch.compile's docstring); reduce-overhead adds CUDA graphs
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
 def compiled_label(mode: str) -> str:
     """What a label adds for a compiled cell or row: ``compiled``, with its mode unless it is
     the default (``compiled(max-autotune)``)."""
     return "compiled" if mode in (None, "default") else f"compiled({mode})"
 
 
-def check_decode_settings(cell: Cell) -> None:
-    """``decode_tokens``, ``state_dtype``, ``prefill_chunk`` and ``kv_heads``, checked on
-    every cell (a typo never passes silently, whatever the mode)."""
-    check_int("decode_tokens", cell.decode_tokens)
-    check_choice("state_dtype", cell.state_dtype, STATE_DTYPES)
-    check_int("prefill_chunk", cell.prefill_chunk, low=0)
+def check_settings(cell: Cell) -> None:
+    """Every declared setting the cell carries, by its declaration's check (one line naming
+    its key): the model's, timing's (threads against the allocation where the cell runs:
+    env.use_threads) and compiling's fields, then its workload's set, where a name the
+    workload does not declare is refused."""
+    for s in CELL_FIELDS:
+        s.validate(getattr(cell, s.name))
     if cell.kv_heads is not None:
         check_kv_heads(cell.kv_heads, cell.n_heads)
+    declared = {s.name: s for s in cell.workload.settings}
+    for name, value in resolve(
+        f"mode={cell.mode}", cell.workload.settings, cell.mode_settings
+    ).items():
+        declared[name].validate(value)
 
 
 def check_causal(cell: Cell) -> None:
@@ -306,12 +328,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     check_k(cell.attention, cell.n, cell.k)
     check_budget(cell)
     check_causal(cell)
-    # every workload's settings are checked on every cell: a typo never passes silently
-    check_choice("optimizer", cell.optimizer, OPTIMIZERS)
-    check_bool("checkpoint", cell.checkpoint)
-    check_decode_settings(cell)
-    check_bool("compile", cell.compile)
-    check_choice("compile_mode", cell.compile_mode, COMPILE_MODES)
+    check_settings(cell)
     check_choice("task", cell.task, TASKS)
     if cell.task != "cost" and cell.mode != DEFAULT_MODE:
         raise ValueError(
@@ -322,10 +339,6 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
-    for name in (*MODEL_FIELDS, "min_repeats", "cpu_batch"):
-        check_int(name, getattr(cell, name))
-    if cell.threads is not None:  # against the allocation where the cell runs: env.use_threads
-        check_int("timing.threads", cell.threads)
     check_n_fits(cell, ceiling - preset.overhead_bytes)
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta

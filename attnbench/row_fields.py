@@ -38,7 +38,10 @@ from attnbench.row_checks import (
     text,
     timestamp,
 )
+from attnbench.settings import Setting
 from attnbench.validators import check_bool, check_choice
+from attnbench.workload import BUILTINS
+from attnbench.workload import get as get_workload
 
 __all__ = ["FIELDS", "MEMORY_SOURCES", "SCHEMA", "STATUSES", "TASKS", "Field"]
 
@@ -101,6 +104,13 @@ def _f(name: str, type_: Any, check: Any, unit: str, group: str, doc: str, **kw:
     return Field(name, type_, check, unit, group, doc, **kw)
 
 
+def setting_field(s: Setting) -> Field:
+    """A workload's declared setting as the row field it is stored in: null in the rows of
+    other workloads, checked on reading by the setting's own check."""
+    doc = f"{s.owner.removeprefix('mode=')} rows: {s.doc}"
+    return Field(s.name, s.type | None, s.check, s.unit, "cell", doc)
+
+
 # the schema: every field a row has, in the order a row stores it (``schema`` is moved first)
 FIELDS: tuple[Field, ...] = (
     _f("attention", str, identifier, "", "cell", "the mechanism", default=REQUIRED, column="seen"),
@@ -118,14 +128,7 @@ FIELDS: tuple[Field, ...] = (
        missing="inference", column="seen"),
     _f("task", str, None, "", "cell", "`cost`, or the quality task whose figures `quality` holds",
        default="cost", missing="cost", choices=TASKS),
-    _f("optimizer", str | None, text, "", "cell", "train rows: `adamw`, `sgd`, `none`"),
-    _f("checkpoint", bool | None, check_bool, "", "cell", "train rows: activation checkpointing"),
-    _f("decode_tokens", int | None, positive, "", "cell", "decode rows: tokens generated after"
-       " the prompt of n"),
-    _f("state_dtype", str | None, text, "", "cell", "decode rows: the cache's or state's dtype"
-       " (`auto`: the cell's)"),
-    _f("prefill_chunk", int | None, count, "", "cell", "decode rows: prompt tokens per prefill"
-       " call (0: the whole prompt)"),
+    *(setting_field(s) for name in BUILTINS for s in get_workload(name).settings),
     _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
        " (`torch.compile`, each encoder layer)", default=False, missing=False),
     _f("compile_mode", str | None, text, "", "cell", "compiled rows: torch.compile's mode"),

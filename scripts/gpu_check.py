@@ -114,7 +114,9 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
         cells(ns, shape, device, dtype)
         + cells(ns, shape, device, dtype, ZOO)
         + cells(ns_train, shape, device, dtype, mode="train")
-        + cells(ns_train[1:2], shape, device, dtype, mode="train", checkpoint=True)
+        + cells(
+            ns_train[1:2], shape, device, dtype, mode="train", mode_settings={"checkpoint": True}
+        )
     )
 
 
@@ -131,7 +133,7 @@ def decode_cells(
             device=device,
             dtype=dtype,
             mode="decode",
-            decode_tokens=DECODE_TOKENS,
+            mode_settings={"decode_tokens": DECODE_TOKENS},
             kv_heads=shape.get("n_heads", 12) // 4 if gqa else None,
             **shape,
         )
@@ -249,7 +251,7 @@ def _done_key(c: Cell | Row) -> str:
             c.mode,
             c.compile,
             c.device,
-            bool(c.checkpoint),
+            bool(c.settings.get("checkpoint") if isinstance(c, Cell) else c.checkpoint),
             c.batch if isinstance(c, Cell) else c.batch_asked,
             (c.shape if isinstance(c, Cell) else c.model or {}).get("kv_heads"),
         ],

@@ -23,11 +23,14 @@ from tests.conftest import run_cli
 
 TINY = dict(
     dtype="fp32", device="cpu", layers=2, d_model=32, n_heads=2, d_ff=64, batch=1,
-    min_seconds=0.05, min_repeats=3, decode_tokens=6,
+    min_seconds=0.05, min_repeats=3,
 )  # fmt: skip
 
 
 def tiny(attention: str = "vanilla", n: int = 64, **kw: object) -> Cell:
+    """A tiny cell; a decode one generates 6 tokens."""
+    if kw.get("mode") == "decode":
+        kw.setdefault("mode_settings", {"decode_tokens": 6})
     return Cell(attention, n, **{**TINY, **kw})  # type: ignore[arg-type]
 
 

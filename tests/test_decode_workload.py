@@ -39,10 +39,12 @@ def _cell(name: str, **kw: object) -> Cell:
     k = BUDGETS[budget] if budget else None
     base = dict(
         attention=name, n=40, k=k, dtype="fp32", device="cpu", layers=2, d_model=32,
-        n_heads=4, d_ff=64, mode="decode", decode_tokens=6, prefill_chunk=16,
-        params=(("causal", True),), batch=3,
+        n_heads=4, d_ff=64, mode="decode", params=(("causal", True),), batch=3,
     )  # fmt: skip
-    return Cell(**{**base, **kw})
+    names = ("decode_tokens", "state_dtype", "prefill_chunk")
+    settings = {"decode_tokens": 6, "prefill_chunk": 16}
+    settings.update({name: kw.pop(name) for name in names if name in kw})
+    return Cell(**{**base, **kw}, mode_settings=settings)
 
 
 def _gqa(name: str) -> list[int | None]:
@@ -88,7 +90,7 @@ def test_state_bytes_are_what_the_profiler_and_the_meta_tracker_see(
     state smaller than 512 × 100 bytes a tensor (a ring of 16 keys, linear's S and z)."""
     c = _cell(name, kv_heads=kv_heads, n=1000, d_model=128, d_ff=256)
     row = run_cell(Cell(**{**c.__dict__, "model_only": True}))
-    cap = c.n + c.decode_tokens
+    cap = c.n + c.settings["decode_tokens"]
     model = build(c, validate(c), "cpu", torch.float32)
     assert row.state_bytes == model.state_bytes(cap, 4)
     real = profiled_peak(lambda: model.new_state(1, cap, torch.float32, torch.device("cpu")))

@@ -42,5 +42,5 @@ def test_a_cell_from_python_and_from_the_default_command_line_are_the_same_cell(
     (job,), _ = expand_jobs([])
     assert cell_from_cfg(job) == Cell("vanilla", n=512)
     fields = {f for f in Cell.__dataclass_fields__ if f not in ("attention", "k", "device")}
-    handled = {"ceiling_bytes", "params", "kv_heads", "quality", "model_only"}
+    handled = {"ceiling_bytes", "params", "kv_heads", "quality", "model_only", "mode_settings"}
     assert fields - handled == set(CELL_KEYS)  # a new Cell field is read from the config too

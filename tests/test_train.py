@@ -34,7 +34,8 @@ def _cell(name: str, params: tuple = (), shape: str = "layer", **kw: object) -> 
         n=n, k=32 if name == "linformer" else None, dtype="fp32", device="cpu",
         layers=layers, d_model=d, n_heads=h, d_ff=ff, params=params, mode="train",
     )  # fmt: skip
-    return Cell(name, **{**fields, **kw})
+    settings = {name: kw.pop(name) for name in ("optimizer", "checkpoint") if name in kw}
+    return Cell(name, **{**fields, **kw}, mode_settings=settings)
 
 
 def _real_and_modeled(cell: Cell, bs: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -153,7 +154,9 @@ def test_checkpointing_fits_a_larger_batch_for_one_more_forward() -> None:
     """On the V100 preset the 12-layer encoder's activations dominate: keeping only each
     layer's input fits several times the batch, and the backward runs each layer again."""
     plain, ckpt = (
-        run_cell(Cell("vanilla", n=512, mode="train", model_only=True, checkpoint=c))
+        run_cell(
+            Cell("vanilla", n=512, mode="train", model_only=True, mode_settings={"checkpoint": c})
+        )
         for c in (False, True)
     )
     assert plain.status == ckpt.status == "ok"
@@ -180,7 +183,8 @@ def test_a_train_row_has_each_part_and_their_sum() -> None:
     again = Row.from_dict(json.loads(json.dumps(row.to_dict())))  # stored and read back
     assert again.time_parts == row.time_parts
     # an inference cell of the same shape is another key, and another row
-    assert row.mode != run_cell(Cell(**{**cell.__dict__, "mode": "inference"})).mode
+    inference = Cell(**{**cell.__dict__, "mode": "inference", "mode_settings": ()})
+    assert row.mode != run_cell(inference).mode
 
 
 def test_mixed_precision_keeps_fp32_weights_and_state_and_casts_activations() -> None:

@@ -22,24 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnbench.quality import listops, recall, runs
+from attnbench.quality import classify, listops, recall, runs
+from attnbench.settings import Setting
 from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
 INPUTS = ("random", "listops")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A key of ``quality.<task>``. A ``carried`` one is not in the config: the sweep fills it
-    in (``listops``: the ``quality.listops`` block of the model that ``inputs=listops`` reads)."""
-
-    name: str
-    default: Any
-    doc: str
-    carried: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +52,10 @@ class Task:
     check: Callable[[Cell, dict[str, Any]], None]
     run: Callable[[Cell, dict[str, Any]], dict[str, Any]]
 
+    def __post_init__(self) -> None:
+        owned = tuple(s.owned(f"task={self.name}", f"quality.{self.name}.") for s in self.settings)
+        object.__setattr__(self, "settings", owned)
+
     def defaults(self) -> dict[str, Any]:
         """The settings a cell that names none gets: the config's ``quality.<task>`` block."""
         return {s.name: s.default for s in self.settings if not s.carried}
@@ -72,8 +66,6 @@ def _check_training(n: int, s: dict[str, Any]) -> None:
     keys: task=listops's own, or those of the trained model that ``inputs=listops`` reads.
     Checked here, before any cell runs, by the rules the training itself applies
     (:func:`attnbench.quality.classify.check_settings`)."""
-    from attnbench.quality import classify
-
     listops.check_n(n)
     classify.check_settings(n, prefix="quality.listops.", **s)
 
@@ -118,7 +110,9 @@ def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
 _BATCH = Setting("batch", 2, "sequences per measurement")
 _INPUTS = Setting("inputs", "random", "random (fresh seeded layers) or listops (trained states)")
-_CARRY = Setting("listops", None, "the trained model's quality.listops settings", carried=True)
+_CARRY = Setting(
+    "listops", None, "the trained model's quality.listops settings", dict, carried=True
+)
 _INPUTS_FIGURE = Figure("inputs", "text", "random or listops")
 _TRAINED = Figure("model_accuracy", "number", "inputs=listops: the trained model's accuracy")
 
@@ -168,16 +162,30 @@ REGISTRY: dict[str, Task] = {
             "ListOps accuracy after a fixed training budget",
             (
                 _SEED,
-                Setting("steps", 800, "training steps"),
-                Setting("batch", 32, "sequences per step"),
-                Setting("lr", 0.001, "AdamW's peak learning rate"),
-                Setting("warmup", 100, "linear warmup steps"),
-                Setting("weight_decay", 0.01, "AdamW's weight decay"),
-                Setting("train_examples", 20000, "expressions trained on"),
-                Setting("test_examples", 1000, "expressions tested on"),
-                Setting("max_depth", 10, "the deepest an expression nests"),
-                Setting("max_args", 10, "the most arguments an operator takes"),
-                Setting("eval_every", 200, "steps between points of the curve"),
+                Setting("steps", classify.DEFAULTS["steps"], "training steps"),
+                Setting("batch", classify.DEFAULTS["batch"], "sequences per step"),
+                Setting("lr", classify.DEFAULTS["lr"], "AdamW's peak learning rate"),
+                Setting("warmup", classify.DEFAULTS["warmup"], "linear warmup steps"),
+                Setting("weight_decay", classify.DEFAULTS["weight_decay"], "AdamW's weight decay"),
+                Setting(
+                    "train_examples", classify.DEFAULTS["train_examples"], "expressions trained on"
+                ),
+                Setting(
+                    "test_examples", classify.DEFAULTS["test_examples"], "expressions tested on"
+                ),
+                Setting(
+                    "max_depth", classify.DEFAULTS["max_depth"], "the deepest an expression nests"
+                ),
+                Setting(
+                    "max_args",
+                    classify.DEFAULTS["max_args"],
+                    "the most arguments an operator takes",
+                ),
+                Setting(
+                    "eval_every",
+                    classify.DEFAULTS["eval_every"],
+                    "steps between points of the curve",
+                ),
             ),
             (
                 Figure("test_accuracy", "number", "test accuracy after the last step"),

@@ -10,9 +10,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
-from attnbench import registry
+from attnbench import registry, workload
 from attnbench.cell import Cell
 from attnbench.measure import presets
+from attnbench.settings import CELL_FIELDS
 from attnbench.validators import check_bool, check_int, parse_size
 
 
@@ -46,44 +47,51 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         ceiling_bytes=parse_size(setting(cfg, "ceiling")),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
         kv_heads=cfg.model.get("kv_heads"),  # model groups without grouped-query heads omit it
+        mode_settings=_mode_settings(cfg, mode),
         quality=_quality(cfg),
         **{field: _read(cfg, field, key) for field, key in CELL_KEYS.items()},
     )
 
 
-# Cell fields read as they are from a key of conf/config.yaml (a test holds each Cell
-# default equal to the composed config's): one list, no default of this module's own
+# Cell fields read as they are from a key of conf/config.yaml: the grid's own, then every
+# declared setting of the model, timing and compiling (a test holds each Cell default equal
+# to the composed config's); no default of this module's own
 CELL_KEYS = {
     "n": "n",
     "batch": "batch",
     "dtype": "dtype",
-    "layers": "model.layers",
-    "d_model": "model.d_model",
-    "n_heads": "model.n_heads",
-    "d_ff": "model.d_ff",
-    "min_repeats": "timing.min_repeats",
-    "min_seconds": "timing.min_seconds",
-    "cpu_batch": "timing.cpu_batch",
-    "time_budget_s": "timing.time_budget_s",
-    "flush_l2": "timing.flush_l2",
-    "threads": "timing.threads",
     "mode": "mode",
-    "optimizer": "optimizer",
-    "checkpoint": "checkpoint",
-    "decode_tokens": "decode_tokens",
-    "state_dtype": "state_dtype",
-    "prefill_chunk": "prefill_chunk",
-    "compile": "compile",
-    "compile_mode": "compile_mode",
     "task": "task",
+    **{s.name: s.key for s in CELL_FIELDS if s.name != "kv_heads"},
 }
 _ABSENT = object()
-_FLOATS = ("min_seconds", "time_budget_s")  # seconds, whether written 1 or 1.0
 
 
 def _read(cfg: DictConfig, field: str, key: str) -> Any:
     value = setting(cfg, key)
-    return float(value) if field in _FLOATS and isinstance(value, (int, float)) else value
+    floats = DECLARED.get(field) is not None and DECLARED[field].type is float
+    return float(value) if floats and isinstance(value, (int, float)) else value
+
+
+DECLARED = {s.name: s for s in CELL_FIELDS}
+
+
+def _mode_settings(cfg: DictConfig, mode: Any) -> dict[str, Any]:
+    """The settings of the cell's workload, each from its top-level key: required where
+    conf/config.yaml declares it (a built-in's), a plugin's declared default where the
+    config has no such key. Every other workload's settings that the config holds are
+    checked too, whatever the mode: a typo never passes silently."""
+    own: dict[str, Any] = {}
+    for name in workload.names():
+        work = workload.get(name)
+        for s in work.settings:
+            if name == mode:
+                builtin = name in workload.BUILTINS
+                own[s.name] = setting(cfg, s.key) if builtin else cfg.get(s.key, s.default)
+                s.validate(own[s.name])
+            elif (value := OmegaConf.select(cfg, s.key, default=_ABSENT)) is not _ABSENT:
+                s.validate(value)
+    return own
 
 
 def setting(cfg: DictConfig, key: str) -> Any:

@@ -26,6 +26,7 @@ from attnbench.workload.base import (
     Workload,
     encoder,
     random_input,
+    setting,
 )
 from attnbench.workload.decode import DECODE
 from attnbench.workload.inference import INFERENCE
@@ -38,23 +39,25 @@ __all__ = [
     "Workload",
     "caption_of",
     "encoder",
+    "find",
     "get",
     "label_of",
     "names",
     "random_input",
     "refuses",
     "register",
+    "setting",
 ]
 
 _WORKLOADS: dict[str, Workload] = {}
 
 
 def register(workload: Workload) -> Workload:
-    """Make ``workload`` a ``mode=`` choice. Its ``settings`` must name fields of
-    :class:`~attnbench.cell.Cell` and of the row (``docs/architecture.md``, "Add a
-    workload"): a cell reads them by name, and a row stores them."""
+    """Make ``workload`` a ``mode=`` choice, its declared settings owned by it (``mode=NAME``;
+    each a top-level config key, ``docs/architecture.md``, "Add a workload")."""
     if not workload.name.isidentifier():
         raise ValueError(f"workload name must be an identifier, got {workload.name!r}")
+    workload.settings = tuple(s.owned(f"mode={workload.name}") for s in workload.settings)
     _WORKLOADS[workload.name] = workload
     return workload
 
@@ -68,6 +71,14 @@ def names() -> list[str]:
     load_plugins()
     rank = {name: i for i, name in enumerate(BUILTINS)}
     return sorted(_WORKLOADS, key=lambda name: rank.get(name, len(rank)))
+
+
+def find(name: Any) -> Workload | None:
+    """The workload called ``name``, or None (a cell is made before it is validated)."""
+    if not isinstance(name, str):
+        return None
+    load_plugins()
+    return _WORKLOADS.get(name)
 
 
 def get(name: str) -> Workload:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.model import build_model
 from attnbench.registry import Info
+from attnbench.settings import Setting
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -75,11 +76,13 @@ class Workload:
     """One kind of measurement. Subclasses set the class attributes and override what
     differs; the defaults describe a plain forward of the encoder.
 
-    ``settings`` are the names of the :class:`~attnbench.cell.Cell` fields this workload
-    reads (train: ``optimizer``, ``checkpoint``): they enter the cell's key (so two
-    settings never share a stored row), and are stored in the row; other workloads' rows
-    hold null there. ``parts`` names the timed parts when there are several (they are
-    stored in ``time_parts``); ``grad`` says whether a step needs autograd (memory is then
+    ``settings`` declare what this workload takes beyond every cell's fields (train:
+    ``optimizer``, ``checkpoint``), each a top-level config key with its default, check and
+    doc (:class:`~attnbench.settings.Setting`). A cell carries their values as this
+    workload's set (``Cell.mode_settings``); they enter its key (so two settings never
+    share a stored row) and are row fields of their own, null in other workloads' rows.
+    ``parts`` names the timed parts when there are several (they are stored in
+    ``time_parts``); ``grad`` says whether a step needs autograd (memory is then
     tracked with it and timing leaves ``inference_mode`` off). ``primes``: a first step
     leaves state behind (an optimizer's), so it is run once, at b = 1, before any probe.
     """
@@ -89,7 +92,7 @@ class Workload:
     what: str = "forward"  # what one step is called in messages ("2 s per forward")
     grad: bool = False
     primes: bool = False
-    settings: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = ()
     parts: tuple[str, ...] = ()
     # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
     # False, one shape per batch; None where a step's shapes change by design (decode)
@@ -131,7 +134,7 @@ class Workload:
 
     def label(self, cell: Cell) -> str | None:
         """What a progress line and a report add to the mechanism's label, or None. ``cell``
-        may be a row too: a workload's settings are fields of both."""
+        may be a row too: read a setting with :func:`setting`."""
         return None
 
     def caption(self, row: Any) -> str | None:
@@ -168,6 +171,13 @@ class Workload:
         """Row fields of the workload's own known from the model alone (on meta, in the
         cell's dtype), set before anything is measured: none here."""
         return {}
+
+
+def setting(item: Any, name: str) -> Any:
+    """A workload setting's value on a cell (its workload's set, ``Cell.settings``) or on a
+    stored row (a field of its own): labels and captions name both alike."""
+    values = getattr(item, "settings", None)
+    return values[name] if isinstance(values, dict) else getattr(item, name, None)
 
 
 def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:

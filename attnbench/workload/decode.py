@@ -34,11 +34,13 @@ from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes, tracked_peak
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
-from attnbench.workload.base import DTYPES, Work, Workload
+from attnbench.settings import Setting, choice, integer
+from attnbench.workload.base import DTYPES, Work, Workload, setting
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
+STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
 WARMUP = 2  # decode steps not counted: the first ones pay for lazy initialisation
 # cells whose prompts a CPU cannot prefill within time_budget_s (Decode.cost_s decides, the
 # work reads it): their steps are timed over states filled with random values instead
@@ -47,14 +49,16 @@ _NO_PREFILL: set[Cell] = set()
 
 def state_dtype(cell: Cell, compute: torch.dtype) -> torch.dtype:
     """The cache's or state's dtype: ``state_dtype``, or the compute dtype for ``auto``."""
-    return compute if cell.state_dtype == "auto" else DTYPES[cell.state_dtype]
+    chosen = setting(cell, "state_dtype")
+    return compute if chosen == "auto" else DTYPES[chosen]
 
 
 def context(cell: Cell) -> int:
     """The mean number of tokens a timed step's new token sees (itself included): the
     prompt, the steps before it, itself. What FLOPs and bytes per token are given at."""
-    first, last = cell.n + WARMUP + 1, cell.n + cell.decode_tokens
-    return (first + last) // 2 if cell.decode_tokens > WARMUP else cell.n + 1
+    tokens = setting(cell, "decode_tokens")
+    first, last = cell.n + WARMUP + 1, cell.n + tokens
+    return (first + last) // 2 if tokens > WARMUP else cell.n + 1
 
 
 class DecodeWork(Work):
@@ -64,8 +68,8 @@ class DecodeWork(Work):
     def __init__(self, model: nn.Module, cell: Cell, x: Tensor, device: str) -> None:
         super().__init__(model, x)
         self.cell = cell
-        self.n, self.tokens = cell.n, cell.decode_tokens
-        self.chunk = cell.prefill_chunk or cell.n
+        self.n, self.tokens = cell.n, setting(cell, "decode_tokens")
+        self.chunk = setting(cell, "prefill_chunk") or cell.n
         self.device = torch.device(device)
         self.state_dtype = state_dtype(cell, x.dtype)
         self.states: list[Any] | None = None
@@ -295,7 +299,14 @@ class Decode(Workload):
     name = "decode"
     doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
     what = "decode step"
-    settings = ("decode_tokens", "state_dtype", "prefill_chunk")
+    settings = (
+        Setting("decode_tokens", 128, "tokens generated after the prompt of n (each step"
+                " timed)", int, integer()),
+        Setting("state_dtype", "auto", "the cache's or state's dtype (`auto`: the cell's)",
+                str, choice(STATE_DTYPES)),
+        Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt"
+                " at once)", int, integer(low=0)),
+    )  # fmt: skip
     compile_dynamic = None  # the context grows each step: automatic dynamic shapes
 
     def refuses(self, info: Info) -> str | None:
@@ -313,10 +324,11 @@ class Decode(Workload):
 
         model = encoder(cell, params, "meta").to(DTYPES[cell.dtype])
         itemsize = state_dtype(cell, DTYPES[cell.dtype]).itemsize
-        need = module_bytes(model) + model.state_bytes(cell.n + cell.decode_tokens, itemsize)
+        tokens = setting(cell, "decode_tokens")
+        need = module_bytes(model) + model.state_bytes(cell.n + tokens, itemsize)
         if need > usable:
             raise ValueError(
-                f"n: a context of n={cell.n} plus decode_tokens={cell.decode_tokens} needs "
+                f"n: a context of n={cell.n} plus decode_tokens={tokens} needs "
                 f"{need} bytes at batch 1 (weights and one sequence's state), above the "
                 f"{usable} bytes {cell.device} leaves usable; allowed: a shorter context"
             )
@@ -325,8 +337,9 @@ class Decode(Workload):
         kv = f", kv_heads={cell.kv_heads}" if getattr(cell, "kv_heads", None) else ""
         if not kv and isinstance(getattr(cell, "model", None), dict):
             kv = f", kv_heads={cell.model['kv_heads']}" if "kv_heads" in cell.model else ""
-        state = f", state={cell.state_dtype}" if cell.state_dtype not in (None, "auto") else ""
-        return f"decode({cell.decode_tokens} tokens{kv}{state})"
+        chosen, tokens = setting(cell, "state_dtype"), setting(cell, "decode_tokens")
+        state = f", state={chosen}" if chosen not in (None, "auto") else ""
+        return f"decode({tokens} tokens{kv}{state})"
 
     def caption(self, row: Any) -> str:
         return f"serving, {self.label(row)} (the paper has no serving table)"
@@ -355,7 +368,8 @@ class Decode(Workload):
         """The bytes one sequence keeps at n + decode_tokens, every layer, in the state's
         dtype on the cell's device (``model`` is in the cell's dtype)."""
         dtype = state_dtype(cell, next(model.parameters()).dtype)
-        return {"state_bytes": model.state_bytes(cell.n + cell.decode_tokens, dtype.itemsize)}
+        tokens = setting(cell, "decode_tokens")
+        return {"state_bytes": model.state_bytes(cell.n + tokens, dtype.itemsize)}
 
     def cost_s(
         self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
@@ -367,7 +381,7 @@ class Decode(Workload):
         read = b * model.state_bytes(context(cell), itemsize) + weights
         flops = model.step_flops(b, context(cell))
         step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
-        steps = step * cell.decode_tokens
+        steps = step * setting(cell, "decode_tokens")
         prefills = model.flops(1, cell.n) / flops_per_s * 4  # a warm-up, 3 timed; then copies
         if steps + prefills <= cell.time_budget_s:
             _NO_PREFILL.discard(cell)

@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from attnbench.measure.autocast import emulated_autocast
 from attnbench.measure.fused import device_kernels
 from attnbench.registry import Info
-from attnbench.train import PARTS, TrainStep
-from attnbench.workload.base import DTYPES, Work, Workload, encoder
+from attnbench.settings import Setting, choice, flag
+from attnbench.train import OPTIMIZERS, PARTS, TrainStep
+from attnbench.workload.base import DTYPES, Work, Workload, encoder, setting
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -44,7 +45,8 @@ def train_step(model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: boo
     elif low != torch.float32 and device != "cpu":
         autocast = functools.partial(torch.autocast, "cuda", dtype=low)
         scaler = torch.amp.GradScaler("cuda") if low == torch.float16 else None
-    return TrainStep(model, x, cell.optimizer, foreach=gpu, autocast=autocast, scaler=scaler)
+    optimizer = setting(cell, "optimizer")
+    return TrainStep(model, x, optimizer, foreach=gpu, autocast=autocast, scaler=scaler)
 
 
 @contextlib.contextmanager
@@ -97,7 +99,12 @@ class Train(Workload):
     what = "training step"
     grad = True
     primes = True
-    settings = ("optimizer", "checkpoint")
+    settings = (
+        Setting("optimizer", "adamw", "`adamw`, `sgd` (momentum 0.9) or `none`", str,
+                choice(OPTIMIZERS)),
+        Setting("checkpoint", False, "activation checkpointing per layer (fits more, costs a"
+                " forward)", bool, flag),
+    )  # fmt: skip
     parts = PARTS
 
     def refuses(self, info: Info) -> str | None:
@@ -108,7 +115,7 @@ class Train(Workload):
         return f"cannot train on a CPU: {why}" if why else None
 
     def label(self, cell: Cell) -> str:
-        return train_label(cell.optimizer, cell.checkpoint)
+        return train_label(setting(cell, "optimizer"), setting(cell, "checkpoint"))
 
     def caption(self, row: Any) -> str:
         return f"one training step, {self.label(row)} (the paper has no training table)"
@@ -120,7 +127,7 @@ class Train(Workload):
         self, cell: Cell, params: dict[str, Any], device: str, dtype: torch.dtype
     ) -> nn.Module:
         model = encoder(cell, params, device)
-        model.checkpoint = cell.checkpoint
+        model.checkpoint = setting(cell, "checkpoint")
         return model.to(device=device, dtype=torch.float32).train()  # fp32 master weights
 
     def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
