@@ -170,22 +170,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "  attnbench check --write-baseline results/baseline.json   # on a CI runner\n"
         "  attnbench check --baseline results/baseline.json",
     )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
-        "--against", metavar="REF", help="git ref of version A (default: the parent commit, HEAD~1)"
-    )
-    which.add_argument(
-        "--baseline",
-        type=Path,
-        metavar="FILE",
-        help="compare with samples stored by --write-baseline on this machine",
-    )
-    which.add_argument(
-        "--write-baseline",
-        type=Path,
-        metavar="FILE",
-        help="time the working tree only and store its samples in FILE",
-    )
+    _add_check_versions(p)
     p.add_argument(
         "--suite",
         default="regression",
@@ -218,6 +203,27 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="order of the interleaving")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=commands.cmd_check)
+
+
+def _add_check_versions(p: argparse.ArgumentParser) -> None:
+    """``check``'s three ways to say what version A is, of which one at most: a git ref,
+    timed interleaved with the working tree; a stored baseline; or none, storing one."""
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--against", metavar="REF", help="git ref of version A (default: the parent commit, HEAD~1)"
+    )
+    which.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="FILE",
+        help="compare with samples stored by --write-baseline on this machine",
+    )
+    which.add_argument(
+        "--write-baseline",
+        type=Path,
+        metavar="FILE",
+        help="time the working tree only and store its samples in FILE",
+    )
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

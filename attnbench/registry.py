@@ -106,6 +106,36 @@ def register(
     decode (``cannot_decode=None``) by a class without a causal form or without the three
     methods of the incremental form.
     """
+    _check_registration(name, config, budget, devices, dtypes)
+
+    def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
+        _check_class(name, cls, causal, cannot_decode)
+        defaults = {
+            f.name: (f.default if f.default is not dataclasses.MISSING else None)
+            for f in dataclasses.fields(config)
+        }
+        caps = Info(
+            name, summary, causal, padding_mask, tuple(devices), tuple(dtypes), fixed_max_len,
+            budget, defaults, unavailable=None, cannot_train=cannot_train, limits=limits,
+            cannot_decode=cannot_decode, gqa=gqa, compiles=compiles,
+            no_cpu_backward=no_cpu_backward,
+        )  # fmt: skip
+        _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
+        return cls
+
+    return decorate
+
+
+def _check_registration(
+    name: str,
+    config: type,
+    budget: str | None,
+    devices: tuple[str, ...],
+    dtypes: tuple[str, ...],
+) -> None:
+    """What :func:`register` refuses before it sees the class: a name that is no
+    identifier, a config that is not a dataclass, a budget that is not one of its fields,
+    devices or dtypes outside the known sets."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"register: name must be an identifier, got {name!r}")
     if not dataclasses.is_dataclass(config):
@@ -118,42 +148,21 @@ def register(
     if bad := set(dtypes) - set(DTYPES):
         raise ValueError(f"register({name!r}): unknown dtypes {sorted(bad)}; allowed: {DTYPES}")
 
-    def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
-        if not (isinstance(cls, type) and issubclass(cls, MultiHeadAttention)):
-            raise TypeError(f"register({name!r}): {cls!r} is not a MultiHeadAttention subclass")
-        if name in _REGISTRY:
-            raise ValueError(f"register: attention {name!r} is already registered")
-        if cannot_decode is None:
-            missing = [m for m in _INCREMENTAL if getattr(cls, m) is getattr(MultiHeadAttention, m)]
-            if missing or not causal:
-                why = f"does not implement {', '.join(missing)}" if missing else "is not causal"
-                raise TypeError(f"register({name!r}): cannot_decode=None, but {cls.__name__} {why}")
-        defaults = {
-            f.name: (f.default if f.default is not dataclasses.MISSING else None)
-            for f in dataclasses.fields(config)
-        }
-        caps = Info(
-            name,
-            summary,
-            causal,
-            padding_mask,
-            tuple(devices),
-            tuple(dtypes),
-            fixed_max_len,
-            budget,
-            defaults,
-            unavailable=None,
-            cannot_train=cannot_train,
-            limits=limits,
-            cannot_decode=cannot_decode,
-            gqa=gqa,
-            compiles=compiles,
-            no_cpu_backward=no_cpu_backward,
-        )
-        _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
-        return cls
 
-    return decorate
+def _check_class(name: str, cls: type, causal: bool, cannot_decode: str | None) -> None:
+    """What :func:`register` refuses of the class it decorates: one that is not a
+    :class:`MultiHeadAttention`, a name already taken, and a claim to decode
+    (``cannot_decode=None``) without a causal form or without the incremental form's
+    methods."""
+    if not (isinstance(cls, type) and issubclass(cls, MultiHeadAttention)):
+        raise TypeError(f"register({name!r}): {cls!r} is not a MultiHeadAttention subclass")
+    if name in _REGISTRY:
+        raise ValueError(f"register: attention {name!r} is already registered")
+    if cannot_decode is None:
+        missing = [m for m in _INCREMENTAL if getattr(cls, m) is getattr(MultiHeadAttention, m)]
+        if missing or not causal:
+            why = f"does not implement {', '.join(missing)}" if missing else "is not causal"
+            raise TypeError(f"register({name!r}): cannot_decode=None, but {cls.__name__} {why}")
 
 
 def load_plugins() -> None:

@@ -73,14 +73,38 @@ def run(
 
     if write_baseline is not None:
         return _write_baseline(write_baseline, the_suite, got, here)
-    if stored is not None:
-        a, a_name = stored["samples"], f"baseline {baseline}"
-        a_compiled = stored.get("compiled", {})
-    else:
-        a, a_compiled = got.versions["A"], got.compiled.get("A", {})
+    a, a_name, a_compiled = _version_a(stored, baseline, got, a_name)
     results = _judge(the_suite, a, got)
     out.print(verdicts.table(results, str(a_name), "working tree", 0.99))
-    meta = {
+    meta = _meta(a_name, a_commit, suite_name, settings, here, started, got, a_compiled)
+    samples = {"A": a, "B": got.versions["B"]}
+    return _conclude(results, meta, samples, got.contended, json_path)
+
+
+def _version_a(
+    stored: dict[str, Any] | None, baseline: Path | None, got: sampling.Samples, a_name: str | None
+) -> tuple[dict[str, list[float]], str | None, dict[str, Any]]:
+    """Version A as the verdicts compare with it: (its samples, its name, its compile costs),
+    a stored baseline's (``--baseline``) or the ref's, timed beside the working tree."""
+    if stored is not None:
+        return stored["samples"], f"baseline {baseline}", stored.get("compiled", {})
+    return got.versions["A"], a_name, got.compiled.get("A", {})
+
+
+def _meta(
+    a_name: str | None,
+    a_commit: str | None,
+    suite_name: str,
+    settings: dict[str, Any],
+    here: dict[str, Any],
+    started: float,
+    got: sampling.Samples,
+    a_compiled: dict[str, Any],
+) -> dict[str, Any]:
+    """What the result JSON says beside the samples and verdicts: which versions and suite
+    were compared, the settings, this machine, the wall time, the retries and each version's
+    compile costs. Information only: none of it is in a sample or a verdict."""
+    return {
         "against": a_name,
         "against_commit": a_commit,
         "suite": suite_name,
@@ -92,8 +116,6 @@ def run(
         # information only, in no sample and no verdict
         "compiled": {"A": a_compiled, "B": got.compiled.get("B", {})},
     }
-    samples = {"A": a, "B": got.versions["B"]}
-    return _conclude(results, meta, samples, got.contended, json_path)
 
 
 def _root(cwd: Path, stored_mode: bool) -> Path:

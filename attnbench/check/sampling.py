@@ -92,45 +92,70 @@ def sample(
             )["cells"]
             for v, w in workers.items()
         }
-        first = next(iter(trees))
-        timed = []
-        for i, c in enumerate(suite.cells):
-            bad = {v: b[i]["reason"] for v, b in built.items() if not b[i]["ok"]}
-            for v, b in built.items():
-                if b[i]["ok"] and "compile_s" in b[i]:
-                    cost = {k: b[i][k] for k in ("compile_s", "graphs")}
-                    out.compiled.setdefault(v, {})[c.name] = cost
-            for v, why in bad.items():
-                out.unavailable.setdefault(v, {})[c.name] = why
-            ok = [b[i]["once_s"] for b in built.values() if b[i]["ok"]]
-            if ok:
-                once = built[first][i]["once_s"] if built[first][i]["ok"] else ok[0]
-                out.reps[c.name] = (reps or {}).get(c.name) or max(
-                    1, round(s["sample_s"] / max(once, 1e-6))
-                )  # a baseline's count, if any
-                timed.append(i)
+        timed = _plan(suite, built, next(iter(trees)), reps or {}, out)
         for v in trees:
             out.versions[v] = {suite.cells[i].name: [] for i in timed if built[v][i]["ok"]}
-        rng = random.Random(seed)
-        total = s["rounds"] * len(timed)
-        done = 0
-        for _ in range(s["rounds"]):
-            order = list(timed)
-            rng.shuffle(order)
-            for i in order:
-                name = suite.cells[i].name
-                versions = [v for v in trees if built[v][i]["ok"]]
-                rng.shuffle(versions)  # A B or B A: neither always goes first
-                for v in versions:
-                    seconds, busy = _take(workers[v], i, name, out.reps[name], out)
-                    got = out.versions[v][name]
-                    if busy:
-                        out.contended.setdefault(v, {}).setdefault(name, []).append(len(got))
-                    got.append(seconds)
-                done += 1
-                if progress:
-                    progress(done, total)
+        _rounds(suite, workers, built, timed, random.Random(seed), out, progress)
     finally:
         for w in workers.values():
             w.close()
     return out
+
+
+def _plan(
+    suite: Suite, built: dict[str, list[dict]], first: str, reps: dict[str, int], out: Samples
+) -> list[int]:
+    """The cells to time (those at least one version built), each with its forwards per
+    sample in ``out.reps``: a stored baseline's count, else from ``first``'s setup timing
+    (or the other version's, where ``first`` could not build it); what each version could
+    not build, and what compiling a compiled cell cost, go to ``out`` as they are."""
+    s, timed = suite.settings, []
+    for i, c in enumerate(suite.cells):
+        bad = {v: b[i]["reason"] for v, b in built.items() if not b[i]["ok"]}
+        for v, b in built.items():
+            if b[i]["ok"] and "compile_s" in b[i]:
+                cost = {k: b[i][k] for k in ("compile_s", "graphs")}
+                out.compiled.setdefault(v, {})[c.name] = cost
+        for v, why in bad.items():
+            out.unavailable.setdefault(v, {})[c.name] = why
+        ok = [b[i]["once_s"] for b in built.values() if b[i]["ok"]]
+        if ok:
+            once = built[first][i]["once_s"] if built[first][i]["ok"] else ok[0]
+            out.reps[c.name] = reps.get(c.name) or max(
+                1, round(s["sample_s"] / max(once, 1e-6))
+            )  # a baseline's count, if any
+            timed.append(i)
+    return timed
+
+
+def _rounds(
+    suite: Suite,
+    workers: dict[str, Worker],
+    built: dict[str, list[dict]],
+    timed: list[int],
+    rng: random.Random,
+    out: Samples,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """``check.rounds`` rounds of one sample per cell and version into ``out``: the cells
+    in a fresh order each round, the versions in a fresh order each cell (``rng``: the
+    interleaving the module's docstring argues for), a sample still contended after its
+    retries recorded as such."""
+    total = suite.settings["rounds"] * len(timed)
+    done = 0
+    for _ in range(suite.settings["rounds"]):
+        order = list(timed)
+        rng.shuffle(order)
+        for i in order:
+            name = suite.cells[i].name
+            versions = [v for v in workers if built[v][i]["ok"]]
+            rng.shuffle(versions)  # A B or B A: neither always goes first
+            for v in versions:
+                seconds, busy = _take(workers[v], i, name, out.reps[name], out)
+                got = out.versions[v][name]
+                if busy:
+                    out.contended.setdefault(v, {}).setdefault(name, []).append(len(got))
+                got.append(seconds)
+            done += 1
+            if progress:
+                progress(done, total)

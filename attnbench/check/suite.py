@@ -69,13 +69,9 @@ def load_suite(
     sweeps; ``overrides`` (None values ignored) replace ``check:`` settings before they are
     validated. Mechanisms that cannot run here (xformers without CUDA) are listed as
     skipped; a suite with nothing left to time is a :class:`Misuse`."""
-    from omegaconf import DictConfig, OmegaConf
-
     from attnbench.cell import left_out
-    from attnbench.registry import info
     from attnbench.sweep.cells import cell_from_cfg
     from attnbench.sweep.config import expand_jobs
-    from attnbench.workload import refuses
 
     # Hydra ignores a search path that does not exist: the suite would silently come from
     # the shipped configs, or be "unknown", instead of naming the real mistake
@@ -85,17 +81,7 @@ def load_suite(
         jobs, multirun = expand_jobs([f"+sweep={name}"], config_dir)
     except ValueError as e:
         raise Misuse(f"--suite: {e}") from None
-    if not jobs or not isinstance(jobs[0].get("check"), DictConfig):
-        raise Misuse(
-            f"--suite: sweep {name!r} has no 'check:' settings; see conf/sweep/regression.yaml"
-        )
-    settings = OmegaConf.to_container(jobs[0].check, resolve=True)
-    settings.setdefault("compile", False)  # a suite from before compiled cells: eager only
-    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        check_settings(settings)
-    except ValueError as e:  # the one place a settings error becomes the user's line
-        raise Misuse(f"check.{e}") from None
+    settings = _settings(name, jobs, overrides)
     cells: list[SuiteCell] = []
     skipped: list[tuple[str, str]] = []
     for cfg in jobs:
@@ -109,44 +95,10 @@ def load_suite(
             check_int("batch", cell.batch)
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}; a check suite times a fixed batch") from None
-        params = cell.mechanism_params()
-        base = SuiteCell(
-            cell.attention,
-            params,
-            cell.n,
-            cell.batch,
-            cell.d_model,
-            cell.n_heads,
-            threshold_for(settings, cell.attention, cell.n, params),
-        )
-        # with check.compile, the forward's compiled twin; a training cell too (the layer's
-        # backward) at the n that check.train_n names, and a decode cell (one decode step of
-        # a causal layer) at each n of check.decode_n. Those two stay eager (docs/gate.md)
-        extra = []
-        if settings["compile"]:
-            twin = threshold_for(settings, cell.attention, cell.n, params, compiled=True)
-            extra.append(replace(base, compiled=True, threshold=twin))
-        extra += [replace(base, mode="train")] if cell.n in settings.get("train_n", []) else []
-        extra += [
-            replace(
-                base,
-                n=n,
-                mode="decode",
-                threshold=threshold_for(settings, cell.attention, n, params),
-            )
-            for n in settings.get("decode_n", [])
-            if left_out(replace(cell, n=n)) is None  # Linformer at k >= n, as a sweep
-        ]
-        for sc in [base, *extra]:
+        for sc in _timed_cells(cell, settings):
             if any(c.name == sc.name for c in cells) or any(c == sc.name for c, _ in skipped):
                 continue  # e.g. vanilla in a suite that sweeps k: one cell, not several
-            info_ = info(cell.attention)
-            why = info_.unavailable
-            if why is None and settings["device"] not in info_.devices:
-                why = f"runs on {', '.join(info_.devices)}, not {settings['device']}"
-            if why is None:
-                why = refuses(sc.mode, cell.attention)
-            if why is not None:
+            if (why := _why_not_here(sc, settings["device"])) is not None:
                 skipped.append((sc.name, why))
             else:
                 cells.append(sc)
@@ -154,6 +106,78 @@ def load_suite(
         why = "; ".join(f"{c}: {w}" for c, w in skipped) or "it has no cells"
         raise Misuse(f"--suite {name}: empty suite, no cell can run here ({why})")
     return Suite(cells, skipped, settings)
+
+
+def _settings(name: str, jobs: list[Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The suite's ``check:`` block with ``overrides`` applied, validated: apart from the
+    cells because a settings error is the user's one line (``check.KEY: ...``) before any
+    cell is expanded, and the cells read the settings (thresholds, compile, train_n ...)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not jobs or not isinstance(jobs[0].get("check"), DictConfig):
+        raise Misuse(
+            f"--suite: sweep {name!r} has no 'check:' settings; see conf/sweep/regression.yaml"
+        )
+    settings = OmegaConf.to_container(jobs[0].check, resolve=True)
+    settings.setdefault("compile", False)  # a suite from before compiled cells: eager only
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        check_settings(settings)
+    except ValueError as e:  # the one place a settings error becomes the user's line
+        raise Misuse(f"check.{e}") from None
+    return settings
+
+
+def _timed_cells(cell: Any, settings: dict[str, Any]) -> list[SuiteCell]:
+    """What the gate times of one sweep cell: its forward as one layer, then with
+    ``check.compile`` the forward's compiled twin; a training cell too (the layer's
+    backward) at the n that ``check.train_n`` names, and a decode cell (one decode step of
+    a causal layer) at each n of ``check.decode_n``. Those two stay eager (docs/gate.md).
+    Apart from :func:`load_suite` because this is the gate's own rule, the rest a sweep's."""
+    from attnbench.cell import left_out
+
+    params = cell.mechanism_params()
+    base = SuiteCell(
+        cell.attention,
+        params,
+        cell.n,
+        cell.batch,
+        cell.d_model,
+        cell.n_heads,
+        threshold_for(settings, cell.attention, cell.n, params),
+    )
+    extra = []
+    if settings["compile"]:
+        twin = threshold_for(settings, cell.attention, cell.n, params, compiled=True)
+        extra.append(replace(base, compiled=True, threshold=twin))
+    extra += [replace(base, mode="train")] if cell.n in settings.get("train_n", []) else []
+    extra += [
+        replace(
+            base,
+            n=n,
+            mode="decode",
+            threshold=threshold_for(settings, cell.attention, n, params),
+        )
+        for n in settings.get("decode_n", [])
+        if left_out(replace(cell, n=n)) is None  # Linformer at k >= n, as a sweep
+    ]
+    return [base, *extra]
+
+
+def _why_not_here(sc: SuiteCell, device: str) -> str | None:
+    """Why ``sc`` cannot run on ``device`` here (the mechanism unavailable, not on that
+    device, or its workload refusing the cell's mode), or None: such a cell is listed as
+    skipped, with this reason, rather than timed."""
+    from attnbench.registry import info
+    from attnbench.workload import refuses
+
+    info_ = info(sc.attention)
+    why = info_.unavailable
+    if why is None and device not in info_.devices:
+        why = f"runs on {', '.join(info_.devices)}, not {device}"
+    if why is None:
+        why = refuses(sc.mode, sc.attention)
+    return why
 
 
 def check_settings(s: dict[str, Any]) -> None:

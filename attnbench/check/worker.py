@@ -165,7 +165,6 @@ def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
 
     A version whose layer or state lacks the incremental form raises here, which
     :func:`main` reports as a cell this version cannot build."""
-    import copy
     import random
 
     import torch
@@ -177,6 +176,33 @@ def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
             "no decode step to time"
         )
     n, b = cell["n"], cell["batch"]
+    contents = _state_at(layer, b, n)
+    places = random.Random(0)  # the same draws in both versions
+
+    def decode(reps: int) -> float:
+        here, fresh = _placed(layer, b, n, contents, places)
+        spent = 0.0
+        with torch.inference_mode():
+            for _ in range(reps):
+                fresh.seek(n)
+                sync()
+                t = time.perf_counter()
+                here.extend(x, fresh)
+                sync()
+                spent += time.perf_counter() - t
+        return spent / reps
+
+    return decode
+
+
+def _state_at(layer: Any, b: int, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The contents every decode sample starts from, as (tensors, other attributes) of a
+    state of ``layer`` (capacity n + 1) put at position n by ``seek(n)``, its floating
+    tensors filled from a fixed seed in (0, 1); the state itself is let go, as each sample
+    gets its own (:func:`_placed`). A state without ``seek`` raises: this version cannot
+    rewind to a fixed context."""
+    import torch
+
     param = next(layer.parameters())
     with torch.inference_mode():
         state = layer.new_state(b, n + 1, param.dtype, param.device)
@@ -192,61 +218,42 @@ def _decode(layer: Any, x: Any, cell: dict[str, Any], sync: Any) -> Any:
                 value.copy_(torch.rand(value.shape, generator=gen, dtype=value.dtype))
         saved = {k: v.clone() for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
         plain = {k: v for k, v in vars(state).items() if not isinstance(v, torch.Tensor)}
-    del state
-    places = random.Random(0)  # the same draws in both versions
-
-    def placed() -> tuple[Any, Any]:
-        """A copy of the layer and a state with the saved contents, allocated after a hole
-        of a size drawn for this sample, then freed: at addresses of their own."""
-        hole = torch.empty(places.randrange(PLACE_BYTES) // 4 + 1, device=param.device)
-        here = copy.deepcopy(layer)
-        with torch.inference_mode():
-            fresh = here.new_state(b, n + 1, param.dtype, param.device)
-            for k, v in saved.items():
-                getattr(fresh, k).copy_(v)
-            for k, v in plain.items():
-                setattr(fresh, k, v)
-        del hole
-        return here, fresh
-
-    def decode(reps: int) -> float:
-        here, fresh = placed()
-        spent = 0.0
-        with torch.inference_mode():
-            for _ in range(reps):
-                fresh.seek(n)
-                sync()
-                t = time.perf_counter()
-                here.extend(x, fresh)
-                sync()
-                spent += time.perf_counter() - t
-        return spent / reps
-
-    return decode
+    return saved, plain
 
 
-def main(root: str) -> int:
-    import importlib
+def _placed(
+    layer: Any, b: int, n: int, contents: tuple[dict, dict], places: Any
+) -> tuple[Any, Any]:
+    """A copy of the layer and a state with ``contents`` (:func:`_state_at`), allocated
+    after a hole of a size drawn from ``places`` for this sample, then freed: at addresses
+    of their own (why: :func:`_decode`)."""
+    import copy
 
     import torch
 
-    import attnbench  # its __file__: which tree this worker imports
-    from attnbench import registry
+    saved, plain = contents
+    param = next(layer.parameters())
+    hole = torch.empty(places.randrange(PLACE_BYTES) // 4 + 1, device=param.device)
+    here = copy.deepcopy(layer)
+    with torch.inference_mode():
+        fresh = here.new_state(b, n + 1, param.dtype, param.device)
+        for k, v in saved.items():
+            getattr(fresh, k).copy_(v)
+        for k, v in plain.items():
+            setattr(fresh, k, v)
+    del hole
+    return here, fresh
 
-    # the driver says where each module must come from inside this version's tree (its
-    # path relative to the tree): anything else means the wrong version would be timed
-    expect = json.loads(os.environ.get("ATTNBENCH_CHECK_EXPECT", "{}"))
-    for name, rel in expect.items():
-        try:
-            module = importlib.import_module(name)
-        except Exception as e:
-            _reply({"error": f"cannot import {name} from {root}: {type(e).__name__}: {e}"})
-            return 1
-        where = os.path.realpath(module.__file__ or "")
-        want = os.path.realpath(os.path.join(root, rel))
-        if where != want:
-            _reply({"error": f"imported {name} from {where}, not from this version's {want}"})
-            return 1
+
+def main(root: str) -> int:
+    import torch
+
+    import attnbench  # its __file__: which tree this worker imports
+    from attnbench import registry  # noqa: F401 - the built-ins registered before any plugin
+
+    if (wrong := _wrong_origin(root)) is not None:
+        _reply({"error": wrong})
+        return 1
     _reply({"ready": True, "attnbench": attnbench.__file__, "torch": torch.__version__})
     runs: list[Any] = []
     sync = lambda: None  # noqa: E731 - replaced on CUDA
@@ -260,30 +267,7 @@ def main(root: str) -> int:
             runs, built = [], []
             for i, c in enumerate(msg["cells"]):
                 try:
-                    torch.manual_seed(i)  # the same weights in both versions
-                    # a decode cell's layer is the causal one (only that one extends), its
-                    # input one token of each sequence, at position n (the n + 1st token)
-                    decode = c.get("mode") == "decode"
-                    causal = {"causal": True} if decode else {}
-                    layer = (
-                        registry.create(
-                            c["attention"],
-                            d_model=c["d_model"],
-                            n_heads=c["n_heads"],
-                            max_seq_len=c["n"] + decode,
-                            **{**c["params"], **causal},
-                        )
-                        .to(device)
-                        .eval()
-                    )
-                    g = torch.Generator().manual_seed(i)
-                    tokens = 1 if decode else c["n"]
-                    x = torch.randn(c["batch"], tokens, c["d_model"], generator=g).to(device)
-                    cost: dict[str, Any] = {}
-                    if c.get("compiled"):  # compiled here, before any sample
-                        timed, cost = _compiled(layer, x, c, sync)
-                    else:
-                        timed = _timer(layer, x, c, sync)
+                    timed, cost = _build(i, c, device, sync)
                     if msg["warmup"]:
                         timed(msg["warmup"])
                     runs.append(timed)
@@ -298,6 +282,56 @@ def main(root: str) -> int:
             except Exception as e:  # no figure: the driver ends the check (exit 2)
                 _reply({"error": _why(e)})
     return 0
+
+
+def _wrong_origin(root: str) -> str | None:
+    """Why this worker would time the wrong version, or None: the driver says where each
+    module must come from inside this version's tree (``$ATTNBENCH_CHECK_EXPECT``, its path
+    relative to the tree), and a module imported from anywhere else is the wrong code."""
+    import importlib
+
+    expect = json.loads(os.environ.get("ATTNBENCH_CHECK_EXPECT", "{}"))
+    for name, rel in expect.items():
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:
+            return f"cannot import {name} from {root}: {type(e).__name__}: {e}"
+        where = os.path.realpath(module.__file__ or "")
+        want = os.path.realpath(os.path.join(root, rel))
+        if where != want:
+            return f"imported {name} from {where}, not from this version's {want}"
+    return None
+
+
+def _build(i: int, c: dict[str, Any], device: Any, sync: Any) -> tuple[Any, dict[str, Any]]:
+    """Cell ``i`` as this version builds it: (``timed(reps)``, what compiling it cost, for a
+    compiled cell). Its layer's weights and its input come from seed ``i``, the same in
+    both versions; a decode cell's layer is the causal one (only that one extends), its
+    input one token of each sequence, at position n (the n + 1st token)."""
+    import torch
+
+    from attnbench import registry
+
+    torch.manual_seed(i)  # the same weights in both versions
+    decode = c.get("mode") == "decode"
+    causal = {"causal": True} if decode else {}
+    layer = (
+        registry.create(
+            c["attention"],
+            d_model=c["d_model"],
+            n_heads=c["n_heads"],
+            max_seq_len=c["n"] + decode,
+            **{**c["params"], **causal},
+        )
+        .to(device)
+        .eval()
+    )
+    g = torch.Generator().manual_seed(i)
+    tokens = 1 if decode else c["n"]
+    x = torch.randn(c["batch"], tokens, c["d_model"], generator=g).to(device)
+    if c.get("compiled"):  # compiled here, before any sample
+        return _compiled(layer, x, c, sync)
+    return _timer(layer, x, c, sync), {}
 
 
 if __name__ == "__main__":

@@ -152,35 +152,67 @@ def time_parts(
                 break
             window = contention.Window(sched)
             if cuda:
-                if flush is not None:
-                    flush.zero_()
-                events = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
-                events[0].record()
-                for part, end in zip(parts, events[1:], strict=True):
-                    part()
-                    end.record()
-                # the host's delay counts while it launches the work (a late launch leaves
-                # the GPU idle between events); waiting for the GPU is not the host's
-                reading = window.close()
-                events[-1].synchronize()
-                for i in range(len(parts)):
-                    samples[i].append(events[i].elapsed_time(events[i + 1]) / 1e3)
+                seconds, reading = _repeat_on_cuda(parts, window, flush)
             else:
-                for i, part in enumerate(parts):
-                    t0 = time.perf_counter()
-                    part()
-                    samples[i].append(time.perf_counter() - t0)
-                reading = window.close()
+                seconds, reading = _repeat_on_cpu(parts, window)
+            for sample, s in zip(samples, seconds, strict=True):
+                sample.append(s)
             readings.append(reading)
             if not readings[-1].contended:
                 timed += sum(s[-1] for s in samples)
-    method, threads = "cuda-events" if cuda else "perf_counter", torch.get_num_threads()
+    return _timings(samples, readings, "cuda-events" if cuda else "perf_counter", min_repeats)
+
+
+def _repeat_on_cuda(
+    parts: Sequence[Callable[[], Any]], window: contention.Window, flush: torch.Tensor | None
+) -> tuple[list[float], contention.Reading]:
+    """One repeat of ``parts`` on CUDA: (each part's seconds by the events between them, the
+    scheduler's reading of the repeat), L2 flushed first with ``flush``. The host's delay
+    counts while it launches the work (a late launch leaves the GPU idle between events);
+    waiting for the GPU is not the host's, so ``window`` closes before the synchronize."""
+    if flush is not None:
+        flush.zero_()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
+    events[0].record()
+    for part, end in zip(parts, events[1:], strict=True):
+        part()
+        end.record()
+    reading = window.close()
+    events[-1].synchronize()
+    return [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(len(parts))], reading
+
+
+def _repeat_on_cpu(
+    parts: Sequence[Callable[[], Any]], window: contention.Window
+) -> tuple[list[float], contention.Reading]:
+    """One repeat of ``parts`` on the CPU: (each part's seconds by ``time.perf_counter``,
+    which is exact there: a part has returned when it is done, the scheduler's reading of
+    the repeat)."""
+    seconds = []
+    for part in parts:
+        t0 = time.perf_counter()
+        part()
+        seconds.append(time.perf_counter() - t0)
+    return seconds, window.close()
+
+
+def _timings(
+    samples: list[list[float]],
+    readings: list[contention.Reading],
+    method: str,
+    min_repeats: int,
+) -> list[Timing]:
+    """The figures of :func:`time_parts` from every repeat's ``samples`` (one list per part)
+    and ``readings``: the uncontended repeats alone, or all of them and the figure busy when
+    re-sampling ran out of patience before ``min_repeats`` uncontended ones; one
+    :class:`Timing` per part and, for more than one part, the whole step's last."""
+    threads = torch.get_num_threads()
     whole = [sum(s) for s in zip(*samples, strict=True)]
     keep = [i for i, r in enumerate(readings) if not r.contended]
     if len(keep) < min_repeats:  # re-sampling ran out of patience: the figure is busy
         keep = list(range(len(readings)))
     share = contention.judge(readings, keep, whole, threads, min_repeats)
     timings = [Timing(tuple(s[i] for i in keep), method, threads, share) for s in samples]
-    if len(parts) > 1:
+    if len(samples) > 1:
         timings.append(Timing(tuple(whole[i] for i in keep), method, threads, share))
     return timings

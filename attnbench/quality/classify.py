@@ -19,17 +19,17 @@ layer to the approximation-error study).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from attnbench import registry
 from attnbench.model import build_model
 from attnbench.quality import listops
-from attnbench.quality.training import Stepper, adamw, loop
+from attnbench.quality.training import fit
 from attnbench.validators import check_choice, check_int, check_number
 
 # Chosen by measurement (torch 2.13 CPU, 2 cores shared with another job, so pessimistic):
@@ -185,17 +185,15 @@ def train(
         n, seed, train_examples, test_examples,
         min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args,
     )  # fmt: skip
-
-    with torch.random.fork_rng(devices=[]):  # the caller's global RNG is left as it was
-        torch.manual_seed(seed)
-        model = Classifier(
-            attention, vocab=len(listops.VOCAB), n=n, layers=layers, d_model=d_model,
-            n_heads=n_heads, d_ff=d_ff, **params,
-        )  # fmt: skip
-        train_set = (sets.x_train, sets.m_train, sets.y_train)
-        opt = adamw(model, lr, weight_decay, steps, warmup)
-        step = Stepper(model, train_set, batch, opt, seed)
-        figures = loop(step, (sets.x_test, sets.m_test, sets.y_test), steps, eval_every, progress)
+    model = functools.partial(
+        Classifier, attention, vocab=len(listops.VOCAB), n=n, layers=layers, d_model=d_model,
+        n_heads=n_heads, d_ff=d_ff, **params,
+    )  # fmt: skip
+    figures, model = fit(
+        model, (sets.x_train, sets.m_train, sets.y_train), (sets.x_test, sets.m_test, sets.y_test),
+        seed=seed, lr=lr, weight_decay=weight_decay, steps=steps, warmup=warmup, batch=batch,
+        eval_every=eval_every, progress=progress,
+    )  # fmt: skip
     model.eval()
     return {
         "test_accuracy": figures["curve"][-1][1],

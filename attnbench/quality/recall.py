@@ -27,11 +27,11 @@ query positions only.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from attnbench import registry
@@ -180,42 +180,61 @@ def train(
     example's own values), ``lr`` (the rate chosen; the first of equals), ``lr_accuracy``
     ([rate, test accuracy] for each rate), ``curve`` ([step, test accuracy] of the chosen
     run, every ``eval_every`` steps and at the end), ``steps_per_s`` and ``peak_bytes`` (the
-    chosen run's, as ListOps' training measures them), ``causal``,
-    ``short_conv``, ``context_elements`` and ``context_bytes`` (one layer's, fp32:
-    :func:`context_memory`), ``train_examples``, ``test_examples``, ``seconds`` (the whole
-    call) and the object ``model`` (the chosen run's, in eval mode; not a figure).
-    """
+    chosen run's, as ListOps' training measures them), ``causal``, ``short_conv``,
+    ``context_elements`` and ``context_bytes`` (one layer's, fp32: :func:`context_memory`),
+    ``train_examples``, ``test_examples``, ``seconds`` (the whole call) and the object
+    ``model`` (the chosen run's, in eval mode; not a figure)."""
     started = time.perf_counter()
     check_choice("attention", attention, registry.names(), "a registered mechanism")
     data = {
         "num_kv_pairs": num_kv_pairs, "vocab_size": vocab_size, "power_a": power_a,
         "train_examples": train_examples, "test_examples": test_examples, "seed": seed,
     }  # fmt: skip
-    check_settings(
-        n, **data, steps=steps, batch=batch, lrs=lrs, warmup=warmup, weight_decay=weight_decay,
-        eval_every=eval_every, short_conv=short_conv,
-    )  # fmt: skip
-    sets = mqar.splits(
-        n, seed, train_examples, test_examples,
-        num_kv_pairs=num_kv_pairs, vocab_size=vocab_size, power_a=power_a,
-    )  # fmt: skip
-    is_causal = causal(attention)
-    params = {**(params or {}), "causal": is_causal}
+    fit = {
+        "steps": steps, "batch": batch, "warmup": warmup, "weight_decay": weight_decay,
+        "eval_every": eval_every,
+    }  # fmt: skip
+    check_settings(n, **data, **fit, lrs=lrs, short_conv=short_conv)
+    sets = mqar.splits(n, **data)
+    params = {**(params or {}), "causal": causal(attention)}
     shape = {"layers": layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff}
-    runs = []
-    for lr in lrs:
-        with torch.random.fork_rng(devices=[]):  # the caller's global RNG is left as it was
-            torch.manual_seed(seed)
-            model = classify.Classifier(
-                attention, vocab=vocab_size, n=n, n_classes=vocab_size, per_position=True,
-                padding_idx=None, **shape, **params,
-            )  # fmt: skip
-            add_short_conv(model, short_conv)
-            opt = training.adamw(model, lr, weight_decay, steps, warmup)
-            step = training.Stepper(model, (sets.x_train, None, sets.y_train), batch, opt, seed)
-            test = (sets.x_test, None, sets.y_test)
-            figures = training.loop(step, test, steps, eval_every, progress)
-        runs.append((float(lr), figures, model))
+    model = _model(attention, vocab_size, n, short_conv, shape, params)
+    train_set, test = (sets.x_train, None, sets.y_train), (sets.x_test, None, sets.y_test)
+    run = functools.partial(training.fit, model, train_set, test, seed=seed, **fit)
+    runs = [(float(lr), *run(lr=lr, progress=progress)) for lr in lrs]
+    return _chosen(runs, n, sets, params["causal"], short_conv, started)
+
+
+def _model(
+    attention: str, vocab: int, n: int, short_conv: int, shape: dict, params: dict
+) -> Callable[[], classify.Classifier]:
+    """The model MQAR trains, as a factory for :func:`attnbench.quality.training.fit` (which
+    draws its weights under the run's seed): the classifier labelling every position over
+    the vocabulary, no token a padding, with :func:`add_short_conv`'s convolutions drawn
+    after its own weights."""
+
+    def build() -> classify.Classifier:
+        net = classify.Classifier(
+            attention, vocab=vocab, n=n, n_classes=vocab, per_position=True, padding_idx=None,
+            **shape, **params,
+        )  # fmt: skip
+        add_short_conv(net, short_conv)
+        return net
+
+    return build
+
+
+def _chosen(
+    runs: list[tuple[float, dict[str, Any], classify.Classifier]],
+    n: int,
+    sets: mqar.Splits,
+    is_causal: bool,
+    short_conv: int,
+    started: float,
+) -> dict[str, Any]:
+    """What :func:`train` returns of its ``runs`` (rate, figures, model): the best rate's
+    run (by its last test accuracy; the first of equals) with its model in eval mode and
+    its context memory, beside every rate's accuracy; ``seconds`` since ``started``."""
     lr, best, model = max(runs, key=lambda r: r[1]["curve"][-1][1])  # the first of equals
     elements, nbytes = context_memory(model, n)
     model.eval()

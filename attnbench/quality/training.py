@@ -6,8 +6,9 @@ One piece of code for both: a label of :data:`IGNORE` (-100, cross-entropy's ``i
 is neither trained on (:func:`loss`) nor counted (:func:`accuracy`); a ListOps label never is
 one, so ListOps trains and scores exactly as before the per-position labels. AdamW with linear
 warmup then linear decay to zero (:func:`adamw`), one clipped step per call in a seeded order
-(:class:`Stepper`), and the run itself (:func:`loop`): the second step profiled for the
-training peak, the others timed, the test accuracy every ``eval_every`` steps.
+(:class:`Stepper`), the run itself (:func:`loop`): the second step profiled for the
+training peak, the others timed, the test accuracy every ``eval_every`` steps; and a model
+trained from scratch under its own seed with all three (:func:`fit`).
 """
 
 from __future__ import annotations
@@ -145,3 +146,29 @@ def loop(
         "peak_bytes": peak_bytes,
         "curve": curve,
     }
+
+
+def fit(
+    model: Callable[[], nn.Module],
+    train: Data,
+    test: Data,
+    *,
+    seed: int,
+    lr: float,
+    weight_decay: float,
+    steps: int,
+    warmup: int,
+    batch: int,
+    eval_every: int,
+    progress: Callable[[int, float], None] | None,
+) -> tuple[dict[str, Any], nn.Module]:
+    """(:func:`loop`'s figures, the model) of ``model()`` trained from scratch on ``train``:
+    its initial weights, the batch order and any randomness inside a mechanism (Performer's
+    features, Reformer's hashes) from ``seed``, under a forked RNG, so that the caller's
+    global RNG is left as it was; :func:`adamw`, :class:`Stepper`, :func:`loop`. The model
+    is left in training mode."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = model()
+        step = Stepper(net, train, batch, adamw(net, lr, weight_decay, steps, warmup), seed)
+        return loop(step, test, steps, eval_every, progress), net

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import OverrideType
+from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 
@@ -46,16 +46,7 @@ def compose_each(
     def kind(line: str) -> tuple[bool, Any] | None:
         if line not in parsed:
             (o,) = parser.parse_overrides([line])
-            key, value = o.key_or_group, o.value()
-            if o.is_hydra_override():  # Hydra's own node: apart from the job's, the base's
-                hydra_value = key.startswith("hydra.") and not key.startswith("hydra.searchpath")
-                parsed[line] = (False, o) if hydra_value or key in groups else None
-            elif o.type is OverrideType.CHANGE and o.package is None:
-                parsed[line] = (key not in groups or isinstance(value, dict), o)
-            elif o.type is OverrideType.ADD and key in groups and not isinstance(value, dict):
-                parsed[line] = (False, o)
-            else:
-                parsed[line] = None
+            parsed[line] = _kind(o, groups)
         return parsed[line]
 
     bases: dict[tuple[str, ...], DictConfig] = {}
@@ -77,10 +68,34 @@ def compose_each(
         except Exception:  # Hydra's own error (or, were the shortcut wrong, its config)
             cfg = compose(config_name, overrides=full)
         out.append(cfg)
-    with open_dict(first):
-        del first["hydra"]
-    if OmegaConf.to_container(first) != OmegaConf.to_container(out[0]) or (
-        OmegaConf.is_struct(first) != OmegaConf.is_struct(out[0])
-    ):  # not reached with Hydra 1.3; a later Hydra that composes differently stays correct
+    # not reached with Hydra 1.3; a later Hydra that composes differently stays correct
+    if not _same(first, out[0]):
         return [compose(config_name, overrides=j) for j in every_job]
     return out
+
+
+def _kind(o: Override, groups: set[str]) -> tuple[bool, Override] | None:
+    """What the shortcut does with the parsed override ``o``: (False, o) where it selects
+    the base config (a group's choice, a ``hydra.*`` value), (True, o) where it is applied
+    to a copy of the base as Hydra applies it (a plain ``key=value``), None where the job
+    must be composed by Hydra itself (``+key``, ``++key``, ``~key``, a package,
+    ``hydra.searchpath``). ``groups``: the config groups, the first job's choices."""
+    key, value = o.key_or_group, o.value()
+    if o.is_hydra_override():  # Hydra's own node: apart from the job's, the base's
+        hydra_value = key.startswith("hydra.") and not key.startswith("hydra.searchpath")
+        return (False, o) if hydra_value or key in groups else None
+    if o.type is OverrideType.CHANGE and o.package is None:
+        return (key not in groups or isinstance(value, dict), o)
+    if o.type is OverrideType.ADD and key in groups and not isinstance(value, dict):
+        return (False, o)
+    return None
+
+
+def _same(first: DictConfig, shortcut: DictConfig) -> bool:
+    """Whether the first job composed by Hydra (``first``, with its ``hydra`` node, which is
+    dropped here) and by the shortcut are the same config, struct mode included."""
+    with open_dict(first):
+        del first["hydra"]
+    return OmegaConf.to_container(first) == OmegaConf.to_container(shortcut) and (
+        OmegaConf.is_struct(first) == OmegaConf.is_struct(shortcut)
+    )
