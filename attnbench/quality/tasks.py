@@ -109,6 +109,7 @@ def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
 
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
 _BATCH = Setting("batch", 2, "sequences per measurement")
+_LISTOPS = classify.DEFAULTS  # the training's own defaults, as MQAR's are recall.DEFAULTS
 _INPUTS = Setting("inputs", "random", "random (fresh seeded layers) or listops (trained states)")
 _CARRY = Setting(
     "listops", None, "the trained model's quality.listops settings", dict, carried=True
@@ -162,30 +163,16 @@ REGISTRY: dict[str, Task] = {
             "ListOps accuracy after a fixed training budget",
             (
                 _SEED,
-                Setting("steps", classify.DEFAULTS["steps"], "training steps"),
-                Setting("batch", classify.DEFAULTS["batch"], "sequences per step"),
-                Setting("lr", classify.DEFAULTS["lr"], "AdamW's peak learning rate"),
-                Setting("warmup", classify.DEFAULTS["warmup"], "linear warmup steps"),
-                Setting("weight_decay", classify.DEFAULTS["weight_decay"], "AdamW's weight decay"),
-                Setting(
-                    "train_examples", classify.DEFAULTS["train_examples"], "expressions trained on"
-                ),
-                Setting(
-                    "test_examples", classify.DEFAULTS["test_examples"], "expressions tested on"
-                ),
-                Setting(
-                    "max_depth", classify.DEFAULTS["max_depth"], "the deepest an expression nests"
-                ),
-                Setting(
-                    "max_args",
-                    classify.DEFAULTS["max_args"],
-                    "the most arguments an operator takes",
-                ),
-                Setting(
-                    "eval_every",
-                    classify.DEFAULTS["eval_every"],
-                    "steps between points of the curve",
-                ),
+                Setting("steps", _LISTOPS["steps"], "training steps"),
+                Setting("batch", _LISTOPS["batch"], "sequences per step"),
+                Setting("lr", _LISTOPS["lr"], "AdamW's peak learning rate"),
+                Setting("warmup", _LISTOPS["warmup"], "linear warmup steps"),
+                Setting("weight_decay", _LISTOPS["weight_decay"], "AdamW's weight decay"),
+                Setting("train_examples", _LISTOPS["train_examples"], "expressions trained on"),
+                Setting("test_examples", _LISTOPS["test_examples"], "expressions tested on"),
+                Setting("max_depth", _LISTOPS["max_depth"], "the deepest an expression nests"),
+                Setting("max_args", _LISTOPS["max_args"], "the most arguments an operator takes"),
+                Setting("eval_every", _LISTOPS["eval_every"], "steps between points of the curve"),
             ),
             (
                 Figure("test_accuracy", "number", "test accuracy after the last step"),
