@@ -23,7 +23,6 @@ from attnbench import registry
 from attnbench.attention.base import check_kv_heads
 from attnbench.measure import presets
 from attnbench.quality import tasks
-from attnbench.quality.tasks import TASKS
 from attnbench.settings import CELL_FIELDS, DEFAULTS, defaults, resolve
 from attnbench.validators import check_bool, check_choice, check_int
 from attnbench.workload import DEFAULT as DEFAULT_MODE
@@ -77,7 +76,7 @@ class Cell:
         if work is not None:
             given = {**defaults(work.settings), **given}
         object.__setattr__(self, "mode_settings", _tuples(sorted(given.items())))
-        if self.task in tasks.REGISTRY:
+        if self.task != "cost" and self.task in tasks.names():
             quality = {**tasks.REGISTRY[self.task].defaults(), **dict(self.quality)}
             object.__setattr__(self, "quality", _tuples(sorted(quality.items())))
 
@@ -329,7 +328,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     check_budget(cell)
     check_causal(cell)
     check_settings(cell)
-    check_choice("task", cell.task, TASKS)
+    check_choice("task", cell.task, tasks.names())
     if cell.task != "cost" and cell.mode != DEFAULT_MODE:
         raise ValueError(
             f"mode: task={cell.task} measures a quality, not a {work.what}; use {DEFAULT_MODE}"

@@ -153,7 +153,8 @@ def _column(f: Field) -> Any:
     if f.name == "env":
         return dict(ENV)
     if f.name == "cell":  # only how it was timed: the rest repeats the row's fields
-        dup = {*(g.name for g in FIELDS), *MODEL_FIELDS}
+        # mode_settings: the workload's settings, which are row fields of their own
+        dup = {*(g.name for g in FIELDS), *MODEL_FIELDS, "mode_settings"}
         return {
             g.name: _kind(g.type) or OBJECT for g in dataclasses.fields(Cell) if g.name not in dup
         }

@@ -126,8 +126,8 @@ FIELDS: tuple[Field, ...] = (
        "the name of the parameter k sets (`k`, `nb_features`)"),
     _f("mode", str, text, "", "cell", "`inference`, `train` or `decode`", default="inference",
        missing="inference", column="seen"),
-    _f("task", str, None, "", "cell", "`cost`, or the quality task whose figures `quality` holds",
-       default="cost", missing="cost", choices=TASKS),
+    _f("task", str, identifier, "", "cell", "`cost`, or the quality task whose figures `quality`"
+       " holds (a plugin's too)", default="cost", missing="cost"),
     *(setting_field(s) for name in BUILTINS for s in get_workload(name).settings),
     _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
        " (`torch.compile`, each encoder layer)", default=False, missing=False),
