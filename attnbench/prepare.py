@@ -1,8 +1,8 @@
 """A cell's step made ready to time, and timed: what a mechanism builds per length (flex's
 block masks, their build time apart), the layers compiled where the cell asks (the first call
 timed as the compile, the graphs counted), and the timing guarded against recompilation.
-Apart from :mod:`attnbench.runner`, which orchestrates a cell, so that the GPU and the CPU
-branches get a step ready the one way."""
+Each step returns its figure; :mod:`attnbench.runner`, which orchestrates a cell, keeps it,
+so that the GPU and the CPU branches get a step ready the one way."""
 
 from __future__ import annotations
 
@@ -16,42 +16,39 @@ from attnbench.cell import Cell
 from attnbench.measure import compiled
 from attnbench.measure.memory import profiled_peak
 from attnbench.measure.timing import Timing
-from attnbench.row import Row
+from attnbench.measured import Compiled
 from attnbench.workload import Work
 
 
-def prepare(
-    cell: Cell, model: torch.nn.Module, work: Work, device: torch.device, row: Row, *, profile: bool
-) -> bool:
-    """Get the step ready to time: per-length structures built (flex's block masks, their
-    time apart), then, for a compiled cell, its layers compiled and the step run until
-    compiled (the compile time and graphs in the row). With ``profile`` (a CPU), the
-    profiler's peak of the eager step and then of the compiled one, at the same batch.
-    Returns whether the step runs compiled code (compiled layers, or a mechanism that
-    compiles its own kernel)."""
-    grad = cell.workload.grad
-    own = registry.info(cell.attention).compiles
+def per_length(cell: Cell, model: torch.nn.Module, device: torch.device) -> float | None:
+    """Build what the mechanism needs per length (flex's block masks); the seconds it took
+    where the mechanism compiles its own kernel (its row's ``mask_build_s``), else None."""
     seconds = model.prepare(cell.n, device)
-    if own:
-        row.mask_build_s = seconds
-    if not (cell.compile or own):
-        return False
-    if profile:
-        with autograd(grad):  # a first eager step: what it leaves (an optimizer's state)
-            work()  # is not the peak
-        row.eager_peak_bytes = _profiled(work, grad)
-    compiled.reset()  # this cell's compile time, not a cache hit of an earlier cell's
+    return seconds if registry.info(cell.attention).compiles else None
+
+
+def runs_compiled(cell: Cell) -> bool:
+    """Whether the step runs compiled code: compiled layers, or a mechanism that compiles
+    its own kernel."""
+    return cell.compile or registry.info(cell.attention).compiles
+
+
+def eager_peak(work: Work, grad: bool) -> int:
+    """The profiler's peak of the eager step, after a first step (what that leaves, an
+    optimizer's state, is not the peak)."""
+    with autograd(grad):
+        work()
+    return profiled(work, grad)
+
+
+def compile_step(cell: Cell, model: torch.nn.Module, work: Work, device: torch.device) -> Compiled:
+    """Compile (``compile=true``: the layers) and run the step until compiled; what that
+    cost. The cache is reset first: this cell's compile time, not a hit of an earlier cell's."""
+    compiled.reset()
     if cell.compile:
         compiled.compile_layers(model, cell.compile_mode, cell.workload.compile_dynamic)
-    warm = compiled.warm(work, device, grad=grad)
-    row.update(
-        compiled="layers" if cell.compile else "kernel",
-        compile_s=warm.seconds,
-        compilations=warm.graphs,
-    )
-    if profile:
-        row.peak_bytes = _profiled(work, grad)
-    return True
+    warm = compiled.warm(work, device, grad=cell.workload.grad)
+    return Compiled("layers" if cell.compile else "kernel", warm.seconds, warm.graphs)
 
 
 def autograd(grad: bool) -> contextlib.AbstractContextManager[None]:
@@ -59,17 +56,18 @@ def autograd(grad: bool) -> contextlib.AbstractContextManager[None]:
     return torch.enable_grad() if grad else torch.inference_mode()
 
 
-def _profiled(work: Work, grad: bool) -> int:
+def profiled(work: Work, grad: bool) -> int:
     """The CPU profiler's peak of one step, as a step runs when timed."""
     with autograd(grad):
         return profiled_peak(work)
 
 
-def time_step(work: Work, device: torch.device, row: Row, **timing: Any) -> list[Timing]:
-    """``work.time``; where compiled code runs, no recompilation allowed while timing (it
-    raises: the row is an error, not a figure of code compiled on the clock)."""
-    if row.compiled is None:
-        return work.time(device, **timing)
-    timings, graphs = compiled.timed(work, device, **timing)
-    row.compilations = (row.compilations or 0) + graphs
-    return timings
+def time_step(
+    work: Work, device: torch.device, *, compiled_code: bool, **timing: Any
+) -> tuple[list[Timing], int]:
+    """``work.time``, and the graphs compiled while timing; where compiled code runs, no
+    recompilation is allowed (it raises: the row is an error, not a figure of code compiled
+    on the clock)."""
+    if not compiled_code:
+        return work.time(device, **timing), 0
+    return compiled.timed(work, device, **timing)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import functools
 import gc
+from typing import Any
 
 import torch
 
-from attnbench import registry
+from attnbench import prepare, registry
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -32,8 +33,8 @@ from attnbench.measure.memory import (
     tracked_peak,
 )
 from attnbench.measure.search import largest_fitting, solve_affine
-from attnbench.measure.timing import Timing, time_forward
-from attnbench.prepare import prepare, time_step
+from attnbench.measure.timing import StepTiming, time_forward
+from attnbench.measured import Flops, Found, MaxBatch, Memory, assemble
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.workload import DTYPES, Work, random_input
@@ -139,81 +140,81 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     the CPUs this process was given (or fewer, if ``timing.threads`` says so); the caller's
     thread count is back as it was afterwards."""
     res = res or validate(cell)
-    row = Row.new(cell, res.ceiling, res.preset.overhead_bytes, environment())
+    env, found = environment(), Found()
     before = torch.get_num_threads()
     try:
-        row.env = {**row.env, "threads": use_threads(cell.threads), "cpus": allocated()[0]}
-        _run(cell, res, row)
+        found.threads = (use_threads(cell.threads), allocated()[0])
+        _run(cell, res, found)
     except ValueError as e:  # timing.threads above what this process was given
-        row.update(status="error", reason=str(e))
+        found.stop("error", str(e))
     finally:
         torch.set_num_threads(before)
-    return row
+    return assemble(cell, res, env, found)
 
 
-def _run(cell: Cell, res: Resolved, row: Row) -> None:
+def _run(cell: Cell, res: Resolved, found: Found) -> None:
     why = registry.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
-        row.update(status="skipped", reason=why)
+        found.stop("skipped", why)
         return
     try:
         if cell.task != "cost":  # a quality beside the cost
-            row.update(quality=tasks.run(cell))
+            found.quality = tasks.run(cell)
         else:
-            _measure(cell, res, row)
+            _measure(cell, res, found)
     except torch.OutOfMemoryError as e:
-        row.update(status="oom", reason=_first_line(e))
+        found.stop("oom", _first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep
-        row.update(status="error", reason=f"{type(e).__name__}: {_first_line(e)}")
+        found.stop("error", f"{type(e).__name__}: {_first_line(e)}")
 
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [repr(e)])[0][:300]
 
 
-def _measure(cell: Cell, res: Resolved, row: Row) -> None:
-    memory = MemoryModel(cell, res)
-    row.flops, row.flops_backward = cell.workload.flops(memory.model, cell)  # per sequence
-    if registry.info(cell.attention).compiles:  # flex: the kernel computes whole blocks only
-        row.flops_dense = memory.model.dense_flops(1, cell.n)
-    row.update(**cell.workload.describe(memory.model, cell))
+def _measure(cell: Cell, res: Resolved, found: Found) -> None:
+    modeled = MemoryModel(cell, res)
+    forward, backward = cell.workload.flops(modeled.model, cell)  # per sequence
+    # flex: the kernel computes whole blocks only; dense attention's count beside it
+    dense = modeled.model.dense_flops(1, cell.n) if registry.info(cell.attention).compiles else None
+    found.flops = Flops(forward, backward, dense)
+    found.workload = cell.workload.describe(modeled.model, cell)
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak
-        predicted, _ = solve_affine(memory.peak, res.ceiling, memory.fixed)
-        row.predicted_max_batch = predicted
+        predicted, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
+        found.max_batch = MaxBatch(predicted)
     else:
         predicted = None
 
     if res.on_gpu:
         with compiled.strict(timing=False):  # a compiled probe never falls back to eager
-            _measure_gpu(cell, res, row, predicted)
+            _measure_gpu(cell, res, found, predicted)
         return
     if cell.compile and not cell.model_only:
         # the meta model traces the eager graph: a compiled cell's memory is what the profiler
         # sees of the compiled step where it is timed, never the eager model's figure
-        _time_on_cpu(cell, res, row, memory.model)
+        _time_on_cpu(cell, res, found, modeled.model)
         return
     # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
     b = predicted if cell.batch == "max" else cell.batch
-    row.update(max_batch=predicted, memory_source="modeled", batch=b)
+    found.memory = Memory("modeled", b)
     if b == 0:
-        row.update(status="oom", reason=f"modeled: b=1 does not fit under {res.ceiling} bytes")
+        found.stop("oom", f"modeled: b=1 does not fit under {res.ceiling} bytes")
         return
-    row.peak_bytes = memory.peak(b)
-    if row.peak_bytes > res.ceiling:
-        row.update(
-            status="oom",
-            reason=f"modeled: b={b} peaks at {row.peak_bytes} bytes, "
-            f"over the ceiling of {res.ceiling}",
+    peak = modeled.peak(b)
+    found.memory = Memory("modeled", b, peak)
+    if peak > res.ceiling:
+        found.stop(
+            "oom", f"modeled: b={b} peaks at {peak} bytes, over the ceiling of {res.ceiling}"
         )
         return
     if cell.model_only:
-        row.reason = "model only: no time measured"
+        found.reason = "model only: no time measured"
         return
-    _time_on_cpu(cell, res, row, memory.model)
+    _time_on_cpu(cell, res, found, modeled.model)
 
 
-def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> None:
+def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None) -> None:
     """Real probes confirm or correct the model's max batch; then peak memory and time at
     that batch, on the GPU. A workload that primes (a training step's optimizer state) runs
     one step at b = 1 first, as that state exists in every step after a real run's first."""
@@ -224,23 +225,20 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
     if cell.compile:  # the probes run the compiled step: its memory, not the eager one's
         compiled.compile_layers(model, cell.compile_mode, workload.compile_dynamic)
     if workload.primes and not _cuda_fits(work, cell, res, 1):
-        row.update(status="oom", reason="b=1 does not fit", memory_source="measured")
+        found.memory = Memory("measured")
+        found.stop("oom", "b=1 does not fit")
         return
-    if cell.batch == "max":
+    if predicted is not None:  # batch=max
         b, probes = largest_fitting(lambda b: _cuda_fits(work, cell, res, b), max(predicted, 1))
-        row.update(max_batch=b, probes=probes, model_error=predicted - b)
+        found.max_batch = MaxBatch(predicted, b, probes)
     else:
         b = cell.batch
-        row.max_batch = None
     if b == 0:
-        row.update(
-            status="oom",
-            reason=f"b=1 does not fit under {res.ceiling} bytes",
-            memory_source="measured",
-        )
+        found.memory = Memory("measured")
+        found.stop("oom", f"b=1 does not fit under {res.ceiling} bytes")
         return
     _feed(work, cell, b, GPU)
-    prepare(cell, model, work, dev, row, profile=False)  # afresh at b: its compile time
+    _prepare(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
@@ -249,103 +247,116 @@ def _measure_gpu(cell: Cell, res: Resolved, row: Row, predicted: int | None) -> 
             if cell.batch == "max"
             else "does not fit under the ceiling"
         )
-        row.update(status="oom", batch=b, memory_source="measured", reason=f"b={b} {why}")
+        found.memory = Memory("measured", b)
+        found.stop("oom", f"b={b} {why}")
         return
-    row.update(
-        batch=b,
-        peak_bytes=peak.bytes + overhead,
-        memory_source="measured",
-        peak_reserved_bytes=None if peak.reserved is None else peak.reserved + overhead,
-    )
-    timings = time_step(
-        work,
-        dev,
-        row,
-        grad=workload.grad,
-        min_repeats=cell.min_repeats,
-        min_seconds=cell.min_seconds,
-        flush_l2=cell.flush_l2,
-    )
-    _put_timing(row, timings, b, "cuda", cell.dtype, cell, res)
-    row.update(**work.row_fields())
-    if row.contention is not None:  # other processes on the GPU: what torch can read of them
-        row.contention[contention.GPU_OTHERS] = contention.gpu_others_bytes(dev)
+    reserved = None if peak.reserved is None else peak.reserved + overhead
+    found.memory = Memory("measured", b, peak.bytes + overhead, reserved)
+    _time(
+        found, cell, res, work, dev, b, "cuda", cell.dtype,
+        min_seconds=cell.min_seconds, flush_l2=cell.flush_l2,
+    )  # fmt: skip
+    if found.contention is not None:  # other processes on the GPU: what torch can read of them
+        others = contention.gpu_others_bytes(dev)
+        found.contention = {**found.contention, contention.GPU_OTHERS: others}
 
 
-def _time_on_cpu(cell: Cell, res: Resolved, row: Row, meta: torch.nn.Module) -> None:
+def _time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) -> None:
     """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
     memory model's encoder) fits ``time_budget_s``."""
     workload = cell.workload
     b = workload.cpu_batch(cell)
     if b is None:
-        row.reason = f"time not measured: {workload.no_cpu_time}"
+        found.reason = f"time not measured: {workload.no_cpu_time}"
         return
     rate, busy = cpu_matmul_rate()
-    step_s, timing_s = workload.cost_s(meta, cell, b, rate)  # a step, and the whole timing
+    # estimated: the seconds of a step, and of the whole timing
+    step_s, timing_s = workload.cost_s(meta, cell, b, rate)
     if timing_s > cell.time_budget_s:
-        row.reason = (
+        found.reason = (
             f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
             f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
         )
         if busy:  # the estimate may be the contention's, not the cell's: say so
-            row.reason += "; machine busy: the CPU's rate was measured while contended"
+            found.reason += "; machine busy: the CPU's rate was measured while contended"
             why = "the GEMM rate that estimates the cell's cost was read on a contended CPU"
-            row.contention = {"busy": True, "why": why}
+            found.contention = {"busy": True, "why": why}
         return
     model = build(cell, res, "cpu", torch.float32)
     x = make_input(b, cell, "cpu", torch.float32)
     min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
-    step = workload.work(model, cell, x, "cpu", gpu=False)
+    work = workload.work(model, cell, x, "cpu", gpu=False)
     cpu = torch.device("cpu")
-    if prepare(cell, model, step, cpu, row, profile=cell.compile) and cell.compile:
-        row.update(batch=b, memory_source="profiled")
-    timings = time_step(
-        step,
-        cpu,
-        row,
-        grad=workload.grad,
-        min_repeats=cell.min_repeats,
+    _prepare(found, cell, model, work, cpu, profile=cell.compile)
+    if cell.compile:  # the profiler's peak of the compiled step, at the batch timed
+        found.memory = Memory("profiled", b, prepare.profiled(work, workload.grad))
+    _time(
+        found, cell, res, work, cpu, b, "cpu", "fp32",
         min_seconds=min_seconds,
         # contended repeats are taken again within what is left of the budget, and for no
         # longer than ten times the timing's own length: a busy machine slows a sweep
         # boundedly, and says so, rather than holding it until the machine is quiet
         patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
-    )
-    _put_timing(row, timings, b, "cpu", "fp32", cell, res)
-    row.update(**step.row_fields())
+    )  # fmt: skip
 
 
-def _put_timing(
-    row: Row, timings: list[Timing], b: int, device: str, dtype: str, cell: Cell, res: Resolved
+def _prepare(
+    found: Found,
+    cell: Cell,
+    model: torch.nn.Module,
+    work: Work,
+    device: torch.device,
+    *,
+    profile: bool,
 ) -> None:
-    """The step's figures from :func:`time_parts`' timings (the last is the whole step's);
-    a workload's named parts go to ``time_parts`` by name."""
-    timing = timings[-1]
-    flops_per_step = (row.flops + (row.flops_backward or 0)) * b  # row.flops is per sequence
-    # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
-    same_gpu = device == "cuda" and res.preset.gpu == row.env["device_name"]
-    peak = res.preset.peak_flops.get(dtype) if same_gpu else None
-    row.update(
-        time_median_s=timing.median,
-        time_iqr_s=timing.iqr,
-        repeats=timing.repeats,
-        time_per_seq_s=timing.median / b,
-        time_batch=b,
-        time_device=device,
-        time_dtype=dtype,
-        time_method=timing.method,
-        time_samples_s=list(timing.samples),
-        flops_per_s=timing.flops_per_s(flops_per_step),
-        pct_of_peak=timing.pct_of_peak(flops_per_step, peak),
+    """Get the step ready to time (:mod:`attnbench.prepare`): per-length structures built,
+    then, where compiled code runs, the step compiled; with ``profile`` (a compiled cell on a
+    CPU), the eager step's profiled peak first. Each figure is kept as its step returns, so
+    that a failure midway leaves the figures before it in the row."""
+    found.mask_build_s = prepare.per_length(cell, model, device)
+    if not prepare.runs_compiled(cell):
+        return
+    if profile:
+        found.eager_peak_bytes = prepare.eager_peak(work, cell.workload.grad)
+    found.compiled = prepare.compile_step(cell, model, work, device)
+
+
+def _time(
+    found: Found,
+    cell: Cell,
+    res: Resolved,
+    work: Work,
+    device: torch.device,
+    b: int,
+    where: str,
+    dtype: str,
+    **timing: Any,
+) -> None:
+    """Time the step at batch b (``where``: ``cuda`` or ``cpu``, in ``dtype``), then keep
+    what the workload's step found of its own (decode: the prefill, the bandwidth)."""
+    timings, found.recompiled = prepare.time_step(
+        work,
+        device,
+        compiled_code=found.compiled is not None,
+        grad=cell.workload.grad,
+        min_repeats=cell.min_repeats,
+        **timing,
     )
-    if cell.workload.parts:
-        row.time_parts = {
-            name: {"median_s": t.median, "iqr_s": t.iqr, "samples_s": list(t.samples)}
-            for name, t in zip(cell.workload.parts, timings[:-1], strict=True)
-        }
-    row.env = {**row.env, "threads": timing.threads}
-    if timing.contention is not None:
-        row.contention = timing.contention.as_dict()
+    # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
+    same_gpu = where == "cuda" and res.preset.gpu == environment()["device_name"]
+    assert found.flops is not None  # counted before anything is timed
+    found.timing = StepTiming(
+        whole=timings[-1],
+        parts=dict(zip(cell.workload.parts, timings[:-1], strict=True)),
+        batch=b,
+        device=where,
+        dtype=dtype,
+        flops=found.flops.per_sequence * b,
+        peak_flops=res.preset.peak_flops.get(dtype) if same_gpu else None,
+    )
+    if (share := timings[-1].contention) is not None:
+        found.contention = share.as_dict()
+    found.workload = {**found.workload, **work.row_fields()}
 
 
 __all__ = ["Cell", "MemoryModel", "modeled_peak", "run_cell", "validate"]

@@ -248,6 +248,51 @@ def test_a_row_refuses_a_name_no_field_has() -> None:
     assert row.to_dict()["mask_build_s"] == 1.0
 
 
+def test_a_row_is_assembled_from_its_steps_results() -> None:
+    """The one place a row is made of measured values: each result's figures land in their
+    fields, derived ones (per sequence, the rate, % of peak) from the timing result."""
+    from attnbench.measure.timing import StepTiming, Timing
+    from attnbench.measured import Compiled, Flops, Found, MaxBatch, Memory, assemble
+
+    cell = Cell("flex", n=256, k=64, dtype="fp32", device="cpu")
+    found = Found(threads=(2, 4), flops=Flops(100, None, 160), recompiled=0)
+    found.max_batch = MaxBatch(predicted=9, probed=8, probes=2)
+    found.memory = Memory("measured", 8, 1000, 2000)
+    found.mask_build_s, found.compiled = 0.5, Compiled("kernel", 3.0, 2)
+    whole = Timing((2.0, 4.0, 6.0), "perf_counter", 3)
+    found.timing = StepTiming(whole, {}, 8, "cpu", "fp32", flops=800, peak_flops=1600.0)
+    found.workload = {"state_bytes": 7}
+    row = assemble(cell, validate(cell), environment(), found)
+    assert (row.status, row.reason, row.flops, row.flops_dense) == ("ok", None, 100, 160)
+    assert (row.max_batch, row.predicted_max_batch, row.probes, row.model_error) == (8, 9, 2, 1)
+    assert (row.batch, row.peak_bytes, row.peak_reserved_bytes) == (8, 1000, 2000)
+    assert (row.compiled, row.compile_s, row.compilations, row.mask_build_s) == (
+        "kernel", 3.0, 2, 0.5,
+    )  # fmt: skip
+    assert (row.time_median_s, row.time_per_seq_s, row.flops_per_s) == (4.0, 0.5, 200.0)
+    assert row.pct_of_peak == 12.5 and row.time_samples_s == [2.0, 4.0, 6.0]
+    assert row.env["threads"] == 3 and row.env["cpus"] == 4 and row.state_bytes == 7
+    with pytest.raises(AttributeError, match="memroy"):
+        found.memroy = None  # type: ignore[attr-defined]
+
+
+def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
+    """A failing step is the row's status and reason; the steps before it keep their figures
+    (here: the FLOPs and the memory's source and batch, not its peak nor any time)."""
+    from attnbench import runner
+
+    def boom(self, b):
+        raise RuntimeError("no peak here")
+
+    monkeypatch.setattr(runner.MemoryModel, "peak", boom)
+    cell = Cell("vanilla", n=64, batch=3, dtype="fp32", device="cpu", layers=2, d_model=32,
+                n_heads=2, d_ff=64)  # fmt: skip
+    row = runner.run_cell(cell)
+    assert row.status == "error" and row.reason == "RuntimeError: no peak here"
+    assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
+    assert row.peak_bytes is None and row.time_median_s is None and row.max_batch is None
+
+
 def test_the_rows_static_fields_are_the_tables() -> None:
     """Type checkers read attnbench/row_static.py; it is generated from FIELDS and must not
     drift from it (regenerate: row_fields.static_source's docstring)."""

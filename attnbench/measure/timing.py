@@ -79,6 +79,32 @@ class Timing:
         )
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """A cell's step as timed: the whole step's :class:`Timing` and its named parts', the
+    batch, where and in what dtype, with the figures a row derives from them."""
+
+    whole: Timing
+    parts: dict[str, Timing]  # a workload's named parts (train: forward, backward, optimizer)
+    batch: int
+    device: str  # "cuda" or "cpu"
+    dtype: str
+    flops: int  # matmul FLOPs of one step at ``batch``
+    peak_flops: float | None  # the datasheet's, only where the step ran on the preset's own GPU
+
+    @property
+    def per_seq_s(self) -> float:
+        return self.whole.median / self.batch
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.whole.flops_per_s(self.flops)
+
+    @property
+    def pct_of_peak(self) -> float | None:
+        return self.whole.pct_of_peak(self.flops, self.peak_flops)
+
+
 def time_forward(
     fn: Callable[[], Any],
     device: torch.device,

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +111,9 @@ def _exit_reason(code: int) -> str:
 
 def _failed(cell: Cell, preset: presets.Preset, reason: str) -> Row:
     ceiling = cells.spec(cell, preset)["ceiling_bytes"]
-    row = Row.new(cell, ceiling, preset.overhead_bytes, environment())
-    row.update(status="error", reason=reason)
-    return row
+    return Row.new(
+        cell, ceiling, preset.overhead_bytes, environment(), status="error", reason=reason
+    )
 
 
 class StoreFailed(BaseException):
@@ -162,7 +162,8 @@ def _job(cfg: DictConfig) -> Row | None:
         start = time.perf_counter()
         timeout = check_limit("cell_timeout_s", cfg.cell_timeout_s)  # 0 or null: none
         row = measure(cell, preset, timeout, _isolated())
-        row.update(
+        row = replace(  # which run it is stored in, and when
+            row,
             key=key,
             sweep=cfg.sweep_name,
             wall_s=round(time.perf_counter() - start, 3),
