@@ -105,6 +105,39 @@ def run_cli(
     )
 
 
+@pytest.fixture
+def cli_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``attnbench ARGS`` in this process (:func:`attnbench.cli.main`), for a test whose
+    property is not the process's: a refusal's line and exit code, say (a fresh Python is
+    seconds of imports; :func:`run_cli` keeps one real process per path a user takes).
+    Returns what :func:`run_cli` does. Run in ``cwd``; the signal handlers, environment and
+    ``sys.argv`` a command sets are put back, and glibc's malloc is left as it is here."""
+    import signal
+
+    from attnbench import cli
+
+    def call(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setenv("ATTNBENCH_MALLOC_FIX", "0")  # mallopt would stay in pytest
+        monkeypatch.setattr(sys, "argv", list(sys.argv))
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        env = dict(os.environ)
+        capsys.readouterr()
+        try:
+            code = cli.main(list(args))
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            os.environ.clear()
+            os.environ.update(env)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["attnbench", *args], code, out.out, out.err)
+
+    return call
+
+
 def processes_with(needle: str) -> list[int]:
     """Live processes whose environment holds ``needle`` (a command's and its workers')."""
     found = []

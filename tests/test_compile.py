@@ -9,6 +9,7 @@ are made once per module (one compile per workload).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -131,28 +132,38 @@ def test_a_compiler_failure_is_the_cells_error_row(tmp_path: Path, monkeypatch) 
     assert "InvalidCxxCompiler" in row.reason and "\n" not in row.reason
 
 
-def _run(tmp_path: Path, *args: str, n: int = 64) -> object:
+def _run(
+    tmp_path: Path, *args: str, n: int = 64, here: Callable[..., object] | None = None
+) -> object:
+    """``attnbench run`` of tiny cells: a fresh process, or ``here`` (the ``cli_in_process``
+    fixture) for a refusal that needs none."""
     flags = [a for a in args if a.startswith("-")]
     args = tuple(a for a in args if not a.startswith("-"))
-    return run_cli(
+    args = (
         "run", *flags, "model=tiny", "device=cpu", "dtype=fp32", "progress=false", f"n={n}",
         f"out_dir={tmp_path}", "timing.min_seconds=0", "timing.min_repeats=2", *args,
     )  # fmt: skip
+    return run_cli(*args) if here is None else here(*args, cwd=tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["compile=maybe"], "compile: must be true or false"),
-        (["compile=true", "compile_mode=fast"], "compile_mode: must be one of"),
-        (["attention=flex", "mode=train"], "mode: attention=flex cannot train on a CPU: Flex"),
-        (["attention=flex", "attention.params.pattern=diagonal"], "pattern: must be one of"),
-        (["attention=flex_window", "k=0"], "k: must be an integer >= 1"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+BAD = [
+    (["compile=maybe"], "compile: must be true or false"),
+    (["compile=true", "compile_mode=fast"], "compile_mode: must be one of"),
+    (["attention=flex", "mode=train"], "mode: attention=flex cannot train on a CPU: Flex"),
+    (["attention=flex", "attention.params.pattern=diagonal"], "pattern: must be one of"),
+    (["attention=flex_window", "k=0"], "k: must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), BAD)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], says: str, cli_in_process
+) -> None:
+    # the first in a fresh process, as a user meets it; the rest in this one (the same
+    # cli.main, refusing before anything runs), not seconds of imports each
+    here = None if (args, says) == BAD[0] else cli_in_process
     attention = [] if any(a.startswith("attention=") for a in args) else ["attention=vanilla"]
-    out = _run(tmp_path, *attention, *args)
+    out = _run(tmp_path, *attention, *args, here=here)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], out.stderr

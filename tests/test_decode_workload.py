@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,14 +175,17 @@ def test_a_cpu_that_cannot_prefill_in_budget_times_steps_over_random_states() ->
     assert row.decode["prefill_s"] is None and row.repeats + dropped == 2
 
 
-def _run(tmp_path: Path, *args: str) -> object:
-    return run_cli(
+def _run(tmp_path: Path, *args: str, here: Callable[..., object] | None = None) -> object:
+    """``attnbench run`` of a decode cell: a fresh process, or ``here`` (the
+    ``cli_in_process`` fixture) for a refusal that needs none."""
+    args = (
         "run", "mode=decode", "model=tiny", "device=cpu", "dtype=fp32", "progress=false",
         f"out_dir={tmp_path}", "timing.min_seconds=0", "timing.min_repeats=2", *args,
     )  # fmt: skip
+    return run_cli(*args) if here is None else here(*args, cwd=tmp_path)
 
 
-def test_decode_end_to_end_through_the_cli(tmp_path: Path) -> None:
+def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> None:
     """A real ``attnbench run``: one row per cell with the serving figures, kv_heads in the
     model and the label, a sweep leaving out what cannot decode; running it again measures
     nothing."""
@@ -201,33 +205,43 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path) -> None:
     for r in rows:
         assert r["mode"] == "decode" and r["status"] == "ok" and r["params"]["causal"] is True
         assert r["decode_tokens"] == 5 and r["decode"]["steps"] == 3 and r["state_bytes"] > 0
-    again = _run(tmp_path, *args)
+    # the same command again, and a single cell, in this process (cli.main, as the command
+    # line calls it): the sweep above is the real process
+    again = _run(tmp_path, *args, here=cli_in_process)
     assert again.returncode == 0 and len(list(next(tmp_path.rglob("cells.jsonl")).open())) == 2
-    gqa = _run(tmp_path, "attention=sdpa", "n=64", "batch=1", "decode_tokens=4", "model.kv_heads=1")
+    gqa = _run(
+        tmp_path, "attention=sdpa", "n=64", "batch=1", "decode_tokens=4", "model.kv_heads=1",
+        here=cli_in_process,
+    )  # fmt: skip
     assert gqa.returncode == 0, gqa.stderr
     last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])
     assert last["model"]["kv_heads"] == 1
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["attention=linformer", "k=16"], "mode: attention=linformer cannot decode: has no causal"),
-        (["attention=reformer"], "mode: attention=reformer cannot decode: has no honest"),
-        (["decode_tokens=0"], "decode_tokens: must be an integer >= 1, got 0"),
-        (["decode_tokens=1.5"], "decode_tokens: must be an integer >= 1, got 1.5"),
-        (["model.kv_heads=3"], "kv_heads: must divide n_heads=4"),
-        (["attention=linear", "model.kv_heads=2"], "kv_heads: attention=linear has no grouped"),
-        (["state_dtype=fp64"], "state_dtype: must be one of"),
-        (["prefill_chunk=-1"], "prefill_chunk: must be an integer >= 0, got -1"),
-        (["n=40000000", "device=v100_16gb", "dtype=fp16"], "n: a context of n=40000000"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+BAD = [
+    (["attention=linformer", "k=16"], "mode: attention=linformer cannot decode: has no causal"),
+    (["attention=reformer"], "mode: attention=reformer cannot decode: has no honest"),
+    (["decode_tokens=0"], "decode_tokens: must be an integer >= 1, got 0"),
+    (["decode_tokens=1.5"], "decode_tokens: must be an integer >= 1, got 1.5"),
+    (["model.kv_heads=3"], "kv_heads: must divide n_heads=4"),
+    (["attention=linear", "model.kv_heads=2"], "kv_heads: attention=linear has no grouped"),
+    (["state_dtype=fp64"], "state_dtype: must be one of"),
+    (["prefill_chunk=-1"], "prefill_chunk: must be an integer >= 0, got -1"),
+    (["n=40000000", "device=v100_16gb", "dtype=fp16"], "n: a context of n=40000000"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), BAD)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], says: str, cli_in_process
+) -> None:
+    # the first in a fresh process, as a user meets it; the rest in this one (the same
+    # cli.main, refusing before anything runs), not seconds of imports each
+    here = None if (args, says) == BAD[0] else cli_in_process
     out = (
-        _run(tmp_path, "attention=vanilla", "n=64", *args)
+        _run(tmp_path, "attention=vanilla", "n=64", *args, here=here)
         if not any(a.startswith("attention=") for a in args)
-        else _run(tmp_path, "n=64", *args)
+        else _run(tmp_path, "n=64", *args, here=here)
     )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()

@@ -210,8 +210,14 @@ def test_mixed_precision_keeps_fp32_weights_and_state_and_casts_activations() ->
         ("checkpoint=maybe", "checkpoint: must be true or false, got 'maybe'"),
     ],
 )
-def test_bad_train_keys_are_one_line_and_exit_2(tmp_path: Path, arg: str, message: str) -> None:
-    proc = run_cli("run", "mode=train", arg, "model=tiny", "progress=false", cwd=tmp_path)
+def test_bad_train_keys_are_one_line_and_exit_2(
+    tmp_path: Path, arg: str, message: str, cli_in_process
+) -> None:
+    # the first in a fresh process, as a user meets it; the rest in this one (the same
+    # cli.main, refusing before anything runs), not seconds of imports each
+    args = ("run", "mode=train", arg, "model=tiny", "progress=false")
+    here = arg != "mode=trainn"
+    proc = cli_in_process(*args, cwd=tmp_path) if here else run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "results").exists()
@@ -238,7 +244,7 @@ def test_a_mechanism_that_cannot_train_is_refused_with_its_reason(tmp_path: Path
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
 
 
-def test_train_mode_end_to_end_through_the_cli(tmp_path: Path) -> None:
+def test_train_mode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> None:
     """``attnbench run +sweep=compare mode=train``: a training row per mechanism, and the
     report's table says it is a training step that the paper does not have."""
     proc = run_cli(
@@ -256,14 +262,15 @@ def test_train_mode_end_to_end_through_the_cli(tmp_path: Path) -> None:
         assert set(r["time_parts"]) == {"forward", "backward", "optimizer"}
     table = (run_dir / "report/table3.md").read_text()
     assert "one training step, train(adamw) (the paper has no training table)" in table
-    # the inference run of the same cells beside it, in one report: both modes' tables
-    inference = run_cli(
+    # the inference run of the same cells beside it, in one report: both modes' tables; it
+    # and the report in this process (cli.main, as the command line calls it)
+    inference = cli_in_process(
         "run", "-m", "attention=vanilla,sdpa", "n=64", "model=tiny", "device=cpu", "dtype=fp32",
         "ceiling=256MB", "progress=false", "timing.min_repeats=2", "timing.min_seconds=0.05",
-        "run=inference", "report=false", cwd=tmp_path, timeout=600,
+        "run=inference", "report=false", cwd=tmp_path,
     )  # fmt: skip
     assert inference.returncode == 0, inference.stderr[-2000:]
-    both = run_cli(
+    both = cli_in_process(
         "report", str(run_dir), "--also", "results/single/inference", "--out", "both",
         "--quiet", cwd=tmp_path,
     )  # fmt: skip
