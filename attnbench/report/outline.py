@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench import registry
-from attnbench.row import Row
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a plugin imports this module while attnbench.row may be half-imported
     from attnbench.report.grid import Grid
     from attnbench.report.paper import Beside
     from attnbench.report.plots import Plot
     from attnbench.report.tables import RatioTable
+    from attnbench.row import Row
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class Document:
     always: bool = False
 
 
+# in order: the built-ins first (register_builtins), then the plugins' as they registered
 _DOCUMENTS: dict[str, Document] = {}
 _SECTIONS: dict[str, Section] = {}
 
@@ -102,10 +103,33 @@ def register_document(document: Document) -> Document:
 
 def register(section: Section) -> Section:
     """Add ``section`` after those registered before it (every format shows them in that
-    order). Refused: a name already taken, a document never registered, a record its
-    document does not declare, and a record on a figure (figures keep nothing)."""
+    order). Refused: a name already taken, and (:func:`_check`, here if its document is
+    registered already, else when the sections are listed) a document never registered, a
+    record its document does not declare, a record on a figure (figures keep nothing)."""
     if section.name in _SECTIONS:
         raise ValueError(f"report: section {section.name!r} is already registered")
+    if section.document is None or section.document in _DOCUMENTS:
+        _check(section)
+    _SECTIONS[section.name] = section
+    return section
+
+
+def register_builtins(docs: tuple[Document, ...], parts: tuple[Section, ...]) -> None:
+    """The built-ins (:mod:`attnbench.report.sections`), put before whatever a plugin has
+    registered already: plugins are loaded when ``attnbench.row`` is first imported (its
+    fields ask the workloads), which can be before the report's modules are, and the
+    built-ins keep their order (``report.json``'s keys) whichever came first."""
+    plugin_docs = [d for d in _DOCUMENTS.values() if d not in docs]
+    plugin_sections = [s for s in _SECTIONS.values() if s not in parts]
+    _DOCUMENTS.clear()
+    _SECTIONS.clear()
+    for d in (*docs, *plugin_docs):
+        register_document(d)
+    for s in (*parts, *plugin_sections):
+        register(s)
+
+
+def _check(section: Section) -> None:
     doc = _DOCUMENTS.get(section.document) if section.document is not None else None
     if section.document is not None and doc is None:
         raise ValueError(
@@ -117,18 +141,18 @@ def register(section: Section) -> Section:
         raise ValueError(
             f"report: section {section.name!r}: {where} has no record {section.record!r}"
         )
-    _SECTIONS[section.name] = section
-    return section
 
 
 def sections() -> list[Section]:
     """Every section, the built-ins' then the plugins', in order; the plugins loaded first."""
     registry.load_plugins()
+    for s in _SECTIONS.values():
+        _check(s)
     return list(_SECTIONS.values())
 
 
 def documents() -> list[Document]:
-    """Every document, in the order they were registered; the plugins loaded first."""
+    """Every document, the built-ins' then the plugins'; the plugins loaded first."""
     registry.load_plugins()
     return list(_DOCUMENTS.values())
 

@@ -36,7 +36,7 @@ from attnbench.report import (
     serving,
     serving_plots,
 )
-from attnbench.report.outline import Basis, Document, Part, Section, register, register_document
+from attnbench.report.outline import Basis, Document, Part, Section, register_builtins
 from attnbench.report.paper import beside, load_paper
 from attnbench.report.tables import RatioTable
 from attnbench.row import Row
@@ -276,7 +276,4 @@ SECTIONS = (
             _figure(quality_plots.mqar_pareto)),
 )  # fmt: skip
 
-for _document in DOCUMENTS:
-    register_document(_document)
-for _section in SECTIONS:
-    register(_section)
+register_builtins(DOCUMENTS, SECTIONS)

@@ -10,10 +10,13 @@ records under ``report.json``'s ``toy_census`` key, after the built-in keys.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from attnbench.report.grid import Grid
 from attnbench.report.outline import Basis, Document, Part, Section, register, register_document
-from attnbench.row import Row
+
+if TYPE_CHECKING:  # plugins load while attnbench.row is imported: no import of it here
+    from attnbench.row import Row
 
 TITLE = "Rows per mechanism (toy)"
 
