@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report import files
 from attnbench.report.ratio import group, is_baseline
+from attnbench.report.sections import DOCUMENTS
 from attnbench.report.serving import serving_lengths, serving_tables, state_grids
 from attnbench.report.text import grid_markdown, to_latex, to_markdown
 from attnbench.row import Row
@@ -287,7 +287,7 @@ def test_report_command_writes_the_serving_sections(tmp_path: Path) -> None:
         "run_dir",
         "baseline",
         "rows",
-        *(k for k in files.RECORDS if k != "compiled"),  # no compiled rows: none
+        *(k for d in DOCUMENTS for k in d.records if k != "compiled"),  # no compiled rows: none
     ]
     (time, memory) = report["serving_tables"]
     assert (time["kind"], memory["kind"]) == ("time", "memory")

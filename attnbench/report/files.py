@@ -1,7 +1,7 @@
 """A run directory's report on disk.
 
 :func:`build` reads ``cells.jsonl`` (a corrupt line is an error naming its number, never
-dropped) and makes every table of :data:`attnbench.report.sections.SECTIONS`; :func:`render`
+dropped) and makes every table of the sections (:mod:`attnbench.report.outline`); :func:`render`
 turns a report into file contents, all in memory, each format iterating over the sections;
 :func:`write` (:mod:`attnbench.report.replace`) puts them in place in one step, so a crash
 or a plotting error leaves the previous report whole rather than half of a new one, and one
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench import row
-from attnbench.report import html, plots, sections, serving, text
+from attnbench.report import html, outline, plots, sections, text
+from attnbench.report.outline import Part, Section
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
 from attnbench.report.replace import write as write
-from attnbench.report.sections import SECTIONS, Part, Section
 from attnbench.report.tables import RatioTable, ratio_tables
 from attnbench.report.terminal import print_tables as print_tables
 from attnbench.row import printable
@@ -51,7 +51,8 @@ class Report:
 
     def documents(self) -> list[str]:
         """The documents the report writes: those with a section that applies to a row."""
-        return list(dict.fromkeys(s.document for s in SECTIONS if s.document and s.used(self.rows)))
+        used = [s.document for s in outline.sections() if s.document and s.used(self.rows)]
+        return list(dict.fromkeys(used))
 
 
 def default_out(run_dir: Path) -> Path:
@@ -93,11 +94,13 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
     # quality rows have no time or memory; serving's have tables of their own
-    cost = [r for r in rows if r.task == "cost" and not serving.applies(r)]
+    cost = list(filter(sections.cost_row, rows))
     tables = ratio_tables(cost, baseline) if cost else []
     stemmed = list(zip(tables, _stems(tables), strict=True))
     made = [
-        (s, sections.make(s, rows, baseline, stemmed)) for s in SECTIONS if s.document is not None
+        (s, outline.make(s, rows, baseline, stemmed))
+        for s in outline.sections()
+        if s.document is not None
     ]
     return Report(run_dir, baseline, rows, made, stemmed)
 
@@ -137,50 +140,19 @@ def _stems(tables: list[RatioTable]) -> list[str]:
     return stems
 
 
-# what a document says of its rows, after where they are
-INTRO = {
-    sections.TABLE3: " Time ratio = {0} time per sequence / mechanism's; memory ratio = "
-    "mechanism max batch / {0}'s; each model at its own max batch (Linformer paper, section "
-    "5.3).",
-    sections.SERVING: " Serving (mode=decode): time-per-token ratio = {0}'s time per "
-    "generated token per sequence / the configuration's, at the same fixed batch; max-batch "
-    "ratio = the configuration's max batch / {0}'s; {0} with every head's cache and the same "
-    "state dtype is each configuration's baseline.",
-    sections.QUALITY: " Quality rows: no time or memory ratios.",
-    sections.COMPILED: " Compiled cells (compile=true: torch.compile of each encoder layer) "
-    "beside eager ones: speed-up from compiling = eager time per sequence / compiled, at the "
-    "same n, dtype, preset, batch and work; a compiled mechanism's ratios are against {0} "
-    "compiled the same way, never the eager one; flex compiles its own kernel even in the "
-    "eager model.",
-}
-# report.json's keys, in the order it has always had; each holds its sections' records.
-# The first three are always there; the others only where a section of theirs applies
-RECORDS = (
-    "tables",
-    "efficiency_lengths",
-    "quality",
-    "serving_tables",
-    "serving_efficiency_lengths",
-    "serving_state",
-    "compiled",
-)
-ALWAYS = RECORDS[:3]
-
-
 def _intro(report: Report, document: str) -> str:
     rows_file = printable(str(report.run_dir / CELLS))
-    return f"Rows: {rows_file} ({len(report.rows)} cells)." + INTRO[document].format(
-        report.baseline
-    )
+    intro = outline.document(document).intro
+    return f"Rows: {rows_file} ({len(report.rows)} cells)." + intro.format(report.baseline)
 
 
 def _figures(report: Report) -> list[Part]:
-    """Every figure the rows hold data for, in the order of :data:`SECTIONS`."""
+    """Every figure the rows hold data for, in the order of the sections."""
     return [
         part
-        for s in SECTIONS
+        for s in outline.sections()
         if s.document is None
-        for part in sections.make(s, report.rows, report.baseline, report.stemmed_tables)
+        for part in outline.make(s, report.rows, report.baseline, report.stemmed_tables)
     ]
 
 
@@ -197,8 +169,10 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
         md[doc] = [f"# {text.markdown(title)}", "", text.markdown(_intro(report, doc)), ""]
         tex[doc] = [text.comment(title), r"% needs \usepackage{booktabs}", ""]
     page: list[tuple[str, list[str]]] = []
-    present = {s.record for s in SECTIONS if s.record and s.used(report.rows)}
-    records: dict[str, list] = {k: [] for k in RECORDS if k in ALWAYS or k in present}
+    present = {s.record for s in outline.sections() if s.record and s.used(report.rows)}
+    records: dict[str, list] = {
+        k: [] for d in outline.documents() for k in d.records if d.always or k in present
+    }
     for section, parts in report.made:
         for part in parts:
             if isinstance(part.body, RatioTable):

@@ -1,12 +1,14 @@
-"""What a report holds: its sections, each a table or a figure that declares itself.
+"""What a report holds: the built-in documents and sections, each declared once.
 
-A :class:`Section` names itself, says which rows it applies to and makes its parts from
-them: grids of text, ratio tables, the paper beside a ratio table, or figures. The writers
-of :mod:`attnbench.report.files` only iterate over :data:`SECTIONS` and print each part in
-their format, so a new table or figure is one entry here, in every format at once; and
-``report.json`` holds what each section records, under the section's ``record`` key.
+A :class:`~attnbench.report.outline.Section` names itself, says which rows it applies to and
+makes its parts from them: grids of text, ratio tables, the paper beside a ratio table, or
+figures. The writers of :mod:`attnbench.report.files` only iterate over the registered
+sections (:func:`attnbench.report.outline.sections`: these, then a plugin's) and print each
+part in their format, so a new table or figure is one entry here, in every format at once;
+and ``report.json`` holds what each section records, under the section's ``record`` key.
 
-Tables go into a document, the Markdown and LaTeX file named after what it holds:
+Tables go into a document (:data:`DOCUMENTS`, declared here beside its sections: its intro
+and its ``report.json`` keys), the Markdown and LaTeX file named after what it holds:
 ``table3`` (Table 3's ratios against the baseline, and the efficiency lengths read from
 them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`),
 ``compiled`` (eager and compiled side by side, flex beside local:
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report import (
@@ -35,8 +36,8 @@ from attnbench.report import (
     serving,
     serving_plots,
 )
-from attnbench.report.grid import Grid
-from attnbench.report.paper import Beside, beside, load_paper
+from attnbench.report.outline import Basis, Document, Part, Section, register_builtins
+from attnbench.report.paper import beside, load_paper
 from attnbench.report.tables import RatioTable
 from attnbench.row import Row
 
@@ -46,57 +47,34 @@ QUALITY = "quality"
 COMPILED = "compiled"
 
 
-@dataclass(frozen=True)
-class Part:
-    """One table or figure: its heading (on the page and in the terminal), what it shows,
-    what ``report.json`` keeps of it, and for a ratio table the stem of its CSV file."""
-
-    heading: str
-    body: Grid | RatioTable | Beside | plots.Plot
-    records: tuple[Any, ...] = ()
-    stem: str = ""
-
-
-@dataclass(frozen=True)
-class Basis:
-    """What a section is made from: the rows it applies to, the baseline, and the report's
-    ratio tables with their file stems (made once: the paper and the plots read them too)."""
-
-    rows: list[Row]
-    baseline: str
-    tables: list[tuple[RatioTable, str]]
+# in the order report.json has always had their keys; the first two's are there even empty
+DOCUMENTS = (
+    Document(TABLE3, " Time ratio = {0} time per sequence / mechanism's; memory ratio = "
+             "mechanism max batch / {0}'s; each model at its own max batch (Linformer paper, "
+             "section 5.3).", ("tables", "efficiency_lengths"), always=True),
+    Document(QUALITY, " Quality rows: no time or memory ratios.", ("quality",), always=True),
+    Document(SERVING, " Serving (mode=decode): time-per-token ratio = {0}'s time per "
+             "generated token per sequence / the configuration's, at the same fixed batch; "
+             "max-batch ratio = the configuration's max batch / {0}'s; {0} with every head's "
+             "cache and the same state dtype is each configuration's baseline.",
+             ("serving_tables", "serving_efficiency_lengths", "serving_state")),
+    Document(COMPILED, " Compiled cells (compile=true: torch.compile of each encoder layer) "
+             "beside eager ones: speed-up from compiling = eager time per sequence / compiled, "
+             "at the same n, dtype, preset, batch and work; a compiled mechanism's ratios are "
+             "against {0} compiled the same way, never the eager one; flex compiles its own "
+             "kernel even in the eager model.", ("compiled",)),
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Section:
-    """A kind of table or figure: ``name`` and ``title`` say what it is, ``applies`` which
-    rows it reads, ``make`` its parts (none where the rows hold nothing for it).
-    ``document`` is the file its tables go in (None: a figure); ``record`` its key in
-    ``report.json`` (None: nothing kept). ``wanted``: a section that reads rows it is not
-    made for (the compiled ones read the eager twins) is there only where a row is one it
-    is made for."""
-
-    name: str
-    title: str
-    applies: Callable[[Row], bool]
-    make: Callable[[Basis], list[Part]]
-    document: str | None = None
-    record: str | None = None
-    wanted: Callable[[Row], bool] | None = None
-
-    def used(self, rows: list[Row]) -> bool:
-        """Whether the rows hold anything for this section."""
-        return any(map(self.applies, rows)) and (self.wanted is None or any(map(self.wanted, rows)))
-
-
-def _cost(r: Row) -> bool:
+def cost_row(r: Row) -> bool:
     """A row of Table 3's sections: a cost row of a workload other than serving's (decode
-    rows have sections of their own)."""
+    rows have sections of their own). The one statement of the rule: the ratio tables
+    (:func:`attnbench.report.files.build`) are made of these rows too."""
     return r.task == "cost" and not serving.applies(r)
 
 
 def _causal(r: Row) -> bool:
-    return _cost(r) and bool((r.params or {}).get("causal"))
+    return cost_row(r) and bool((r.params or {}).get("causal"))
 
 
 def _task(name: str) -> Callable[[Row], bool]:
@@ -230,7 +208,7 @@ BATCH = "Maximum batch size under the ceiling against n."
 # in the order every format shows them; causal rows get figures of their own (one figure of
 # every mechanism twice is unreadable)
 SECTIONS = (
-    Section("efficiency", efficiency.TITLE, _cost, _lengths, TABLE3, "efficiency_lengths"),
+    Section("efficiency", efficiency.TITLE, cost_row, _lengths, TABLE3, "efficiency_lengths"),
     Section("approx", "Approximation error", _task("approx"), _grids(quality.approx_tables),
             QUALITY, "quality"),
     Section("spectrum", "Spectrum of P", _task("spectrum"), _grids(quality.spectrum_tables),
@@ -245,7 +223,7 @@ SECTIONS = (
             QUALITY, "quality"),
     Section("mqar-seeds", "MQAR accuracy over seeds", _task("mqar"),
             _grids(recall.seed_tables), QUALITY, "quality"),
-    Section("ratios", "Time and memory ratios against the baseline", _cost, _ratios, TABLE3,
+    Section("ratios", "Time and memory ratios against the baseline", cost_row, _ratios, TABLE3,
             "tables"),
     Section("serving", "Serving: time-per-token and max-batch ratios against the baseline",
             _decode, _serving_ratios, SERVING, "serving_tables"),
@@ -264,10 +242,10 @@ SECTIONS = (
             _grids(flex.flex_beside_local), COMPILED, "compiled", compiled.wanted),
     Section("compiled-memory", "Peak memory, eager and compiled (CPU profiler)",
             compiled.applies, _grids(compiled.memory), COMPILED, "compiled", compiled.wanted),
-    Section("paper", "The ratios beside the paper's Table 3", _cost, _paper, TABLE3),
-    Section("time-vs-n", TIME, lambda r: _cost(r) and not _causal(r),
+    Section("paper", "The ratios beside the paper's Table 3", cost_row, _paper, TABLE3),
+    Section("time-vs-n", TIME, lambda r: cost_row(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),
-    Section("batch-vs-n", BATCH, lambda r: _cost(r) and not _causal(r),
+    Section("batch-vs-n", BATCH, lambda r: cost_row(r) and not _causal(r),
             _figure(plots.batch_vs_n, "batch-vs-n", BATCH)),
     Section("time-vs-n-causal", TIME + CAUSAL, _causal,
             _figure(plots.time_vs_n, "time-vs-n-causal", TIME + CAUSAL)),
@@ -279,7 +257,7 @@ SECTIONS = (
                 "Max batch predicted by the memory model against the one measured on the "
                 "device.",
             )),
-    Section("speedup", "Speed-up heat maps", _cost, _speedups),
+    Section("speedup", "Speed-up heat maps", cost_row, _speedups),
     Section("serving-time-vs-n", "Serving: time per token against n", _decode,
             _figure(serving_plots.time_per_token)),
     Section("serving-state-vs-n", "Serving: state per sequence against n", _decode,
@@ -298,12 +276,4 @@ SECTIONS = (
             _figure(quality_plots.mqar_pareto)),
 )  # fmt: skip
 
-
-def make(
-    section: Section, rows: list[Row], baseline: str, tables: list[tuple[RatioTable, str]]
-) -> list[Part]:
-    """``section``'s parts from the rows it applies to; none where it is not
-    :meth:`~Section.used`."""
-    if not section.used(rows):
-        return []
-    return section.make(Basis([r for r in rows if section.applies(r)], baseline, tables))
+register_builtins(DOCUMENTS, SECTIONS)
