@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.measure.timing import StepTiming
 from attnbench.row import Row
+from attnbench.row_fields import DERIVE
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell, Resolved
@@ -124,6 +125,8 @@ def assemble(cell: Cell, res: Resolved, env: dict[str, Any], found: Found) -> Ro
         env = {**env, "threads": timing.whole.threads}
     if found.contention is not None:
         fields["contention"] = found.contention
+    for name, derive in DERIVE.items():  # a plugin's fields, from the figures found (a
+        fields[name] = derive(fields)  # failure row's are fewer: derive reads them with get)
     return Row.new(cell, res.ceiling, res.preset.overhead_bytes, env, **fields)
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.row import Row, printable, read
 from attnbench.row_checks import ENV_FIELDS
-from attnbench.row_fields import FIELDS, Field
+from attnbench.row_fields import FIELDS, Field, extra_fields
 from attnbench.store import CELLS
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def _flatten(row: Row, run_dir: str) -> dict[str, Any]:
             out[name] = str(value)
         else:
             out[name] = value
+    out.update({name: getattr(row, name) for name in extra_fields()})  # a plugin's fields
     out["run_dir"] = run_dir
     return out
 
@@ -198,6 +199,7 @@ def _columns(flat: list[dict[str, Any]]) -> dict[str, Any]:
         columns.update({f"{name}.{key}": k for key, k in kind.items()})
         prefix = f"{name}."
         columns.update({c: None for c in found if c.startswith(prefix) and c not in columns})
+    columns.update({f.name: _column(f) for f in extra_fields().values()})
     columns["run_dir"] = "string"
     return columns
 

@@ -51,6 +51,7 @@ from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the 
     REQUIRED,
     SCHEMA,
     STATUSES,
+    extra_fields,
 )
 from attnbench.store import numbered_lines
 
@@ -63,7 +64,42 @@ NAMES = frozenset(BY_NAME)
 class _Record:
     """What a :class:`Row` does beside holding its fields (which come from the table)."""
 
-    __slots__ = ()  # with Row's slots: a name no field has cannot be set (a typo raises)
+    # with Row's slots: a name no field has cannot be set (a typo raises); ``_extra`` holds
+    # the values of plugins' fields (row_fields.register), which exist only once registered
+    __slots__ = ("_extra",)
+
+    def _extras(self) -> dict[str, Any]:
+        try:
+            return object.__getattribute__(self, "_extra")
+        except AttributeError:
+            object.__setattr__(self, "_extra", {})
+            return object.__getattribute__(self, "_extra")
+
+    def __getattr__(self, name: str) -> Any:  # only where no slot has the name
+        if name.startswith("__") or (field := extra_fields().get(name)) is None:
+            raise AttributeError(f"Row has no field {name!r}")
+        return self._extras().get(name, field.missing)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in NAMES or name == "_extra":
+            object.__setattr__(self, name, value)
+        elif name in extra_fields():
+            self._extras()[name] = value
+        else:
+            object.__setattr__(self, name, value)  # the slots' AttributeError
+
+    @classmethod
+    def _made(cls, values: dict[str, Any]) -> Row:
+        """A row of ``values``, a plugin's fields among them set after the table's."""
+        row = cls(**{k: v for k, v in values.items() if k in NAMES})
+        for name in extra_fields():
+            if name in values:
+                setattr(row, name, values[name])
+        return row
+
+    def replaced(self, **values: Any) -> Row:
+        """A copy with ``values`` set (``dataclasses.replace``, a plugin's fields kept)."""
+        return type(self)._made({**self.to_dict(), **values})
 
     @classmethod
     def new(
@@ -71,31 +107,33 @@ class _Record:
     ) -> Row:
         """The row of ``cell`` with the ``measured`` fields (:func:`attnbench.measured.assemble`
         names them); a field not given keeps its default (a failure row: status and reason)."""
-        return cls(
-            attention=cell.attention,
-            n=cell.n,
-            dtype=cell.dtype,
-            device=cell.device,
-            params=dict(cell.params),
-            k=cell.k,
-            budget=cell.budget,
-            mode=cell.mode,
-            task=cell.task,
-            **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
-            compile=cell.compile,
-            compile_mode=cell.compile_mode if cell.compile else None,
-            batch_asked=cell.batch,
-            ceiling_bytes=ceiling,
-            overhead_bytes=overhead,
-            model=cell.shape,
-            env=dict(env),
-            **measured,
+        return cls._made(
+            dict(
+                attention=cell.attention,
+                n=cell.n,
+                dtype=cell.dtype,
+                device=cell.device,
+                params=dict(cell.params),
+                k=cell.k,
+                budget=cell.budget,
+                mode=cell.mode,
+                task=cell.task,
+                **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
+                compile=cell.compile,
+                compile_mode=cell.compile_mode if cell.compile else None,
+                batch_asked=cell.batch,
+                ceiling_bytes=ceiling,
+                overhead_bytes=overhead,
+                model=cell.shape,
+                env=dict(env),
+                **measured,
+            )
         )
 
     def update(self, **values: Any) -> None:
         """Set several fields; a name that is not a field is a bug, not a new key."""
         for name, value in values.items():
-            if name not in NAMES:
+            if name not in NAMES and name not in extra_fields():
                 raise KeyError(f"Row has no field {name!r}")
             setattr(self, name, value)
 
@@ -115,7 +153,8 @@ class _Record:
     def to_dict(self) -> dict[str, Any]:
         """The row as stored: ``schema`` first, then every field."""
         d = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {"schema": d.pop("schema"), **d}
+        extra = {name: getattr(self, name) for name in extra_fields()}
+        return {"schema": d.pop("schema"), **d, **extra}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), default=str)
@@ -125,7 +164,7 @@ class _Record:
         """A row from its stored form, checked field by field (``ValueError``, one line
         naming the field, the value quoted and cut short) and upgraded from older schemas."""
         try:
-            return cls(**_checked(data))
+            return cls._made(_checked(data))
         except (ValueError, OverflowError) as e:
             # the messages quote the value: a 100 kB string would be a 100 kB error line
             raise ValueError(shorten(str(e))) from None
@@ -159,7 +198,8 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
             f"schema: this attnbench reads schemas 1 and {SCHEMA}, got {schema!r}"
             " (a newer attnbench wrote it?)"
         )
-    values = {k: v for k, v in data.items() if k in NAMES}
+    extra = extra_fields()
+    values = {k: v for k, v in data.items() if k in NAMES or k in extra}
     if schema == 1:
         values.update(_upgrade_1(data))
     values["schema"] = SCHEMA
@@ -170,7 +210,7 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{f.name}: missing")
         values[f.name] = dict(f.missing) if isinstance(f.missing, dict) else f.missing
     for name, value in values.items():
-        BY_NAME[name].read_check(name, value)
+        (BY_NAME.get(name) or extra[name]).read_check(name, value)
     check_figures(values["task"], values["quality"])
     return values
 

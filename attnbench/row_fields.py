@@ -40,8 +40,9 @@ from attnbench.row_checks import (
 )
 from attnbench.settings import Setting
 from attnbench.validators import check_bool, check_choice
-from attnbench.workload import BUILTINS
+from attnbench.workload import BUILTIN_WORKLOADS
 from attnbench.workload import get as get_workload
+from attnbench.workload import names as workload_names
 
 __all__ = ["FIELDS", "MEMORY_SOURCES", "SCHEMA", "STATUSES", "TASKS", "Field"]
 
@@ -128,7 +129,7 @@ FIELDS: tuple[Field, ...] = (
        missing="inference", column="seen"),
     _f("task", str, identifier, "", "cell", "`cost`, or the quality task whose figures `quality`"
        " holds (a plugin's too)", default="cost", missing="cost"),
-    *(setting_field(s) for name in BUILTINS for s in get_workload(name).settings),
+    *(setting_field(s) for w in BUILTIN_WORKLOADS for s in w.settings),
     _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
        " (`torch.compile`, each encoder layer)", default=False, missing=False),
     _f("compile_mode", str | None, text, "", "cell", "compiled rows: torch.compile's mode"),
@@ -222,6 +223,32 @@ FIELDS: tuple[Field, ...] = (
        " reading)", default=SCHEMA),
 )  # fmt: skip
 BY_NAME = {f.name: f for f in FIELDS}
+# a plugin's own fields (register), after the table's in a stored row and a DataFrame, each
+# with what derives it from the figures measured
+EXTRA: dict[str, Field] = {}
+DERIVE: dict[str, Callable[[dict[str, Any]], Any]] = {}
+
+
+def extra_fields() -> dict[str, Field]:
+    """A plugin's fields: those registered, then the settings of a plugin's workload (the
+    built-ins' are in the table), each a field of every row from the plugin's loading on."""
+    out = dict(EXTRA)
+    for name in workload_names():  # loads the plugins
+        for s in get_workload(name).settings:
+            if s.name not in BY_NAME:
+                out.setdefault(s.name, setting_field(s))
+    return out
+
+
+def register(field: Field, derive: Callable[[dict[str, Any]], Any]) -> Field:
+    """Add ``field`` to every row from here on (a plugin's, from its own file:
+    ``docs/architecture.md``, "Add a row field"). ``derive`` makes its value from the fields
+    :func:`attnbench.measured.assemble` fills (None: not known for this row); stored rows
+    without it read as ``field.missing``, and a stored value is checked on reading."""
+    if not field.name.isidentifier() or field.name in BY_NAME or field.name in EXTRA:
+        raise ValueError(f"row field: must be a new identifier, got {field.name!r}")
+    EXTRA[field.name], DERIVE[field.name] = field, derive
+    return field
 
 
 def markdown_table() -> str:

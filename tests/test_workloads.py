@@ -9,6 +9,7 @@ without touching attnbench.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from attnbench import workload
 from attnbench.cell import Cell, key, validate
 from attnbench.measure import presets
 from attnbench.registry import Info
+from attnbench.settings import Setting, number
 from attnbench.store import read_rows
 from tests.conftest import run_cli
 
@@ -29,7 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class HalvesWork(workload.Work):
-    """The forward, split after the first half of the layers."""
+    """The forward, split after ``split_at`` of the layers (the toy's one setting)."""
+
+    def __init__(self, model: Any, x: Any, split_at: float) -> None:
+        super().__init__(model, x)
+        self.cut = max(1, round(len(model.layers) * split_at))
 
     @property
     def parts(self) -> Sequence[Callable[[], Any]]:
@@ -37,11 +43,11 @@ class HalvesWork(workload.Work):
 
     def first(self) -> None:
         self.h = self.x
-        for layer in self.model.layers[: len(self.model.layers) // 2]:
+        for layer in self.model.layers[: self.cut]:
             self.h = layer(self.h)
 
     def second(self) -> None:
-        for layer in self.model.layers[len(self.model.layers) // 2 :]:
+        for layer in self.model.layers[self.cut :]:
             self.h = layer(self.h)
 
     def __call__(self) -> Any:
@@ -56,6 +62,9 @@ class Halves(workload.Workload):
     doc = "a forward without autograd, timed as its two halves (a test's toy workload)"
     what = "two-halves forward"
     parts = ("first", "second")
+    # its own setting, declared here alone: a key (+split_at=0.25), a check, the cell's key,
+    # a row field
+    settings = (Setting("split_at", 0.5, "share of the layers timed first", float, number()),)
 
     def refuses(self, info: Info) -> str | None:
         return "is not for the toy" if info.name == "performer" else None
@@ -64,7 +73,7 @@ class Halves(workload.Workload):
         return "halves"
 
     def work(self, model: Any, cell: Cell, x: Any, device: str, *, gpu: bool) -> workload.Work:
-        return HalvesWork(model, x)
+        return HalvesWork(model, x, cell.settings["split_at"])
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +94,12 @@ def test_the_toy_is_a_mode_with_its_own_key_label_and_refusals() -> None:
     assert cell.label == "vanilla n=64 halves"
     plain = Cell("vanilla", n=64, batch=1, device="cpu", dtype="fp32", layers=2)
     assert key(cell, presets.load("cpu")) != key(plain, presets.load("cpu"))
+    assert cell.settings == {"split_at": 0.5}  # the declared default, filled in
+    other = Cell("vanilla", n=64, batch=1, device="cpu", dtype="fp32", layers=2,
+                 mode="toy_halves", mode_settings={"split_at": 0.25})  # fmt: skip
+    assert key(other, presets.load("cpu")) != key(cell, presets.load("cpu"))
+    with pytest.raises(ValueError, match=r"^split_at: must be a number >= 0, got -1$"):
+        validate(dataclasses.replace(other, mode_settings={"split_at": -1}))
     with pytest.raises(ValueError, match=r"^mode: attention=performer is not for the toy$"):
         validate(Cell("performer", n=64, batch=1, device="cpu", mode="toy_halves"))
     modes = "inference, train, decode, toy_halves"
@@ -103,12 +118,14 @@ def test_a_workload_from_a_plugin_runs_end_to_end(tmp_path: Path) -> None:
         "run", "attention=vanilla", "mode=toy_halves", "n=64", "batch=1", "device=cpu",
         "dtype=fp32", "model.layers=2", "model.d_model=64", "model.n_heads=4",
         "model.d_ff=128", "timing.min_seconds=0", "timing.min_repeats=3", "progress=false",
+        "+split_at=0.5",
     )  # fmt: skip
     out = run_cli(*args, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     (cells,) = tmp_path.glob("results/*/*/cells.jsonl")
     (row,) = read_rows(cells)
     assert row["status"] == "ok" and row["mode"] == "toy_halves", row
+    assert row["split_at"] == 0.5  # the workload's setting, a row field from its declaration
     assert set(row["time_parts"]) == {"first", "second"}
     assert row["repeats"] >= 3 and row["time_median_s"] > 0
     # the parts add up to the whole, repeat by repeat

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +162,7 @@ def _job(cfg: DictConfig) -> Row | None:
         start = time.perf_counter()
         timeout = check_limit("cell_timeout_s", cfg.cell_timeout_s)  # 0 or null: none
         row = measure(cell, preset, timeout, _isolated())
-        row = replace(  # which run it is stored in, and when
-            row,
+        row = row.replaced(  # which run it is stored in, and when
             key=key,
             sweep=cfg.sweep_name,
             wall_s=round(time.perf_counter() - start, 3),

@@ -33,6 +33,8 @@ from attnbench.workload.inference import INFERENCE
 from attnbench.workload.train import TRAIN
 
 __all__ = [
+    "BUILTINS",
+    "BUILTIN_WORKLOADS",
     "DEFAULT",
     "DTYPES",
     "Work",
@@ -64,6 +66,8 @@ def register(workload: Workload) -> Workload:
 
 # the built-ins, registered here in the order they are listed in
 BUILTINS = tuple(register(w).name for w in (INFERENCE, TRAIN, DECODE))
+# the same, as objects: what the row's schema is made from at import, before any plugin loads
+BUILTIN_WORKLOADS = tuple(_WORKLOADS[name] for name in BUILTINS)
 
 
 def names() -> list[str]:

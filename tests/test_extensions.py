@@ -1,0 +1,55 @@
+"""Four extensions, each from a file of its own under tests/toys/, loaded together as plugins
+(``$ATTNBENCH_PLUGINS``) the way a user adds them without editing attnbench: a quality task
+(``toy_task``), a row field (``toy_field``), a report section with its document
+(``toy_section``) and a mechanism with a decode form (``toy_decoder``). One real
+``attnbench run`` per path (a decode cell, a quality cell) and one ``attnbench report``; each
+toy's own behaviour is tested in-process by its own test file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from attnbench.store import read_rows
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TOYS = ("toy_task", "toy_field", "toy_section", "toy_decoder")
+TINY = ("n=64", "batch=1", "device=cpu", "dtype=fp32", "model=tiny", "progress=false")
+
+
+def test_four_toy_extensions_run_and_report_from_their_own_files(tmp_path: Path) -> None:
+    env = {
+        "ATTNBENCH_PLUGINS": ",".join(f"tests.toys.{t}" for t in TOYS),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    decode = ("mode=decode", "attention=toy_mean", "decode_tokens=4", "timing.min_seconds=0",
+              "timing.min_repeats=2")  # fmt: skip
+    out = run_cli("run", *decode, *TINY, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    task = ("attention=toy_mean", "task=toy_gain", "+quality.toy_gain.scale=3")
+    out = run_cli("run", *task, *TINY, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "results" / "single" / "cpu-cpu"
+    served, scored = read_rows(run / "cells.jsonl")
+    # the mechanism decodes: 2 layers × 4 heads × (16 + 1) fp32 sums of state per sequence
+    assert (served["attention"], served["mode"], served["status"]) == ("toy_mean", "decode", "ok")
+    assert served["params"] == {"causal": True} and served["state_bytes"] == 544
+    # the row field, derived from what was measured, and null where nothing was timed
+    assert served["toy_seqs_per_s"] == pytest.approx(1 / served["time_per_seq_s"])
+    assert scored["toy_seqs_per_s"] is None
+    # the task: its setting given on the command line, its figure in the row's quality
+    assert scored["task"] == "toy_gain" and scored["status"] == "ok", scored
+    assert scored["cell"]["quality"] == [["scale", 3]] and scored["quality"]["gain"] > 0
+
+    out = run_cli("report", str(run), "--no-plots", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "toy.md, toy.tex" in out.stdout
+    toy = (run / "report" / "toy.md").read_text()
+    assert "**Rows per mechanism (toy)**" in toy and "| mechanism | rows | ok | modes |" in toy
+    assert "| toy_mean | 2 | 2 |" in toy
+    assert "toy_mean" in (run / "report" / "serving.md").read_text()
+    assert list(json.loads((run / "report" / "report.json").read_text()))[-1] == "toy_census"
