@@ -28,7 +28,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """One Table 3 cell timed on the CPU, vanilla against Linformer: a first look."""
     import torch
 
-    from attnbench.cell import check_k
+    from attnbench.cell_rules import check_k
     from attnbench.env import fix_malloc, use_threads
     from attnbench.measure.timing import time_forward
     from attnbench.model import build_model

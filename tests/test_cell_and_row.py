@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 
 from attnbench import row as rows
-from attnbench.cell import (
-    Cell,
-    check_k,
-    kept_k,
-    key,
-    label,
-    left_out,
-    resolve_ceiling,
-    validate,
-)
+from attnbench.cell import Cell, key, label, validate
+from attnbench.cell_rules import check_k, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.quality import tasks

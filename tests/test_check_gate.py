@@ -258,8 +258,11 @@ def test_a_decode_cell_times_the_decode_step_alone(tmp_path: Path) -> None:
     """check.decode_n adds a decode cell: one decode step at context n, timed without the
     forward, so that a slowdown planted into decode alone is caught there, and only there
     (the forward cell is held to a threshold no noise reaches)."""
+    # 12 rounds, not 8: a decode step is ~0.2 ms, and at 8 v 8 samples a few caught by a busy
+    # moment put p above alpha (p = 0.0035 for a planted 3.4x once in CI)
     repo = user_repo(
         tmp_path,
+        rounds=12,
         decode_n="[128]",
         thresholds="[{attention: mine, n: 64, threshold: 100.0}]",
         plugin=DECODING.format(slowdown=0, old=False),
@@ -274,7 +277,7 @@ def test_a_decode_cell_times_the_decode_step_alone(tmp_path: Path) -> None:
     decode = cells["mine n=128 b=2 decode"]
     assert decode["ratio"] > 1.5 and decode["p"] < 0.002  # 3x planted: bounded from below
     assert cells["mine n=64 b=2"]["verdict"] != "regressed"
-    assert len(result["samples"]["B"]["mine n=128 b=2 decode"]) == 8
+    assert len(result["samples"]["B"]["mine n=128 b=2 decode"]) == 12  # a sample per round
 
 
 def test_a_decode_cell_the_old_version_cannot_time_is_new(tmp_path: Path) -> None:

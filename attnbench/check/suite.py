@@ -69,7 +69,7 @@ def load_suite(
     sweeps; ``overrides`` (None values ignored) replace ``check:`` settings before they are
     validated. Mechanisms that cannot run here (xformers without CUDA) are listed as
     skipped; a suite with nothing left to time is a :class:`Misuse`."""
-    from attnbench.cell import left_out
+    from attnbench.cell_rules import left_out
     from attnbench.sweep.cells import cell_from_cfg
     from attnbench.sweep.config import expand_jobs
 
@@ -134,7 +134,7 @@ def _timed_cells(cell: Any, settings: dict[str, Any]) -> list[SuiteCell]:
     backward) at the n that ``check.train_n`` names, and a decode cell (one decode step of
     a causal layer) at each n of ``check.decode_n``. Those two stay eager (docs/gate.md).
     Apart from :func:`load_suite` because this is the gate's own rule, the rest a sweep's."""
-    from attnbench.cell import left_out
+    from attnbench.cell_rules import left_out
 
     params = cell.mechanism_params()
     base = SuiteCell(

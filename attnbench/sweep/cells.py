@@ -9,9 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnbench import cell as cells
 from attnbench import registry, workload
 from attnbench.cell import Cell
+from attnbench.cell_rules import kept_k
 from attnbench.measure import presets
 from attnbench.settings import CELL_FIELDS
 from attnbench.validators import check_bool, check_int, parse_size
@@ -26,7 +26,7 @@ def _plain(value: Any) -> Any:
 
 def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     """The cell a (composed) job config describes; which ``k`` it keeps is
-    :func:`attnbench.cell.kept_k`'s rule, and ``k`` is checked in any case (k=0 is a typo)."""
+    :func:`attnbench.cell_rules.kept_k`'s rule, and ``k`` is checked in any case (k=0 is a typo)."""
     if not isinstance(cfg.get("device"), DictConfig):
         raise ValueError(f"device: must select a preset (device=NAME), got {cfg.get('device')!r}")
     name = setting(cfg, "attention.name")
@@ -42,7 +42,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         check_int("k", k)
     return Cell(
         attention=name,
-        k=cells.kept_k(name, k, in_sweep=in_sweep),
+        k=kept_k(name, k, in_sweep=in_sweep),
         device=cfg.device.name,
         ceiling_bytes=parse_size(setting(cfg, "ceiling")),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),

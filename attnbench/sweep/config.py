@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
 from attnbench import registry
+from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.registry import BUILTINS
 from attnbench.sweep import slurm
@@ -244,7 +245,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         check_run_keys(cfg)
         where = str(run_dir(cfg))
         cell = cell_from_cfg(cfg, is_sweep)
-        why = cells.left_out(cell) if is_sweep else None
+        why = left_out_of(cell) if is_sweep else None
         if why:
             left_out.append(f"{cell.label}: {why}")
             continue

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
 from attnbench.cell import Cell
+from attnbench.cell_rules import left_out
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.row import Row
@@ -138,7 +139,7 @@ def _job(cfg: DictConfig) -> Row | None:
     except ValueError:  # called outside Hydra
         in_sweep = False
     cell = cell_from_cfg(cfg, in_sweep)
-    if in_sweep and cells.left_out(cell):
+    if in_sweep and left_out(cell):
         return None
     preset = preset_from_cfg(cfg)
     store = RunStore(run_dir(cfg))

@@ -1,0 +1,148 @@
+"""The rules a cell is held to beyond its own fields' checks: the ceiling against the
+preset, ``k`` against ``n`` and the mechanism's budget, which ``k`` a sweep keeps, causal
+masking, grouped-query heads, the declared settings, an ``n`` whose input fits, and which
+cells a sweep leaves out. :func:`attnbench.cell.validate` applies them in order; the sweep
+and the gate ask :func:`left_out` and :func:`kept_k` before a cell exists to validate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnbench import registry
+from attnbench.attention.base import check_kv_heads
+from attnbench.measure import presets
+from attnbench.settings import CELL_FIELDS, resolve
+from attnbench.validators import check_bool, check_int
+from attnbench.workload import DEFAULT as DEFAULT_MODE
+
+if TYPE_CHECKING:
+    from attnbench.cell import Cell
+
+
+def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
+    """The bytes a cell may use: its own ceiling, or the preset's whole memory; refused
+    when it is above the device's memory or leaves nothing after the fixed overhead."""
+    ceiling = preset.total_bytes if ceiling_bytes is None else preset.check_ceiling(ceiling_bytes)
+    if ceiling <= preset.overhead_bytes:
+        raise ValueError(
+            f"ceiling: {ceiling} bytes leave nothing after {preset.name}'s fixed "
+            f"overhead of {preset.overhead_bytes} bytes"
+        )
+    return ceiling
+
+
+def kept_k(attention: str, k: int | None, *, in_sweep: bool) -> int | None:
+    """The ``k`` a cell keeps, for every task alike: a mechanism's budget where it has one.
+    In a sweep, a mechanism without a budget drops ``k`` (None: the same cell at every k, so
+    a sweep over mechanisms and k measures it once, as the baseline of each k); a single
+    cell keeps it, so that :func:`check_k` refuses it: a row labelled with a k that changed
+    nothing would mislead."""
+    if registry.info(attention).budget or not in_sweep:
+        return k
+    return None
+
+
+def check_k(attention: str, n: int, k: int | None) -> None:
+    """``k`` is a positive integer (k=0 is a typo), given only to a mechanism with a budget
+    (a sweep drops it for the others: :func:`kept_k`), and a fixed-length mechanism cannot
+    project n positions onto more than n."""
+    if k is None:
+        return
+    check_int("k", k)
+    info = registry.info(attention)
+    if info.budget is None:
+        budgeted = [m for m in registry.names() if registry.info(m).budget]
+        raise ValueError(
+            f"k: attention={attention} has no budget: k must be null (k sets the budget of "
+            f"{', '.join(budgeted)}), got {k}"
+        )
+    if info.fixed_max_len and k > n:
+        raise ValueError(f"k: must be at most n={n}, got {k}")
+
+
+def left_out(cell: Cell) -> str | None:
+    """Why a sweep leaves this cell out, or None: a fixed-length mechanism at ``k >= n`` (``k``
+    or its budget set among its parameters) projects nothing away (Linformer's k < n, as in
+    the paper's Table 3), a mechanism with no causal form has no ``causal=true`` cell, one
+    without grouped-query heads no ``kv_heads`` cell, and one the workload refuses (decode:
+    no incremental form) no cell of that mode.
+    Performer's number of features is free. A single cell at k = n is still measured; a
+    single causal cell of such a mechanism is refused by :func:`validate`."""
+    info = registry.info(cell.attention)
+    k, n = cell.mechanism_params().get(info.budget) if info.budget else None, cell.n
+    if info.fixed_max_len and isinstance(k, int) and isinstance(n, int) and k >= n:
+        return f"k={k} >= n={n}"
+    if dict(cell.params).get("causal") and not info.causal:
+        return "has no causal form"
+    if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
+        return "has no grouped-query form"
+    if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
+        return why
+    if (why := cell.workload.refuses_on_cpu(info)) and not on_gpu(cell, presets.load(cell.device)):
+        return why
+    return None
+
+
+def on_gpu(cell: Cell, preset: presets.Preset) -> bool:
+    """Whether the cell runs on the preset's GPU here (else: memory modeled, time on a CPU)."""
+    return preset.is_gpu and torch.cuda.is_available() and not cell.model_only
+
+
+def check_settings(cell: Cell) -> None:
+    """Every declared setting the cell carries, by its declaration's check (one line naming
+    its key): the model's, timing's (threads against the allocation where the cell runs:
+    env.use_threads) and compiling's fields, then its workload's set, where a name the
+    workload does not declare is refused."""
+    for s in CELL_FIELDS:
+        s.validate(getattr(cell, s.name))
+    if cell.kv_heads is not None:
+        check_kv_heads(cell.kv_heads, cell.n_heads)
+    declared = {s.name: s for s in cell.workload.settings}
+    for name, value in resolve(
+        f"mode={cell.mode}", cell.workload.settings, cell.mode_settings
+    ).items():
+        declared[name].validate(value)
+
+
+def check_causal(cell: Cell) -> None:
+    """``causal=true`` for a mechanism that cannot mask the future is one line naming the
+    ones that can, not the mechanism's own error (or an unknown-parameter one)."""
+    causal = dict(cell.params).get("causal", False)
+    check_bool("causal", causal)
+    if causal and not registry.info(cell.attention).causal:
+        can = [m for m in registry.names() if registry.info(m).causal]
+        raise ValueError(
+            f"causal: attention={cell.attention} has no causal form; causal=true works with "
+            f"{', '.join(can)}"
+        )
+
+
+def check_budget(cell: Cell) -> None:
+    """A fixed-length mechanism (Linformer) needs its budget: without ``k`` it would fall
+    back on its config's default (k=256), silently at n >= 256 and as a misleading ``k``
+    range error below. ``k=null`` is refused unless the budget is set through the
+    mechanism's own parameters (``+attention.params.k=32``)."""
+    info = registry.info(cell.attention)
+    if info.budget and info.fixed_max_len and cell.k is None:
+        if info.budget not in dict(cell.params):
+            what = "its budget" if info.budget == "k" else f"its budget, {info.budget}"
+            raise ValueError(f"k: attention={cell.attention} needs k ({what}), got null")
+
+
+def check_n_fits(cell: Cell, usable: int) -> None:
+    """The rule for too large an n: the input of one sequence alone (n × d_model values of
+    the dtype) must fit in the memory the cell may use. A cell beyond it could only ever be
+    an ``oom`` row, and far beyond it the memory model's tensors overflow torch's size
+    arithmetic (n = 10¹² was an ``error`` row, "Storage size calculation overflowed", exit
+    0): a typo, refused as one."""
+    size = presets.DTYPE_BYTES.get(cell.dtype, 4)
+    one = cell.n * cell.d_model * size
+    if one > usable:
+        raise ValueError(
+            f"n: must fit one sequence's input in the ceiling: {cell.n} × d_model "
+            f"{cell.d_model} × {size} bytes ({cell.dtype}) = {one} bytes, above the "
+            f"{usable} bytes usable; got n={cell.n}"
+        )
