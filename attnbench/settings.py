@@ -72,11 +72,7 @@ class Setting:
 
 
 def integer(low: int = 1) -> Callable[[str, Any], int]:
-    return functools.partial(_integer, low=low)
-
-
-def _integer(name: str, value: Any, *, low: int) -> int:
-    return check_int(name, value, low=low)
+    return functools.partial(check_int, low=low)
 
 
 def optional_integer(name: str, value: Any) -> int | None:
@@ -88,11 +84,7 @@ def number(low: float = 0, open_low: bool = False) -> Callable[[str, Any], float
 
 
 def choice(allowed: Sequence[Any]) -> Callable[[str, Any], Any]:
-    return functools.partial(_choice, allowed=tuple(allowed))
-
-
-def _choice(name: str, value: Any, *, allowed: tuple[Any, ...]) -> Any:
-    return check_choice(name, value, allowed)
+    return functools.partial(check_choice, allowed=tuple(allowed))
 
 
 flag = check_bool

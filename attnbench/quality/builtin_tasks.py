@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench.quality import classify, listops, recall, runs
-from attnbench.settings import Setting
+from attnbench.settings import Setting, defaults
 from attnbench.validators import check_choice, check_int
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class Task:
 
     def defaults(self) -> dict[str, Any]:
         """The settings a cell that names none gets: the config's ``quality.<task>`` block."""
-        return {s.name: s.default for s in self.settings if not s.carried}
+        return defaults(self.settings)
 
 
 def _check_training(n: int, s: dict[str, Any]) -> None:
