@@ -120,7 +120,37 @@ def test_every_package_of_attnbench_ships_in_the_wheel() -> None:
         ".".join(p.parent.relative_to(root).parts)
         for p in (root / "attnbench").rglob("__init__.py")
     }
+    # folders of data files are packages too, or setuptools warns and may leave them out:
+    # attnbench/data (the paper's table) and every folder of conf/ (shipped as attnbench.conf)
+    found |= {"attnbench.data"} | {
+        ".".join(("attnbench", *p.parent.relative_to(root).parts))
+        for p in (root / "conf").rglob("*.yaml")
+    }
     assert found <= listed, sorted(found - listed)
+
+
+def test_a_users_runs_stay_out_of_git_status_and_the_published_results_do_not() -> None:
+    """`attnbench run` writes under results/<sweep_name>/ of the clone a user works in: git
+    ignores it, while what the repository publishes under results/ stays visible to git."""
+    root = Path(__file__).parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git clone")
+
+    def ignored(path: str) -> bool:
+        out = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+        assert out.returncode in (0, 1), path
+        return out.returncode == 0
+
+    assert ignored("results/table3/v100_16gb-cpu/cells.jsonl")
+    assert ignored("results/my_sweep/cpu-cpu/report/index.html")
+    for kept in (
+        "results/gpu_check/rows.jsonl",
+        "results/reference/x/cells.jsonl",
+        "results/gate/new.md",
+        "results/benchmarks/x.json",
+        "results/README.md",
+    ):
+        assert not ignored(kept), kept
 
 
 @pytest.mark.parametrize("args", [["--help"], ["lst"], ["report", "--bogus"]])
