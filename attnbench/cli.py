@@ -163,7 +163,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "alpha).",
         epilog="exit status: 1 if a cell regressed, 0 if none did, 2 on misuse, 3 if the "
         "machine was\ntoo busy to judge a cell (its samples ran on a contended CPU, even "
-        "taken again)\n\n"
+        "taken again\nafter a pause; 0 instead with --on-busy pass)\n\n"
         "examples:\n"
         "  attnbench check                          # against the parent commit\n"
         "  attnbench check --against origin/main --threshold 15%\n"
@@ -193,6 +193,13 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         help="also time each forward cell's layer under torch.compile, compiled before its "
         "first sample (default: the suite's check.compile)",
+    )
+    p.add_argument(
+        "--on-busy",
+        choices=("fail", "pass"),
+        help="when cells stay too contended to judge after check.busy_retries more tries: "
+        "fail (exit 3) or pass (exit 0, the no-verdict line printed; a regression still "
+        "exits 1) (default: the suite's check.on_busy)",
     )
     p.add_argument(
         "--json",

@@ -127,6 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             threshold=args.threshold,
             rounds=args.rounds,
             compile=args.compile,
+            on_busy=args.on_busy,
             json_path=args.json,
             seed=args.seed,
             quiet=args.quiet,

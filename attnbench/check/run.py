@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from attnbench.check import Misuse, sampling, suite, verdicts, versions
+from attnbench.check import Misuse, busy, sampling, suite, verdicts, versions
+from attnbench.check import baseline as baseline_mode
 from attnbench.env import fingerprint
 
 DEFAULT_JSON = Path("results/check/latest.json")
-BUSY = 3  # exit status: no verdict, the machine was busy (neither a pass nor a regression)
+BUSY = busy.BUSY
 
 
 def run(
@@ -32,21 +35,24 @@ def run(
     threshold: float | None = None,
     rounds: int | None = None,
     compile: bool | None = None,
+    on_busy: str | None = None,
     json_path: Path = DEFAULT_JSON,
     seed: int = 0,
     quiet: bool = False,
     out: Console | None = None,
     cwd: Path | None = None,
 ) -> int:
-    """Run the gate: 1 if a cell regressed or broke, else 3 (:data:`BUSY`) if a cell ran on
-    too contended a CPU to be judged, else 0 (or a baseline was written). Misuse raises
+    """Run the gate: 1 if a cell regressed or broke, else 3 (:data:`BUSY`, or 0 with
+    ``check.on_busy=pass``) if a cell ran on too contended a CPU to be judged, else 0 (or a
+    baseline was written). Misuse raises
     :class:`Misuse`; the caller decides how to report it.
 
     Modes: ``against`` (a git ref, default the parent commit) times that ref and the working
     tree interleaved; ``baseline`` compares the working tree with stored samples;
-    ``write_baseline`` stores the working tree's samples. ``threshold``, ``rounds`` and
-    ``compile`` (None: the suite's) override the suite's ``check:`` settings; ``out`` gets
-    the table, stderr the progress bar and warnings.
+    ``write_baseline`` stores the working tree's samples. ``threshold``, ``rounds``,
+    ``compile`` and ``on_busy`` (None: the suite's) override the suite's ``check:``
+    settings; ``out`` gets the table, stderr the progress bar and warnings.
+    Busy cells are timed again, then ``check.on_busy`` decides (:mod:`attnbench.check.busy`).
     """
     if sum(x is not None for x in (against, baseline, write_baseline)) > 1:
         raise Misuse("--against, --baseline and --write-baseline exclude each other")
@@ -55,9 +61,8 @@ def run(
     started = time.time()
     stored_mode = baseline is not None or write_baseline is not None
     root = _root(cwd or Path.cwd(), stored_mode)
-    the_suite = suite.load_suite(
-        suite_name, config_dir, {"threshold": threshold, "rounds": rounds, "compile": compile}
-    )
+    asked = {"threshold": threshold, "rounds": rounds, "compile": compile, "on_busy": on_busy}
+    the_suite = suite.load_suite(suite_name, config_dir, asked)
     settings = the_suite.settings
     stored = verdicts.read_baseline(baseline) if baseline is not None else None
     a_name = a_commit = None
@@ -65,20 +70,67 @@ def run(
         a_name, a_commit = versions.resolve_ref(root, against)
     here = fingerprint(settings["device"], settings["threads"])  # for the warning and files
     if stored is not None:
-        _check_stored(stored, settings, here, err)
+        baseline_mode.check_stored(stored, settings, here, err)
     expect = versions.expected_modules(root)
     for cell, why in the_suite.skipped:
         err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
     got = _sample(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
-
+    again = _sampler(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
     if write_baseline is not None:
-        return _write_baseline(write_baseline, the_suite, got, here)
+        busy.again_while_busy(settings, got, lambda _: set(got.contended.get("B", {})), again, err)
+        return baseline_mode.write_baseline(write_baseline, the_suite, got, here)
     a, a_name, a_compiled = _version_a(stored, baseline, got, a_name)
-    results = _judge(the_suite, a, got)
+    results = _judged(the_suite, a, got, again, err)
     out.print(verdicts.table(results, str(a_name), "working tree", 0.99))
     meta = _meta(a_name, a_commit, suite_name, settings, here, started, got, a_compiled)
     samples = {"A": a, "B": got.versions["B"]}
-    return _conclude(results, meta, samples, got.contended, json_path)
+    return _conclude(results, meta, samples, got.contended, json_path, settings["on_busy"])
+
+
+def _sampler(
+    the_suite: suite.Suite,
+    root: Path,
+    a_name: str | None,
+    a_commit: str | None,
+    stored: dict | None,
+    seed: int,
+    expect: dict[str, str],
+    quiet: bool,
+    err: Console,
+) -> Callable[[set[str], int], sampling.Samples]:
+    """What times some cells again, as :func:`_sample` timed them all, for the busy policy;
+    a fresh interleaving (seed) per attempt."""
+
+    def again(cells: set[str], attempt: int) -> sampling.Samples:
+        some = replace(the_suite, cells=[c for c in the_suite.cells if c.name in cells])
+        return _sample(some, root, a_name, a_commit, stored, seed + attempt, expect, quiet, err)
+
+    return again
+
+
+def _judged(
+    the_suite: suite.Suite,
+    a: dict[str, list[float]],
+    got: sampling.Samples,
+    again: Callable[[set[str], int], sampling.Samples],
+    err: Console,
+) -> list[verdicts.CellResult]:
+    """Every cell's verdict, the busy ones timed again and judged on their new samples as
+    ``check.busy_retries`` and ``check.busy_pause_s`` say (:mod:`attnbench.check.busy`)."""
+    results = _judge(the_suite, a, got)
+
+    def still_busy(cells: set[str]) -> set[str]:
+        # none once a cell failed: exit 1 whatever the busy ones would say, no point waiting
+        nonlocal results
+        if cells:
+            new = {r.cell: r for r in _judge(the_suite, a, got, cells)}
+            results = [new.get(r.cell, r) for r in results]
+        if any(r.verdict in verdicts.FAILING for r in results):
+            return set()
+        return {r.cell for r in results if r.verdict == "busy"}
+
+    busy.again_while_busy(the_suite.settings, got, still_busy, again, err)
+    return results
 
 
 def _version_a(
@@ -126,55 +178,17 @@ def _root(cwd: Path, stored_mode: bool) -> Path:
     return root
 
 
-def _check_stored(
-    stored: dict[str, Any], settings: dict[str, Any], here: dict[str, Any], err: Console
-) -> None:
-    """A stored baseline timed with other settings is misuse; one from another machine, a
-    warning per difference (its times may still be what the user wants)."""
-    why = verdicts.settings_mismatch(stored["settings"], settings)
-    if why:
-        raise Misuse(f"--baseline: {why}; write it again with --write-baseline")
-    for line in verdicts.fingerprint_mismatch(stored["fingerprint"], here):
-        err.print(
-            f"[yellow]attnbench check: warning: the baseline was recorded on "
-            f"another machine or setup ({line}); its times may not compare[/]",
-            markup=True,
-            highlight=False,
-        )
-
-
-def _write_baseline(
-    path: Path, the_suite: suite.Suite, got: sampling.Samples, here: dict[str, Any]
-) -> int:
-    """Store the working tree's samples; a cell that cannot run here is misuse, as a
-    baseline missing it could never be compared with."""
-    if got.unavailable.get("B"):
-        raise Misuse(
-            "--write-baseline: these cells cannot run here: "
-            + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
-        )
-    if busy := got.contended.get("B"):
-        print(
-            f"attnbench check: machine busy: {sum(map(len, busy.values()))} samples of "
-            f"{len(busy)} cells ran on a contended CPU, even taken again; no baseline written "
-            "(write it on a quiet machine)"
-        )
-        return BUSY
-    verdicts.write_baseline(
-        path, the_suite, got.versions["B"], got.reps, here, got.compiled.get("B", {})
-    )
-    print(
-        f"attnbench check: baseline of {len(got.versions['B'])} cells x "
-        f"{the_suite.settings['rounds']} samples written to {path}"
-    )
-    return 0
-
-
 def _judge(
-    the_suite: suite.Suite, a: dict[str, list[float]], got: sampling.Samples
+    the_suite: suite.Suite,
+    a: dict[str, list[float]],
+    got: sampling.Samples,
+    cells: set[str] | None = None,
 ) -> list[verdicts.CellResult]:
-    """Each cell's verdict; misuse when no cell could be compared, as a pass would lie."""
+    """Each cell's verdict (of ``cells`` only, if given: those timed again); misuse when no
+    cell could be compared, as a pass would lie."""
     why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
+    if cells is not None:
+        the_suite = replace(the_suite, cells=[c for c in the_suite.cells if c.name in cells])
     results = verdicts.judge(the_suite, a, got.versions["B"], why_not, got.contended)
     failed = [r for r in results if r.verdict in verdicts.FAILING]
     if not failed and not any(r.stats or r.verdict == "busy" for r in results):
@@ -192,26 +206,32 @@ def _conclude(
     samples: dict,
     contended: dict,
     json_path: Path,
+    on_busy: str = "fail",
 ) -> int:
     """Every sample and verdict to ``json_path``, one summary line; 1 if a cell failed,
-    else :data:`BUSY` if a cell could not be judged on a contended CPU (neither a pass
-    nor a regression), else 0."""
+    else, if a cell could not be judged on a contended CPU (neither a pass nor a
+    regression), :data:`BUSY` or, with ``on_busy="pass"``, 0 with the no-verdict line
+    printed all the same; else 0."""
     verdicts.write_json(json_path, verdicts.result_json(results, meta, samples, contended))
     failed = [r for r in results if r.verdict in verdicts.FAILING]
-    busy = [r for r in results if r.verdict == "busy"]
+    busy_cells = [r for r in results if r.verdict == "busy"]
     counts = {v: sum(r.verdict == v for r in results) for v in verdicts.VERDICTS}
     tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     if failed:
         verdict = "FAILED: " + ", ".join(f"{r.cell} {r.verdict}" for r in failed)
-    elif busy:
+    elif busy_cells:
         verdict = (
-            f"no verdict: machine busy ({len(busy)} cells timed on a contended CPU); run it "
+            f"no verdict: machine busy ({len(busy_cells)} cells timed on a contended CPU); run it "
             "again on a quiet machine"
         )
+        if on_busy == "pass":
+            verdict += " (exit 0: check.on_busy=pass)"
     else:
         verdict = "passed"
     print(f"attnbench check: {verdict} ({tally}; {meta['wall_s']:.0f} s; details in {json_path})")
-    return 1 if failed else BUSY if busy else 0
+    if failed:
+        return 1
+    return (0 if on_busy == "pass" else BUSY) if busy_cells else 0
 
 
 def _sample(

@@ -25,6 +25,11 @@ from attnbench.check import Misuse
 from attnbench.check.stats import min_samples
 from attnbench.validators import check_bool, check_choice, check_int, check_number
 
+# what the gate does when cells stay busy (docs/gate.md, "A busy machine"): take their
+# samples again after a pause, a bounded number of times, then fail (exit 3) or pass (0)
+ON_BUSY = ("fail", "pass")
+BUSY_DEFAULTS = {"busy_retries": 2, "busy_pause_s": 30.0, "on_busy": "fail"}
+
 
 @dataclass(frozen=True)
 class SuiteCell:
@@ -120,6 +125,8 @@ def _settings(name: str, jobs: list[Any], overrides: dict[str, Any] | None) -> d
         )
     settings = OmegaConf.to_container(jobs[0].check, resolve=True)
     settings.setdefault("compile", False)  # a suite from before compiled cells: eager only
+    for key, value in BUSY_DEFAULTS.items():  # a suite from before the busy policy
+        settings.setdefault(key, value)
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         check_settings(settings)
@@ -218,6 +225,9 @@ def check_settings(s: dict[str, Any]) -> None:
                 f"thresholds: each entry needs a threshold > 0 (a fraction, 0.2 = 20 %), "
                 f"got {entry!r}"
             ) from None
+    check_int("busy_retries", s.get("busy_retries"), low=0)
+    check_number("busy_pause_s", s.get("busy_pause_s"), low=0)
+    check_choice("on_busy", s.get("on_busy"), ON_BUSY)
     check_choice("device", s.get("device"), ("cpu", "cuda"))
     if s["device"] == "cuda":
         import torch
