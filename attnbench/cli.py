@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from attnbench import commands
-from attnbench.validators import argtype, parse_fraction, parse_int
+from attnbench.validators import argtype, parse_fraction, parse_int, parse_path
 
 # torch, rich and the measuring code are imported by the commands that use them, so that
 # `attnbench --help` and a typo's one line come back without loading torch
@@ -130,7 +130,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         help="a directory holding cells.jsonl, e.g. results/table3/v100_16gb-cpu",
     )
     p.add_argument(
-        "--out", type=Path, help="where to write (default RUN_DIR/report); replaced as a whole"
+        "--out",
+        type=argtype(parse_path, "--out"),
+        help="where to write (default RUN_DIR/report); replaced as a whole",
     )
     p.add_argument(
         "--baseline",
@@ -203,7 +205,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--json",
-        type=Path,
+        type=argtype(parse_path, "--json"),
         default=Path("results/check/latest.json"),
         help="where to write every sample and verdict (default %(default)s)",
     )
@@ -227,7 +229,7 @@ def _add_check_versions(p: argparse.ArgumentParser) -> None:
     )
     which.add_argument(
         "--write-baseline",
-        type=Path,
+        type=argtype(parse_path, "--write-baseline"),
         metavar="FILE",
         help="time the working tree only and store its samples in FILE",
     )

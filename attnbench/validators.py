@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 import operator
+import os
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -109,6 +111,61 @@ def check_name(name: str, value: Any) -> str:
             f"got {value!r}"
         )
     return text
+
+
+# Linux's limits (bytes), for a file system whose own os.pathconf cannot say
+NAME_MAX, PATH_MAX = 255, 4096
+# beneath a run directory attnbench writes at most this deep: report/plots/<a slug of at most
+# report.files.SLUG_CHARS + 9 bytes>-<what>.png, or Hydra's .hydra/<time>/<job number>
+BELOW_RUN_DIR = 160
+
+
+def fs_limits(path: Path) -> tuple[int, int]:
+    """(longest name, longest path), in bytes, on the file system that ``path`` lands on,
+    asked of its nearest existing ancestor; :data:`NAME_MAX`, :data:`PATH_MAX` where it
+    cannot say."""
+    where = Path(path).absolute()
+    for q in (where, *where.parents):
+        try:  # a name too long for the file system raises here too: ask its parent
+            return os.pathconf(q, "PC_NAME_MAX"), os.pathconf(q, "PC_PATH_MAX")
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX, PATH_MAX
+
+
+def check_fits(out_dir: str, names: dict[str, str], key: str = "out_dir") -> None:
+    """``out_dir``/``names``... (a run directory: each name the key that sets it) fits the
+    file system it lands on, checked before anything is created: each component of
+    ``out_dir`` and each name within its longest name, and the whole, with what attnbench
+    writes beneath it, within its longest path. Otherwise the first file written raises
+    ``File name too long`` once Hydra has made its directories."""
+    name_max, path_max = fs_limits(Path(out_dir))
+    parts = [(key, part) for part in Path(out_dir).parts] + list(names.items())
+    for owner, part in parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > name_max:
+            shown = part if len(part) <= 40 else f"{part[:40]}..."
+            raise ValueError(
+                f"{owner}: a name must be at most {name_max} bytes on this file system, got "
+                f"{size} bytes ({shown!r})"
+            )
+    whole = Path(out_dir).absolute().joinpath(*names.values())
+    size = len(str(whole).encode("utf-8", "surrogateescape")) + BELOW_RUN_DIR
+    if size > path_max:
+        raise ValueError(
+            f"{key}: the files written there would have paths of up to {size} bytes, over "
+            f"this file system's limit of {path_max}; choose a shorter {', '.join([key, *names])}"
+        )
+
+
+def parse_path(name: str, text: str) -> Path:
+    """A path that a command writes to (``--out``, ``--json``): not empty (an empty one
+    would silently mean the current directory), and fitting its file system
+    (:func:`check_fits`)."""
+    if not text.strip():
+        raise ValueError(f"{name}: must be a path, got {text!r}")
+    check_fits(text, {}, key=name)
+    return Path(text)
 
 
 def parse_fraction(name: str, text: str) -> float:

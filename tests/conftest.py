@@ -127,6 +127,8 @@ def cli_in_process(
         capsys.readouterr()
         try:
             code = cli.main(list(args))
+        except SystemExit as e:  # argparse's refusals exit, as the process would
+            code = e.code if isinstance(e.code, int) else 1
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)

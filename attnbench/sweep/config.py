@@ -37,6 +37,7 @@ from attnbench.sweep.hydra_api import split_sweep
 from attnbench.validators import (
     check_bool,
     check_choice,
+    check_fits,
     check_limit,
     check_name,
     check_number,
@@ -61,6 +62,7 @@ def run_dir(cfg: DictConfig) -> Path:
     if run == "auto":
         here = "cuda" if torch.cuda.is_available() and cfg.device.gpu else "cpu"
         run = check_name("run", f"{cfg.device.name}-{here}")
+    check_fits(out_dir, {"sweep_name": sweep, "run": run})
     return Path(out_dir) / sweep / run
 
 
