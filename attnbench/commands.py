@@ -90,6 +90,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return error(str(e))
     except OSError as e:  # the rows unreadable
         return error(f"cannot read the rows: {files.os_error(e)}")
+    for note in report.notes:  # said whether or not the tables are shown
+        print(f"attnbench report: {shorten(printable(note), 2000)}", file=sys.stderr)
     if not args.quiet:
         files.print_tables(report, make_console())
     written = files.render(report, with_plots=not args.no_plots)

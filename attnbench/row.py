@@ -262,12 +262,18 @@ def read(path: Path, *, strict: bool = True) -> list[Row]:
     raises :class:`BadRow` (a ``ValueError``) naming the file, the line and the field.
     With ``strict=False`` only a last line without its newline (a writer killed mid-line)
     is left out."""
+    return [r for _, r in read_numbered(path, strict=strict)]
+
+
+def read_numbered(path: Path, *, strict: bool = True) -> list[tuple[int, Row]]:
+    """:func:`read`'s rows with their line numbers, for a reader that must name a line
+    (two rows of one cell, say)."""
     if not Path(path).is_file():  # a FIFO would block, a directory or a symlink loop raise
         raise ValueError(f"{printable(str(path))}: no such file (or not a regular file)")
     rows = []
     for line_no, data in numbered_lines(path, strict=strict):
         try:
-            rows.append(Row.from_dict(data))
+            rows.append((line_no, Row.from_dict(data)))
         except ValueError as e:
             raise BadRow(path, line_no, str(e)) from None
     return rows

@@ -17,11 +17,12 @@ import json
 import re
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench import row
 from attnbench.report import html, outline, plots, sections, text
+from attnbench.report.distinct import distinct
 from attnbench.report.outline import Part, Section
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
@@ -43,6 +44,8 @@ class Report:
     rows: list[row.Row]
     made: list[tuple[Section, list[Part]]]  # every section of tables, with its parts
     stemmed_tables: list[tuple[RatioTable, str]]  # each with the stem of its files
+    # rows that did not count, one line each (two rows of one cell: report.distinct)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def tables(self) -> list[RatioTable]:
@@ -90,7 +93,8 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     ValueError (one line) if there is nothing to report."""
     run_dir = Path(run_dir)
     path, *more = (_rows_file(Path(d)) for d in (run_dir, *also))
-    rows = [r for p in (path, *more) for r in row.read(p) if r.status is not None]
+    counted, notes = distinct([(p, row.read_numbered(p)) for p in (path, *more)])
+    rows = [r for r in counted if r.status is not None]
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
     # quality rows have no time or memory; serving's have tables of their own
@@ -102,7 +106,7 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
         for s in outline.sections()
         if s.document is not None
     ]
-    return Report(run_dir, baseline, rows, made, stemmed)
+    return Report(run_dir, baseline, rows, made, stemmed, notes)
 
 
 # a file name from a label is cut here (and a hash of the whole added): names over 255
