@@ -109,6 +109,27 @@ def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -
     return Report(run_dir, baseline, rows, made, stemmed, notes)
 
 
+def command_for(run_dir: Path, baseline: str) -> str:
+    """An ``attnbench report`` command that can make ``run_dir``'s report where one with
+    ``baseline`` could not: another baseline when the rows have no ``baseline`` rows (the
+    first mechanism they have), ``--no-plots`` without matplotlib. What a sweep prints when
+    its own report failed, so the command it suggests is one that works."""
+    import importlib.util
+    import shlex
+
+    command = f"attnbench report {shlex.quote(str(run_dir))}"
+    try:
+        cost = [r for r in row.read(_rows_file(Path(run_dir))) if sections.cost_row(r)]
+    except (OSError, ValueError):
+        return command
+    names = sorted({r.attention for r in cost})
+    if names and baseline not in names:
+        command += f" --baseline {shlex.quote(names[0])}"
+    if importlib.util.find_spec("matplotlib") is None:
+        command += " --no-plots"
+    return command
+
+
 # a file name from a label is cut here (and a hash of the whole added): names over 255
 # bytes are refused by every common file system, and a parameter's value can be a megabyte
 SLUG_CHARS = 100

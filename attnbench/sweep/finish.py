@@ -70,9 +70,7 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
         out = files.default_out(run)
         files.write(files.render(report), out)
     except Exception as e:  # the sweep's rows stand: say why, go on
-        print(
-            f"attnbench: no report for {run}: {e} (make it later: attnbench report {run})",
-            flush=True,
-        )
+        later = files.command_for(run, baseline)
+        print(f"attnbench: no report for {run}: {e} (make it later: {later})", flush=True)
         return
     print(f"attnbench: report in {out}/index.html", flush=True)
