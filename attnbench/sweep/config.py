@@ -30,7 +30,7 @@ from attnbench import registry
 from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.registry import BUILTINS
-from attnbench.sweep import slurm
+from attnbench.sweep import keys, slurm
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
@@ -81,13 +81,18 @@ def _unknown(group: str, option: Any, options: list[str]) -> str:
     return f"{group}: unknown option {option!r}{allowed}"
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException, config_dir: str | None = None) -> str:
+    """Hydra's error as the user's one line: an unknown option names its group's options,
+    a key Hydra cannot override (no ``+``) is an unknown key, said as
+    :func:`attnbench.sweep.keys.unknown` says it, never Hydra's advice to add a ``+``."""
     text = str(e) or type(e).__name__
     found = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if found:
         group, option = found.groups()
         options = [o for o in re.findall(r"^\t(\S+)", text, re.M) if "=" not in o]
         return _unknown(group, option, options)
+    if found := re.search(r"Could not override '([^']+)'\.\s+To append to your config use", text):
+        return keys.unknown(found.group(1), keys.known_keys([config_dir] if config_dir else []))
     return " ".join(text.split())
 
 
@@ -205,7 +210,7 @@ def expand_jobs(
             check_choices(every, options)  # the sweep file's choices too
             jobs = compose_each(compose, parser, config_name, split_sweep(every), search)
     except (HydraException, ConfigCompositionException, ImportError) as e:
-        raise ValueError(_one_line(e)) from None
+        raise ValueError(_one_line(e, config_dir)) from None
     return jobs, True
 
 
@@ -240,10 +245,13 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     here = not slurm.runs_elsewhere(launcher[0])
     left_out: list[str] = []
     once: dict[str, None] = {}  # why some jobs are one cell: said once each, not per job
+    config_dir = valued.get("--config-dir", valued.get("-cd"))
+    known = keys.known_keys([config_dir] if config_dir else [])
     for cfg in jobs:
         for key in ("n", "batch", "dtype"):
             if OmegaConf.is_missing(cfg, key):
                 raise ValueError(f"{key}: missing")
+        keys.check_known(cfg, known)
         check_run_keys(cfg)
         where = str(run_dir(cfg))
         cell = cell_from_cfg(cfg, is_sweep)
