@@ -20,7 +20,6 @@ from attnbench.cell import Cell, key
 from attnbench.measure import compiled, presets
 from attnbench.runner import run_cell
 from attnbench.workload import Work
-from tests.conftest import run_cli
 
 TINY = dict(
     dtype="fp32", device="cpu", layers=2, d_model=32, n_heads=2, d_ff=64, batch=1,
@@ -132,18 +131,16 @@ def test_a_compiler_failure_is_the_cells_error_row(tmp_path: Path, monkeypatch) 
     assert "InvalidCxxCompiler" in row.reason and "\n" not in row.reason
 
 
-def _run(
-    tmp_path: Path, *args: str, n: int = 64, here: Callable[..., object] | None = None
-) -> object:
-    """``attnbench run`` of tiny cells: a fresh process, or ``here`` (the ``cli_in_process``
-    fixture) for a refusal that needs none."""
+def _run(tmp_path: Path, *args: str, here: Callable[..., object], n: int = 64) -> object:
+    """``attnbench run`` of tiny cells through ``here`` (the ``cli_in_process`` fixture): in
+    this process, as the command line calls it."""
     flags = [a for a in args if a.startswith("-")]
     args = tuple(a for a in args if not a.startswith("-"))
     args = (
         "run", *flags, "model=tiny", "device=cpu", "dtype=fp32", "progress=false", f"n={n}",
         f"out_dir={tmp_path}", "timing.min_seconds=0", "timing.min_repeats=2", *args,
     )  # fmt: skip
-    return run_cli(*args) if here is None else here(*args, cwd=tmp_path)
+    return here(*args, cwd=tmp_path)
 
 
 BAD = [
@@ -159,24 +156,28 @@ BAD = [
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, args: list[str], says: str, cli_in_process
 ) -> None:
-    # the first in a fresh process, as a user meets it; the rest in this one (the same
-    # cli.main, refusing before anything runs), not seconds of imports each
-    here = None if (args, says) == BAD[0] else cli_in_process
+    # in this process (the same cli.main, refusing before anything runs), not seconds of
+    # imports each: a refusal of `attnbench run` in a fresh process is test_train.py's
     attention = [] if any(a.startswith("attention=") for a in args) else ["attention=vanilla"]
-    out = _run(tmp_path, *attention, *args, here=here)
+    out = _run(tmp_path, *attention, *args, here=cli_in_process)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], out.stderr
     assert not list(tmp_path.rglob("cells.jsonl"))
 
 
-def test_a_sweep_leaves_flex_training_out_on_a_cpu_and_goes_on(tmp_path: Path) -> None:
+def test_a_sweep_leaves_flex_training_out_on_a_cpu_and_goes_on(
+    tmp_path: Path, cli_in_process
+) -> None:
     """flex with every layer eager still runs its compiled kernel (the row says ``kernel``),
     its block mask's build apart and its FLOPs block-sparse beside the dense count; a
-    training sweep on a CPU leaves flex out and measures the rest."""
+    training sweep on a CPU leaves flex out and measures the rest. In this process (cli.main,
+    as the command line calls it): the rows are the property, not the process (the real
+    inference and training runs are test_run_cli.py's and test_train.py's)."""
     out = _run(
-        tmp_path, "-m", "attention=flex_window,vanilla", "mode=inference,train", "k=64", n=512
-    )
+        tmp_path, "-m", "attention=flex_window,vanilla", "mode=inference,train", "k=64",
+        "report=false", n=512, here=cli_in_process,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = attnbench.load([tmp_path])
     got = sorted(zip(rows.attention, rows["mode"], strict=True))

@@ -2,36 +2,76 @@
 (``$ATTNBENCH_PLUGINS``) the way a user adds them without editing attnbench: a quality task
 (``toy_task``), a row field (``toy_field``), a report section with its document
 (``toy_section``) and a mechanism with a decode form (``toy_decoder``). One real
-``attnbench run`` per path (a decode cell, a quality cell) and one ``attnbench report``; each
-toy's own behaviour is tested in-process by its own test file."""
+``attnbench run`` (a decode cell: the plugins loaded by a fresh process), then a quality cell
+and ``attnbench report`` in this process, the plugins loaded by its first look at its
+registries as a fresh process's is; each toy's own behaviour is tested in-process by its own
+test file."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hydra.core.config_store import ConfigStore
 
+from attnbench import registry, row_fields, workload
+from attnbench.quality import tasks
+from attnbench.report import outline
 from attnbench.store import read_rows
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TOYS = ("toy_task", "toy_field", "toy_section", "toy_decoder")
+PLUGINS = ",".join(f"tests.toys.{t}" for t in TOYS)
 TINY = ("n=64", "batch=1", "device=cpu", "dtype=fp32", "model=tiny", "progress=false")
 
 
-def test_four_toy_extensions_run_and_report_from_their_own_files(tmp_path: Path) -> None:
+@pytest.fixture
+def plugins_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``$ATTNBENCH_PLUGINS`` names the four toys, not yet loaded in this process; after the
+    test every registry they add to is as it was, so that the rest of the suite sees the
+    built-ins only."""
+    monkeypatch.setenv(registry.PLUGIN_ENV, PLUGINS)
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    saved = [
+        (d, dict(d))
+        for d in (
+            registry._REGISTRY, tasks.REGISTRY, row_fields.EXTRA, row_fields.DERIVE,
+            outline._SECTIONS, outline._DOCUMENTS, workload._WORKLOADS,
+        )
+    ]  # fmt: skip
+    repo = ConfigStore.instance().repo
+    attention = dict(repo.get("attention", {}))
+    for toy in TOYS:
+        sys.modules.pop(f"tests.toys.{toy}", None)
+    yield
+    for d, before in saved:
+        d.clear()
+        d.update(before)
+    if "attention" in repo:
+        repo["attention"].clear()
+        repo["attention"].update(attention)
+    for toy in TOYS:
+        sys.modules.pop(f"tests.toys.{toy}", None)
+
+
+def test_four_toy_extensions_run_and_report_from_their_own_files(
+    tmp_path: Path, plugins_here: None, cli_in_process
+) -> None:
     env = {
-        "ATTNBENCH_PLUGINS": ",".join(f"tests.toys.{t}" for t in TOYS),
+        "ATTNBENCH_PLUGINS": PLUGINS,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     decode = ("mode=decode", "attention=toy_mean", "decode_tokens=4", "timing.min_seconds=0",
-              "timing.min_repeats=2")  # fmt: skip
+              "timing.min_repeats=2", "report=false")  # fmt: skip
     out = run_cli("run", *decode, *TINY, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    task = ("attention=toy_mean", "task=toy_gain", "+quality.toy_gain.scale=3")
-    out = run_cli("run", *task, *TINY, cwd=tmp_path, env=env)
+    task = ("attention=toy_mean", "task=toy_gain", "+quality.toy_gain.scale=3", "report=false")
+    out = cli_in_process("run", *task, *TINY, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     run = tmp_path / "results" / "single" / "cpu-cpu"
     served, scored = read_rows(run / "cells.jsonl")
@@ -45,7 +85,7 @@ def test_four_toy_extensions_run_and_report_from_their_own_files(tmp_path: Path)
     assert scored["task"] == "toy_gain" and scored["status"] == "ok", scored
     assert scored["cell"]["quality"] == [["scale", 3]] and scored["quality"]["gain"] > 0
 
-    out = run_cli("report", str(run), "--no-plots", cwd=tmp_path, env=env)
+    out = cli_in_process("report", str(run), "--no-plots", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "toy.md, toy.tex" in out.stdout
     toy = (run / "report" / "toy.md").read_text()

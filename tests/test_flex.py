@@ -25,7 +25,6 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 import attnbench
 from attnbench.attention import flex
 from attnbench.attention.flex import FlexConfig
-from tests.conftest import run_cli
 
 D, H, N, B = 32, 4, 200, 2
 FP32_TOL, FP64_TOL = 2e-6, 1e-10
@@ -356,8 +355,10 @@ def test_odd_causal_window_and_window_unused_by_other_patterns_are_allowed() -> 
     attnbench.create("flex", d_model=D, n_heads=H, max_seq_len=N, pattern="full", window=7)
 
 
-def test_the_cli_refuses_a_bad_window_in_one_line(tmp_path) -> None:
-    done = run_cli(
+def test_the_cli_refuses_a_bad_window_in_one_line(tmp_path, cli_in_process) -> None:
+    # in this process (the same cli.main, refusing before anything runs): a refusal of
+    # `attnbench run` in a fresh process is test_train.py's
+    done = cli_in_process(
         "run",
         "attention=flex",
         "attention.params.pattern=window",

@@ -60,8 +60,12 @@ def test_approx_sweep_rows_and_report(tmp_path: Path) -> None:
     assert (next(tmp_path.glob("results/ap/*/report/plots")) / "approx-random-n64.png").is_file()
 
 
-def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
-    out = run_cli(
+def test_listops_and_spectrum_cells(tmp_path: Path, cli_in_process) -> None:
+    """The three runs in this process (cli.main, as the command line calls it): a quality
+    task's real process is test_approx_sweep_rows_and_report's. The spectrum's and the
+    approximation's runs train the vanilla model again (deterministic on the CPU), once for
+    both: trained once per process, as in a sweep."""
+    out = cli_in_process(
         "run", "-m", "task=listops", "attention=vanilla,local", "n=32", "k=8",
         "sweep_name=lo", *TINY_LISTOPS, *CPU, cwd=tmp_path,
     )  # fmt: skip
@@ -80,7 +84,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     assert (plots / "pareto-listops.png").is_file()
 
     # the spectrum, on the trained model's hidden states (trained again here: deterministic)
-    out = run_cli(
+    out = cli_in_process(
         "run", "-m", "task=spectrum", "n=32", "sweep_name=sp", "quality.spectrum.inputs=listops",
         "quality.spectrum.index=8", *TINY_LISTOPS, *CPU, cwd=tmp_path,
     )  # fmt: skip
@@ -99,7 +103,7 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
     assert f"test accuracy: {100 * trained:.2f} %" in report
 
     # the approximation error on the same trained model's hidden states, layer by layer
-    out = run_cli(
+    out = cli_in_process(
         "run", "-m", "task=approx", "attention=vanilla,performer", "n=32", "k=8",
         "sweep_name=at", "quality.approx.inputs=listops", *TINY_LISTOPS, *CPU, cwd=tmp_path,
     )  # fmt: skip
@@ -151,10 +155,9 @@ def test_listops_and_spectrum_cells(tmp_path: Path) -> None:
 def test_bad_quality_input_is_one_line_exit_2_and_writes_nothing(
     tmp_path: Path, args: tuple, needle: str, cli_in_process
 ) -> None:
-    # the first in a fresh process, as a user meets it; the rest in this one (the same
-    # cli.main, refusing before anything runs), not seconds of imports each
-    call = run_cli if args == ("task=aprox",) else cli_in_process
-    out = call("run", *args, "model=tiny", "device=cpu", "dtype=fp32", cwd=tmp_path)
+    # in this process (the same cli.main, refusing before anything runs), not seconds of
+    # imports each: a refusal of `attnbench run` in a fresh process is test_train.py's
+    out = cli_in_process("run", *args, "model=tiny", "device=cpu", "dtype=fp32", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
     assert not any(tmp_path.iterdir()), "nothing may be written"

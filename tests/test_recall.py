@@ -20,7 +20,6 @@ from attnbench.quality.classify import Classifier
 from attnbench.quality.training import IGNORE, accuracy, loss
 from attnbench.row import Row
 from attnbench.store import read_rows
-from tests.conftest import run_cli
 
 TINY = {
     "n": 32, "num_kv_pairs": 4, "vocab_size": 64, "train_examples": 128, "test_examples": 32,
@@ -208,8 +207,10 @@ TINY_CLI = (
 )  # fmt: skip
 
 
-def test_the_task_end_to_end(tmp_path: Path) -> None:
-    out = run_cli(
+def test_the_task_end_to_end(tmp_path: Path, cli_in_process) -> None:
+    """``attnbench run task=mqar`` in this process (cli.main, as the command line calls it):
+    a quality task's real process is tests/test_quality_cli.py's."""
+    out = cli_in_process(
         "run", "-m", "task=mqar", "attention=vanilla,linformer", "k=8", "sweep_name=rc",
         *TINY_CLI, *CPU, cwd=tmp_path,
     )  # fmt: skip

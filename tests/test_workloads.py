@@ -107,9 +107,11 @@ def test_the_toy_is_a_mode_with_its_own_key_label_and_refusals() -> None:
         validate(Cell("vanilla", n=64, mode="toy"))
 
 
-def test_a_workload_from_a_plugin_runs_end_to_end(tmp_path: Path) -> None:
+def test_a_workload_from_a_plugin_runs_end_to_end(tmp_path: Path, cli_in_process) -> None:
     """`attnbench run mode=toy_halves` in a fresh process: the plugin registers the toy,
-    the command validates, measures and stores one row of it, and the report is written."""
+    the command validates, measures and stores one row of it, and the report is written.
+    Its refusal in this process (cli.main, the toy registered here by ``_toy``): a
+    refusal's line and exit code are not the process's."""
     env = {
         "ATTNBENCH_PLUGINS": "tests.test_workloads",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -135,7 +137,7 @@ def test_a_workload_from_a_plugin_runs_end_to_end(tmp_path: Path) -> None:
     assert row["memory_source"] == "modeled" and row["peak_bytes"] > 0
     # refused in one line, exit 2, before anything is written
     (tmp_path / "x").mkdir()
-    refused = run_cli(*args[:1], "attention=performer", *args[2:], cwd=tmp_path / "x", env=env)
+    refused = cli_in_process(*args[:1], "attention=performer", *args[2:], cwd=tmp_path / "x")
     assert refused.returncode == 2
     assert "mode: attention=performer is not for the toy" in refused.stderr
     assert "Traceback" not in refused.stderr and not any((tmp_path / "x").iterdir())
