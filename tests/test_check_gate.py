@@ -645,33 +645,37 @@ def test_stored_baseline_mode(
     in_process: Callable[..., subprocess.CompletedProcess],
 ) -> None:
     repo = user_repo(tmp_path)
-    inject(monkeypatch, repo, times())
-    wrote = in_process(repo, "--write-baseline", "base.json")
-    assert wrote.returncode == 0, wrote.stderr
-    assert "attnbench check: baseline of 1 cells x 8 samples written to base.json" in wrote.stdout
-    base = json.loads((repo / "base.json").read_text())
-    assert base["schema"] == 2 and base["fingerprint"]["threads"] == 1
-    assert set(base["samples"]) == {"mine n=64 b=2"} and base["reps"] == {"mine n=64 b=2": 10}
-    # not interleaved: load on the machine between the two runs counts, which is why a real
-    # comparison is held to a wide threshold; on injected samples the same code passes at
-    # the suite's 10 %, and a planted 5x is caught at 100 %
-    same = in_process(repo, "--baseline", "base.json", "--threshold", "10%")
-    assert same.returncode == 0, same.stdout + same.stderr
-    assert "attnbench check: passed" in same.stdout
-    inject(monkeypatch, repo, times(slower=5.0))  # 5x
-    slow = in_process(repo, "--baseline", "base.json", "--threshold", "100%")
-    assert slow.returncode == 1, slow.stdout + slow.stderr
-    assert json.loads((repo / "out.json").read_text())["against"] == "baseline base.json"
-    # every sample still contended after its retries: no baseline, and exit 3, not 0
-    inject(monkeypatch, repo, times(), contended=range(10**6))
-    busy = in_process(repo, "--write-baseline", "busy.json")
-    assert busy.returncode == 3, busy.stdout + busy.stderr
-    assert "machine busy: 8 samples of 1 cells ran on a contended CPU" in busy.stdout
-    assert "no baseline written" in busy.stdout and not (repo / "busy.json").exists()
+    with monkeypatch.context() as m:  # injected samples and readings, up to the real runs
+        inject(m, repo, times())
+        wrote = in_process(repo, "--write-baseline", "base.json")
+        assert wrote.returncode == 0, wrote.stderr
+        assert "attnbench check: baseline of 1 cells x 8 samples written to base.json" in (
+            wrote.stdout
+        )
+        base = json.loads((repo / "base.json").read_text())
+        assert base["schema"] == 2 and base["fingerprint"]["threads"] == 1
+        assert set(base["samples"]) == {"mine n=64 b=2"} and base["reps"] == {"mine n=64 b=2": 10}
+        # not interleaved: load on the machine between the two runs counts, which is why a
+        # real comparison is held to a wide threshold; on injected samples the same code
+        # passes at the suite's 10 %, and a planted 5x is caught at 100 %
+        same = in_process(repo, "--baseline", "base.json", "--threshold", "10%")
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "attnbench check: passed" in same.stdout
+        inject(m, repo, times(slower=5.0))  # 5x
+        slow = in_process(repo, "--baseline", "base.json", "--threshold", "100%")
+        assert slow.returncode == 1, slow.stdout + slow.stderr
+        assert json.loads((repo / "out.json").read_text())["against"] == "baseline base.json"
+        # every sample still contended after its retries: no baseline, and exit 3, not 0
+        inject(m, repo, times(), contended=range(10**6))
+        busy = in_process(repo, "--write-baseline", "busy.json")
+        assert busy.returncode == 3, busy.stdout + busy.stderr
+        assert "machine busy: 8 samples of 1 cells ran on a contended CPU" in busy.stdout
+        assert "no baseline written" in busy.stdout and not (repo / "busy.json").exists()
 
-    # for real: a baseline written by the working tree's worker, or, on a machine too busy,
-    # none and the line that says so
-    wrote = check(repo, "--write-baseline", "real.json")
+    # for real: a baseline written from a real worker's samples (the command in this process:
+    # its real process is the comparison below), or, on a machine too busy, none and the
+    # line that says so
+    wrote = in_process(repo, "--write-baseline", "real.json")
     if wrote.returncode == 0:
         real_base = json.loads((repo / "real.json").read_text())
         assert real_base["schema"] == 2 and real_base["fingerprint"]["threads"] == 1
@@ -681,9 +685,9 @@ def test_stored_baseline_mode(
         assert wrote.returncode == 3, wrote.stdout + wrote.stderr
         assert "machine busy: " in wrote.stdout and "no baseline written" in wrote.stdout
         assert not (repo / "real.json").exists()
-    # and a real comparison with the stored one, from another machine: the warning, and the
-    # working tree's real forwards (~0.1 ms of a tiny layer) against the stored 1 ms: never
-    # a regression, whether judged or too busy to be
+    # and a real comparison, in a real process, with the stored one from another machine:
+    # the warning, and the working tree's real forwards (~0.1 ms of a tiny layer) against
+    # the stored 1 ms: never a regression, whether judged or too busy to be
     base["fingerprint"]["cpu"] = "some other CPU"
     (repo / "base.json").write_text(json.dumps(base))
     warned = real(repo, "--baseline", "base.json")
