@@ -277,9 +277,9 @@ def inject(
     """Stand-ins for what a check run in this process reads from outside itself. Each
     version's worker (:class:`attnbench.check.versions.Worker`; B the working tree,
     ``repo``, A the ref's worktree) answers its k-th sample of a cell (k = -1: the setup's
-    timing) with ``seconds(version, cell, k)`` (``cell``: the SuiteCell's fields), and a
-    cell ``cannot(version, cell)`` gives a reason for with that reason, as one it cannot
-    build. The scheduler's windows around the samples
+    timing) with ``seconds(version, cell, k)`` (``cell``: the SuiteCell's fields), and
+    reports a cell it cannot build where ``cannot(version, cell)`` gives the reason. The
+    scheduler's windows around the samples
     (:class:`attnbench.measure.contention.Window`), numbered from 0 in the order they are
     taken (retries included), read contended where their number is in ``contended``."""
     from attnbench.check import sampling
