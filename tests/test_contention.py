@@ -1,14 +1,14 @@
 """Timings say when the machine was busy, and threads follow the CPUs a process was given.
 
-The contention flag is proven against a real busy loop sharing the timed process's CPU
-(and the same timing without it); the thread count against a real CPU affinity and
-``SLURM_CPUS_PER_TASK``, through the CLI in a subprocess. Reports, the end-of-sweep line
-and the gate are held to what a busy figure means: no figure.
+The contention flag is proven against a real busy loop sharing the timed thread's CPU (and
+the same timing without it), and the whole path once in a real ``attnbench run`` pinned
+beside one; the thread count against a real CPU affinity (that run's) and
+``SLURM_CPUS_PER_TASK``. Reports, the end-of-sweep line and the gate are held to what a busy
+figure means: no figure.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -33,40 +33,45 @@ LINUX = pytest.mark.skipif(
 )
 CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
 
-# One thread pinned to CPU timing a chain of SIZE x SIZE matmuls, re-sampling for at most
-# 1.5 s: at 640, ~20 ms a sample (longer than a scheduler time slice, so a busy loop on the
-# same CPU takes part of every sample); at 192, ~0.2 ms, short enough that re-sampling finds
-# uncontended samples even on a loaded machine (one that another job keeps busy is busy).
-TIMING = f"""
-import json, os, sys
-os.sched_setaffinity(0, {{{CPU}}})
-import torch
-from attnbench.measure.timing import time_forward
-torch.set_num_threads(1)
-a = torch.randn(int(sys.argv[1]), int(sys.argv[1]))
-t = time_forward(lambda: a @ a @ a @ a, torch.device("cpu"), min_repeats=3, min_seconds=0.1,
-                 patience_s=1.5)
-print(json.dumps({{**t.contention.as_dict(), "repeats": t.repeats}}))
-"""
 
-
+# This thread pinned to CPU timing a chain of SIZE x SIZE matmuls on one torch thread,
+# re-sampling for at most 1.5 s: at 640, ~20 ms a sample (longer than a scheduler time slice,
+# so a busy loop on the same CPU takes part of every sample); at 192, ~0.2 ms, short enough
+# that re-sampling finds uncontended samples even on a loaded machine (one that another job
+# keeps busy is busy).
 def _timed(size: int, hog: bool) -> dict:
+    import torch
+
+    from attnbench.measure.timing import time_forward
+
     busy_loop = None
-    if hog:
+    if hog:  # running (it said so) before the first sample
         busy_loop = subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
+            [sys.executable, "-c", "print('on', flush=True)\nwhile True: pass"],
             preexec_fn=lambda: os.sched_setaffinity(0, {CPU}),
+            stdout=subprocess.PIPE,
+            text=True,
         )
+        assert busy_loop.stdout is not None and busy_loop.stdout.readline() == "on\n"
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", TIMING, str(size)], capture_output=True, text=True, timeout=300
+        os.sched_setaffinity(0, {CPU})  # this thread alone (Linux: pid 0 is the caller)
+        torch.set_num_threads(1)
+        a = torch.randn(size, size)
+        t = time_forward(
+            lambda: a @ a @ a @ a,
+            torch.device("cpu"),
+            min_repeats=3,
+            min_seconds=0.1,
+            patience_s=1.5,
         )
     finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
         if busy_loop is not None:
             busy_loop.kill()
             busy_loop.wait()
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return {**t.contention.as_dict(), "repeats": t.repeats}
 
 
 @LINUX
@@ -210,15 +215,43 @@ CELL = (
 )
 
 
+@pytest.fixture(scope="module")
+def busy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The whole path, for real: ``attnbench run`` of two cells in a process pinned to one
+    CPU beside a busy loop pinned to it (n = 128 on the base model's width: forwards of tens
+    of ms, far longer than a scheduler's time slice, so the loop takes part of every one);
+    its directory and the finished command."""
+    tmp = tmp_path_factory.mktemp("busy")
+    pin = lambda: os.sched_setaffinity(0, {CPU})  # noqa: E731
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    try:
+        done = run_cli(
+            "run", "-m", "attention=vanilla,linear", "n=128", "model.layers=2", "dtype=fp32",
+            "device=cpu", "batch=1", "timing.min_seconds=0.05", "timing.min_repeats=3",
+            "progress=false", "sweep_name=busy", cwd=tmp, preexec_fn=pin,
+        )  # fmt: skip
+    finally:
+        loop.kill()
+        loop.wait()
+    return tmp, done
+
+
 @LINUX
-def test_a_cell_times_on_the_cpus_it_was_given_and_says_so(tmp_path: Path) -> None:
-    one = run_cli("run", *CELL, cwd=tmp_path, preexec_fn=lambda: os.sched_setaffinity(0, {CPU}))
+def test_a_cell_times_on_the_cpus_it_was_given_and_says_so(
+    busy_run: tuple[Path, subprocess.CompletedProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cli_in_process,
+) -> None:
+    """The process's CPU affinity, as it started (the pinned run's rows), then
+    ``SLURM_CPUS_PER_TASK`` as the command reads it (in this process)."""
+    where, one = busy_run
     assert one.returncode == 0, one.stderr
-    (row,) = read_rows(next(tmp_path.glob("results/single/*/cells.jsonl")))
-    assert row["env"]["threads"] == 1 and row["env"]["cpus"] == 1
-    assert set(row["contention"]) >= {"delay", "cpu_share", "contended", "busy"}
-    env = {**os.environ, cpus.SLURM_CPUS: "1"}
-    slurm = run_cli("run", *CELL, "rerun=true", cwd=tmp_path, env=env)
+    for row in read_rows(next(where.glob("results/busy/*/cells.jsonl"))):
+        assert row["env"]["threads"] == 1 and row["env"]["cpus"] == 1
+        assert set(row["contention"]) >= {"delay", "cpu_share", "contended", "busy"}
+    monkeypatch.setenv(cpus.SLURM_CPUS, "1")
+    slurm = cli_in_process("run", *CELL, cwd=tmp_path)
     assert slurm.returncode == 0, slurm.stderr
     (row,) = read_rows(next(tmp_path.glob("results/single/*/cells.jsonl")))
     assert row["env"]["threads"] == 1
@@ -235,9 +268,13 @@ def test_threads_are_checked_where_the_jobs_run() -> None:
     assert len(prevalidate([*CELL, many, "hydra/launcher=submitit_slurm"])) == 1
 
 
-def test_more_threads_than_cpus_are_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_more_threads_than_cpus_are_refused_before_anything_runs(
+    tmp_path: Path, cli_in_process
+) -> None:
+    """A refusal's line and exit code, in this process (a real refusal of ``attnbench run``:
+    tests/test_run_cli.py)."""
     too_many = cpus.allocated()[0] + 1
-    done = run_cli("run", *CELL, f"timing.threads={too_many}", cwd=tmp_path)
+    done = cli_in_process("run", *CELL, f"timing.threads={too_many}", cwd=tmp_path)
     assert done.returncode == 2 and not (tmp_path / "results").exists()
     assert done.stderr.strip().splitlines() == [
         f"attnbench run: error: timing.threads: {too_many} threads asked, but this process may "
@@ -247,21 +284,12 @@ def test_more_threads_than_cpus_are_refused_before_anything_runs(tmp_path: Path)
 
 
 @LINUX
-def test_a_cell_timed_beside_a_busy_loop_is_stored_busy_and_said_last(tmp_path: Path) -> None:
-    """The whole path: a real run pinned to one CPU beside a busy loop on it (~50 ms
-    forwards, so the loop takes part of every one): the row is busy, the report shows
-    ``busy`` for its time ratio, and the command's last line says the machine was busy."""
-    pin = lambda: os.sched_setaffinity(0, {CPU})  # noqa: E731
-    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
-    try:
-        done = run_cli(
-            "run", "-m", "attention=vanilla,linear", "n=512", "model.layers=2", "dtype=fp32",
-            "device=cpu", "batch=1", "timing.min_seconds=0.05", "timing.min_repeats=3",
-            "progress=false", "sweep_name=busy", cwd=tmp_path, preexec_fn=pin,
-        )  # fmt: skip
-    finally:
-        loop.kill()
-        loop.wait()
+def test_a_cell_timed_beside_a_busy_loop_is_stored_busy_and_said_last(
+    busy_run: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """The whole path (:func:`busy_run`): the rows are busy, the report shows ``busy`` for
+    their time ratio, and the command's last line says the machine was busy."""
+    tmp_path, done = busy_run
     assert done.returncode == 0, done.stderr
     rows = read_rows(next(tmp_path.glob("results/busy/*/cells.jsonl")))
     assert [r["contention"]["busy"] for r in rows] == [True, True], rows

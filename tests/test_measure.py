@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -131,15 +133,51 @@ def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
     assert _real_peak(model, b, n) <= ceiling < _real_peak(model, b + 1, n)
 
 
-def test_timing_repeats_and_statistics() -> None:
-    t = time_forward(
-        lambda: torch.randn(64, 64) @ torch.randn(64, 64),
-        torch.device("cpu"),
-        min_repeats=7,
-        min_seconds=0.0,
-        warmup=1,
-    )
-    assert t.repeats == 7 and t.method == "perf_counter" and t.threads == torch.get_num_threads()
+def scheduler(monkeypatch: pytest.MonkeyPatch, contended: Callable[[int], bool]) -> None:
+    """Injected scheduler readings for the timings taken in this process: the n-th window
+    around a repeat (:class:`attnbench.measure.contention.Window`, from 0) reads a delay of
+    0.5 (contended) where ``contended(n)``, else 0, whatever the machine is doing."""
+    from attnbench.measure import contention
+
+    windows = itertools.count()
+
+    class Window:
+        def __init__(self, sched: contention.Sched) -> None:
+            self.n = next(windows)
+
+        def close(self) -> contention.Reading:
+            return contention.Reading(1e-4, 1e-4, 0.5 if contended(self.n) else 0.0)
+
+    monkeypatch.setattr(contention, "Window", Window)
+
+
+def test_timing_repeats_and_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    def matmul() -> torch.Tensor:
+        return torch.randn(64, 64) @ torch.randn(64, 64)
+
+    cpu = torch.device("cpu")
+    # the bookkeeping, on injected scheduler readings: the same on a busy machine
+    with monkeypatch.context() as m:
+        scheduler(m, lambda n: False)  # a quiet CPU: the repeats asked for, no more
+        t = time_forward(matmul, cpu, min_repeats=7, min_seconds=0.0, warmup=1)
+        assert (
+            t.repeats == 7 and t.method == "perf_counter" and t.threads == torch.get_num_threads()
+        )
+        assert min(t.samples) <= t.median <= max(t.samples) and t.iqr >= 0
+        assert not t.busy and t.contention.contended == 0 and t.contention.dropped_s == ()
+        scheduler(m, lambda n: n in (0, 2, 3))  # three contended repeats are taken again
+        t = time_forward(matmul, cpu, min_repeats=7, min_seconds=0.0, warmup=1)
+        assert t.repeats == 7 and not t.busy and t.contention.contended == 3
+        assert len(t.contention.dropped_s) == 3  # kept beside the figure, not in it
+        scheduler(m, lambda n: n != 1)  # re-sampling runs out of patience: busy, all kept
+        t = time_forward(matmul, cpu, min_repeats=7, min_seconds=0.0, warmup=1, patience_s=0)
+        assert t.repeats == 7 and t.busy and t.contention.contended == 6
+        assert t.contention.why == "6 of 7 samples waited over 10% of their time for a CPU"
+    # real readings: exactly the repeats asked for, unless the machine was too busy to give
+    # them uncontended (then every repeat taken is kept and the figure says busy)
+    t = time_forward(matmul, cpu, min_repeats=7, min_seconds=0.0, warmup=1)
+    assert t.repeats == 7 if not t.busy else t.repeats >= 7, t
+    assert t.method == "perf_counter" and t.threads == torch.get_num_threads()
     assert min(t.samples) <= t.median <= max(t.samples) and t.iqr >= 0
     long = time_forward(
         lambda: sum(range(20000)), torch.device("cpu"), min_repeats=2, min_seconds=0.05
@@ -305,10 +343,11 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert served[5]["decode"]["bytes_per_s"] > 0 and served[5]["decode"]["copy_bytes_per_s"] > 0
 
 
-def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu() -> None:
+def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib.util
     import subprocess
-    import sys
 
     assert subprocess.run(["bash", "-n", "scripts/gpu_check.sh"]).returncode == 0
     spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
@@ -326,22 +365,16 @@ def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu() -> No
     assert {(c.mode, c.batch, c.device, c.dtype, dict(c.params)["causal"]) for c in todo} == {
         ("decode", "max", "h100_80gb", "fp16", True)
     }
-    bad = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--decode-device", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and "--decode-device: invalid choice: 'nope'" in bad.stderr
+    # its refusals, in this process (the script's one real process: the CPU smoke above)
+    monkeypatch.setenv("ATTNBENCH_MALLOC_FIX", "0")  # main() would fix this process's malloc
+    with pytest.raises(SystemExit) as bad:
+        script.main(["--decode-device", "nope"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "--decode-device: invalid choice: 'nope'" in err
     if torch.cuda.is_available():
         return
-    done = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--decode-only", "--decode-device", "h100_80gb"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+    assert script.main(["--decode-only", "--decode-device", "h100_80gb"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:
@@ -418,10 +451,13 @@ def test_affine_solve_finds_the_searchs_answer_in_four_meta_forwards(cell: Cell)
     meta = build(cell, res, "meta", torch.float16 if cell.dtype == "fp16" else torch.bfloat16)
     overhead = res.preset.overhead_bytes
     calls: list[int] = []
+    peaks: dict[int, int] = {}  # a meta forward per b, whichever asks first
 
     def peak(b: int) -> int:
         calls.append(b)
-        return modeled_peak(meta, cell, b, overhead)
+        if b not in peaks:
+            peaks[b] = modeled_peak(meta, cell, b, overhead)
+        return peaks[b]
 
     b, evaluations = solve_affine(peak, res.ceiling, module_bytes(meta) + overhead)
     assert evaluations == len(calls) <= 4

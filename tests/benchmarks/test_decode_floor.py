@@ -2,11 +2,13 @@ r"""The physical limit of a decode step: vanilla's KV cache against the copy ban
 (pytest-benchmark).
 
 One shape: the 12-layer encoder of Table 3 in its decoder form (``build_model(...,
-causal=True)``, d_model 768, 12 heads, d_ff 3072), batch 1, fp32 on the CPU, context
-n = 16384. Each round times ONE DECODE STEP of the whole model (``model.extend`` of one token
-through every layer, its output the next step's input, as in generation); the cache or state
-advances by a token a round, so the 15 timed steps (after 2 untimed) see n + 3 … n + 17 tokens
-(their mean, ``context``, is what every byte count is given at).
+causal=True)``, d_model 768, 12 heads, d_ff 3072), batch 1, fp32 on the CPU, context n = 16384
+(without ``--benchmark-enable``, the default test run, each case runs once, untimed, with 2
+layers at n = 512: :func:`size_of`). Each round times ONE DECODE STEP of the whole model
+(``model.extend`` of one token through every layer, its output the next step's input, as in
+generation); the cache or state advances by a token a round, so the 15 timed steps (after 2
+untimed) see n + 3 … n + 17 tokens (their mean, ``context``, is what every byte count is given
+at).
 
 **The caches are filled at random, not by a prefill**: every state is allocated at capacity,
 moved to position n by its ``seek(n)`` and its floating tensors set uniform in (0, 1), as
@@ -77,7 +79,21 @@ KV_HEADS, WINDOW = 3, 256
 ROUNDS, WARMUP = 15, 2
 CAPACITY = N + WARMUP + ROUNDS + 1  # every step the benchmark runs (one more when disabled)
 CONTEXT = N + WARMUP + (ROUNDS + 1) // 2  # the mean tokens a timed step's new token sees
-SHAPE = f"decode step, n={N} layers={LAYERS} d_model={D} heads={H} d_ff={D_FF} batch={B} fp32 cpu"
+# the untimed run (without --benchmark-enable, the default test run): each case once, to show
+# it runs, on a 2-layer model at n = 512 (the 12 layers' caches at N are GBs to fill)
+SMOKE_N, SMOKE_LAYERS = 512, 2
+
+
+def size_of(benchmark) -> tuple[int, int]:
+    """(n, layers) a case runs at: (:data:`N`, :data:`LAYERS`) when timed, else the smoke's."""
+    return (N, LAYERS) if benchmark.enabled else (SMOKE_N, SMOKE_LAYERS)
+
+
+def _shape(n: int, layers: int) -> str:
+    return (
+        f"decode step, n={n} layers={layers} d_model={D} heads={H} d_ff={D_FF} batch={B} fp32 cpu"
+    )
+
 
 # id: (mechanism, its parameters, the state's dtype)
 CASES: dict[str, tuple[str, dict[str, Any], torch.dtype]] = {
@@ -188,7 +204,9 @@ def _same_steps(ours: Encoder, theirs: Encoder, ours_states: list, theirs_states
 
 def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize: int) -> None:
     """Time decode steps of ``model`` over ``states`` and record the step's floor."""
-    state_bytes = B * model.state_bytes(CONTEXT, itemsize)
+    n, layers = size_of(benchmark)
+    context = n + WARMUP + (ROUNDS + 1) // 2  # CONTEXT, at this n
+    state_bytes = B * model.state_bytes(context, itemsize)
     weight_bytes = module_bytes(model)
     bandwidth = copy_bytes_per_s("cpu")
     token = [_token()]
@@ -198,7 +216,7 @@ def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize:
 
     benchmark.extra_info.update(
         variant=variant,
-        context=CONTEXT,
+        context=context,
         state_bytes=state_bytes,
         weight_bytes=weight_bytes,
         read_bytes=state_bytes + weight_bytes,
@@ -206,7 +224,7 @@ def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize:
         floor_s=(state_bytes + weight_bytes) / bandwidth,
         load_avg=os.getloadavg(),
         threads=torch.get_num_threads(),
-        shape=SHAPE,
+        shape=_shape(n, layers),
     )
     benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
     states.clear()  # the cache goes before the next benchmark builds its own
@@ -215,9 +233,10 @@ def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize:
 @pytest.mark.parametrize("case", CASES)
 def test_decode_step(benchmark, case: str) -> None:
     attention, params, dtype = CASES[case]
+    n, layers = size_of(benchmark)
     with torch.inference_mode():
-        model = _model(attention, **params)
-        _time_steps(benchmark, model, _filled(model, dtype), case, dtype.itemsize)
+        model = _model(attention, n=n, layers=layers, **params)
+        _time_steps(benchmark, model, _filled(model, dtype, n), case, dtype.itemsize)
 
 
 def test_sdpa_gqa_repeat(benchmark) -> None:
@@ -229,8 +248,10 @@ def test_sdpa_gqa_repeat(benchmark) -> None:
             ours, theirs, _filled(ours, torch.float32, 64), _filled(theirs, torch.float32, 64)
         )
 
-        model = _replace_attention(_model("sdpa", kv_heads=KV_HEADS), repeat_extend_attend)
-        _time_steps(benchmark, model, _filled(model, torch.float32), "sdpa-gqa3-repeat", 4)
+        n, layers = size_of(benchmark)
+        model = _model("sdpa", n=n, layers=layers, kv_heads=KV_HEADS)
+        model = _replace_attention(model, repeat_extend_attend)
+        _time_steps(benchmark, model, _filled(model, torch.float32, n), "sdpa-gqa3-repeat", 4)
 
 
 def test_vanilla_concat(benchmark) -> None:
@@ -240,8 +261,9 @@ def test_vanilla_concat(benchmark) -> None:
         states = _filled(ours, torch.float32, 64)
         _same_steps(ours, theirs, states, _grown(states))
 
-        model = _model("vanilla")
-        filled = _filled(model, torch.float32)
+        n, layers = size_of(benchmark)
+        model = _model("vanilla", n=n, layers=layers)
+        filled = _filled(model, torch.float32, n)
         grown = _grown(filled)
         del filled
         _time_steps(

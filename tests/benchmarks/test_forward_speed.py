@@ -1,9 +1,10 @@
 r"""Forward speed of every mechanism beside the public Linformer packages (pytest-benchmark).
 
-One shape: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on
-the CPU. Beside the timings, each benchmark records the FLOPs of one forward counted by
-``torch.utils.flop_counter.FlopCounterMode`` (via attnbench.measure.flops, which also sees the CPU
-flash kernel) and the run records the fp32 matmul rate, so that
+One shape: n = 4096, d_model 768, 12 heads, k = 256, batch 1, fp32 on the CPU (without
+``--benchmark-enable``, the default test run, each case runs once, untimed, at n = 512:
+:func:`n_of`). Beside the timings, each benchmark records the FLOPs of one forward counted by
+``torch.utils.flop_counter.FlopCounterMode`` (via attnbench.measure.flops, which also sees the
+CPU flash kernel) and the run records the fp32 matmul rate, so that
 ``scripts/bench_summary.py`` can put every median against its matmul floor (FLOPs / rate)
 measured in the same run. No speed is asserted here: figures go to docs/speed.md.
 
@@ -25,10 +26,19 @@ from attnbench.measure.flops import count_flops
 
 N, D, H, K, B = 4096, 768, 12, 256, 1
 ROUNDS, WARMUP = 7, 2
+SMOKE_N = 512  # the untimed run's n: k = 256 fits, and reformer-pytorch's 2 x 256 divides it
 
 
-def _x() -> torch.Tensor:
-    return torch.randn(B, N, D, generator=torch.Generator().manual_seed(0))
+def n_of(benchmark) -> int:
+    """The n a case runs at: :data:`N` when timed (``--benchmark-enable``), else
+    :data:`SMOKE_N`: the default test run runs each case once, untimed, to show it runs,
+    and at n = 4096 that costs minutes of the suite for no figure (as
+    test_compiled_speed.py does)."""
+    return N if benchmark.enabled else SMOKE_N
+
+
+def _x(n: int = N) -> torch.Tensor:
+    return torch.randn(B, n, D, generator=torch.Generator().manual_seed(0))
 
 
 def _run(
@@ -38,13 +48,14 @@ def _run(
     rounds: int = ROUNDS,
     flops: int | None = None,
 ) -> None:
-    x = _x()
+    n = n_of(benchmark)
+    x = _x(n)
     with torch.inference_mode():
         benchmark.extra_info.update(
             role=role,
             flops=count_flops(fn, x) if flops is None else flops,
             threads=torch.get_num_threads(),
-            shape=f"n={N} d_model={D} heads={H} k={K} batch={B} fp32 cpu",
+            shape=f"n={n} d_model={D} heads={H} k={K} batch={B} fp32 cpu",
         )
         benchmark.pedantic(fn, args=(x,), rounds=rounds, warmup_rounds=WARMUP, iterations=1)
 
@@ -73,10 +84,11 @@ def _ours() -> list[tuple[str, dict]]:
 )
 def test_attnbench(benchmark, name: str, params: dict) -> None:
     torch.manual_seed(0)
-    m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=N, **params).eval()
+    n = n_of(benchmark)
+    m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=n, **params).eval()
     # a compiled kernel cannot run under the FLOP counter (a dispatch mode): its own count,
     # the block-sparse one, stands in
-    flops = m.flops(B, N) if attnbench.info(name).compiles else None
+    flops = m.flops(B, n) if attnbench.info(name).compiles else None
     _run(benchmark, m, role="ours", flops=flops)
 
 
@@ -84,14 +96,15 @@ def test_attnbench(benchmark, name: str, params: dict) -> None:
 def test_peer_lucidrains_linformer(benchmark, share_kv: bool) -> None:
     from linformer import LinformerSelfAttention
 
-    m = LinformerSelfAttention(D, N, k=K, heads=H, share_kv=share_kv).eval()
+    m = LinformerSelfAttention(D, n_of(benchmark), k=K, heads=H, share_kv=share_kv).eval()
     _run(benchmark, m, role="peer")
 
 
 def test_peer_linformer_pytorch(benchmark) -> None:
     from linformer_pytorch.linformer_pytorch import MHAttention
 
-    m = MHAttention(N, D // H, D, K, H, 0.0, "C0", "headwise", None, None, False, None).eval()
+    n = n_of(benchmark)
+    m = MHAttention(n, D // H, D, K, H, 0.0, "C0", "headwise", None, None, False, None).eval()
     _run(benchmark, m, role="peer")
 
 

@@ -28,13 +28,13 @@ import torch
 
 import attnbench
 from attnbench.measure.memory import profiled_peak
-from tests.benchmarks.test_forward_speed import D, H, N, _run, _x
+from tests.benchmarks.test_forward_speed import D, H, _run, _x, n_of
 
 
 def _bench(benchmark, fn: Callable[[torch.Tensor], torch.Tensor], role: str) -> None:
     """Time ``fn`` as test_forward_speed does, then record its peak bytes."""
     _run(benchmark, fn, role=role)
-    x = _x()
+    x = _x(n_of(benchmark))
     with torch.inference_mode():
         benchmark.extra_info["peak_bytes"] = profiled_peak(lambda: fn(x))
 
@@ -42,7 +42,8 @@ def _bench(benchmark, fn: Callable[[torch.Tensor], torch.Tensor], role: str) -> 
 @pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
 def test_linear_ours(benchmark, causal: bool) -> None:
     torch.manual_seed(0)
-    m = attnbench.create("linear", d_model=D, n_heads=H, max_seq_len=N, causal=causal).eval()
+    n = n_of(benchmark)
+    m = attnbench.create("linear", d_model=D, n_heads=H, max_seq_len=n, causal=causal).eval()
     _bench(benchmark, m, role="ours")
 
 
@@ -55,15 +56,15 @@ def test_peer_linear_attention_transformer(benchmark, causal: bool) -> None:
     _bench(benchmark, m, role="peer")
 
 
-def _performer() -> torch.nn.Module:
+def _performer(n: int) -> torch.nn.Module:
     torch.manual_seed(0)
     return attnbench.create(
-        "performer", d_model=D, n_heads=H, max_seq_len=N, nb_features=256, causal=True
+        "performer", d_model=D, n_heads=H, max_seq_len=n, nb_features=256, causal=True
     ).eval()
 
 
 def test_performer_causal_chunked(benchmark) -> None:
-    _bench(benchmark, _performer(), role="ours")
+    _bench(benchmark, _performer(n_of(benchmark)), role="ours")
 
 
 def test_performer_causal_fallback(benchmark) -> None:
@@ -71,7 +72,7 @@ def test_performer_causal_fallback(benchmark) -> None:
     performer-pytorch's prefix sums (eps=0 as performer.py passed it)."""
     from performer_pytorch.performer_pytorch import causal_linear_attention_noncuda
 
-    m = _performer()
+    m = _performer(n_of(benchmark))
 
     def fallback(x: torch.Tensor) -> torch.Tensor:
         q, k, v = m.qkv_heads(x)

@@ -39,14 +39,14 @@ from torch import nn
 import attnbench
 from attnbench.attention.local import layout
 from attnbench.measure.flops import count_flops
-from tests.benchmarks.test_forward_speed import B, D, H, K, N, _run, _x
+from tests.benchmarks.test_forward_speed import B, D, H, K, _run, _x, n_of
 
 WINDOW = K  # 256: the budget every mechanism gets in test_forward_speed.py
 
 
-def _ours() -> nn.Module:
+def _ours(n: int) -> nn.Module:
     torch.manual_seed(0)
-    return attnbench.create("local", d_model=D, n_heads=H, max_seq_len=N, window=WINDOW).eval()
+    return attnbench.create("local", d_model=D, n_heads=H, max_seq_len=n, window=WINDOW).eval()
 
 
 class PeerLayer(nn.Module):
@@ -67,22 +67,24 @@ class PeerLayer(nn.Module):
 
 
 def test_ours(benchmark) -> None:
-    _run(benchmark, _ours(), role="ours")
+    _run(benchmark, _ours(n_of(benchmark)), role="ours")
 
 
 def test_peer_local_attention(benchmark) -> None:
     pytest.importorskip("local_attention")
-    ours = _ours()
+    n = n_of(benchmark)
+    ours = _ours(n)
     peer = PeerLayer(ours).eval()
     with torch.inference_mode():
-        x = _x()
+        x = _x(n)
         torch.testing.assert_close(peer(x), ours(x), atol=1e-5, rtol=1e-4)  # the same band
     _run(benchmark, peer, role="peer")
 
 
 def test_matmul_floor(benchmark) -> None:
-    ours = _ours()
-    block, blocks, back, forward = layout(WINDOW, False, N)
+    n = n_of(benchmark)
+    ours = _ours(n)
+    block, blocks, back, forward = layout(WINDOW, False, n)
     width, heads = (1 + back + forward) * block, blocks * H
     g = torch.Generator().manual_seed(1)
     q = torch.randn(B * heads, block, D // H, generator=g)
@@ -98,7 +100,7 @@ def test_matmul_floor(benchmark) -> None:
         return torch.bmm(p, v)
 
     with torch.inference_mode():
-        assert count_flops(floor, _x()) == ours.flops(B, N)  # the same matmuls, all of them
+        assert count_flops(floor, _x(n)) == ours.flops(B, n)  # the same matmuls, all of them
     _run(benchmark, floor, role="floor")
 
 

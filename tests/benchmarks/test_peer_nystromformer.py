@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import attnbench
-from tests.benchmarks.test_forward_speed import D, H, K, N, _run
+from tests.benchmarks.test_forward_speed import D, H, K, _run, n_of
 
 LANDMARKS, ITERATIONS, CONV = K, 6, 33
 
@@ -37,7 +37,7 @@ LANDMARKS, ITERATIONS, CONV = K, 6, 33
 def test_ours(benchmark) -> None:
     torch.manual_seed(0)
     m = attnbench.create(
-        "nystromformer", d_model=D, n_heads=H, max_seq_len=N, num_landmarks=LANDMARKS,
+        "nystromformer", d_model=D, n_heads=H, max_seq_len=n_of(benchmark), num_landmarks=LANDMARKS,
         pinv_iterations=ITERATIONS, conv_kernel=CONV,
     ).eval()  # fmt: skip
     _run(benchmark, m, role="ours")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import attnbench
-from tests.benchmarks.test_forward_speed import D, H, N, _run
+from tests.benchmarks.test_forward_speed import D, H, _run, n_of
 
 N_HASHES = 8
 
@@ -25,7 +25,7 @@ N_HASHES = 8
 def test_attnbench_reformer(benchmark, bucket_size: int) -> None:
     torch.manual_seed(0)
     m = attnbench.create(
-        "reformer", d_model=D, n_heads=H, max_seq_len=N, bucket_size=bucket_size,
+        "reformer", d_model=D, n_heads=H, max_seq_len=n_of(benchmark), bucket_size=bucket_size,
         n_hashes=N_HASHES,
     ).eval()  # fmt: skip
     _run(benchmark, m, role="ours")

@@ -1,12 +1,12 @@
 r"""Training-step speed of our Linformer beside the public Linformer packages (pytest-benchmark).
 
-The shape of test_forward_speed.py: n = 4096, d_model 768, 12 heads, k = 256,
-batch 1, fp32 on the CPU, but each round times ONE TRAINING STEP of one attention layer in
-train mode: forward, ``loss = out.pow(2).mean()``, ``loss.backward()``; no optimizer. The input
-is a fresh leaf with ``requires_grad=True`` every round (as if it came from an embedding), and
-every gradient is set to None before each round (outside the timing), so no round pays for
-accumulating into the last one's ``.grad``. Dropout is 0 in every layer timed (the peers' own
-dropout included), so all of them do the same work.
+The shape of test_forward_speed.py: n = 4096 (512 in the untimed default test run), d_model
+768, 12 heads, k = 256, batch 1, fp32 on the CPU, but each round times ONE TRAINING STEP of
+one attention layer in train mode: forward, ``loss = out.pow(2).mean()``, ``loss.backward()``;
+no optimizer. The input is a fresh leaf with ``requires_grad=True`` every round (as if it came
+from an embedding), and every gradient is set to None before each round (outside the timing),
+so no round pays for accumulating into the last one's ``.grad``. Dropout is 0 in every layer
+timed (the peers' own dropout included), so all of them do the same work.
 
 Beside the timings, each benchmark records the FLOPs of one step, forward and backward,
 counted by ``torch.utils.flop_counter.FlopCounterMode`` (with attnbench.measure.flops's formula
@@ -28,6 +28,7 @@ from torch.utils import flop_counter
 
 import attnbench
 from attnbench.measure.flops import count_flops  # also: the CPU flash forward's formula
+from tests.benchmarks.test_forward_speed import n_of  # n = 512 in the untimed run
 
 N, D, H, K, B = 4096, 768, 12, 256, 1
 ROUNDS, WARMUP = 7, 2
@@ -49,8 +50,8 @@ _MAPPING = (
 )
 
 
-def _x() -> torch.Tensor:
-    return torch.randn(B, N, D, generator=torch.Generator().manual_seed(0))
+def _x(n: int = N) -> torch.Tensor:
+    return torch.randn(B, n, D, generator=torch.Generator().manual_seed(0))
 
 
 def _step(m: nn.Module, x: torch.Tensor) -> None:
@@ -70,7 +71,8 @@ def _run(benchmark, m: nn.Module, role: str) -> None:
     m.train()
     dropouts = [mod.p for mod in m.modules() if isinstance(mod, nn.Dropout)]
     assert all(p == 0 for p in dropouts), f"dropout must be 0 for a fair comparison: {dropouts}"
-    base = _x()
+    n = n_of(benchmark)
+    base = _x(n)
 
     def fresh() -> tuple[tuple[torch.Tensor], dict]:
         m.zero_grad(set_to_none=True)  # no accumulation into the last round's grads
@@ -80,7 +82,7 @@ def _run(benchmark, m: nn.Module, role: str) -> None:
         role=role,
         flops=_count_step_flops(m, fresh()[0][0]),
         threads=torch.get_num_threads(),
-        shape=f"one training step (forward + backward), n={N} d_model={D} heads={H} k={K} "
+        shape=f"one training step (forward + backward), n={n} d_model={D} heads={H} k={K} "
         f"batch={B} fp32 cpu",
     )
     benchmark.pedantic(
@@ -98,7 +100,7 @@ def _ours() -> list[dict]:
 @pytest.mark.parametrize("params", _ours(), ids=lambda v: "-".join(map(str, v.values())))
 def test_attnbench_linformer(benchmark, params: dict) -> None:
     torch.manual_seed(0)
-    m = attnbench.create("linformer", d_model=D, n_heads=H, max_seq_len=N, **params)
+    m = attnbench.create("linformer", d_model=D, n_heads=H, max_seq_len=n_of(benchmark), **params)
     _run(benchmark, m, role="ours")
 
 
@@ -107,7 +109,7 @@ def test_peer_lucidrains_linformer(benchmark, share_kv: bool) -> None:
     from linformer import LinformerSelfAttention
 
     torch.manual_seed(0)
-    m = LinformerSelfAttention(D, N, k=K, heads=H, share_kv=share_kv, dropout=0.0)
+    m = LinformerSelfAttention(D, n_of(benchmark), k=K, heads=H, share_kv=share_kv, dropout=0.0)
     _run(benchmark, m, role="peer")
 
 
@@ -116,7 +118,9 @@ def test_peer_linformer_pytorch(benchmark) -> None:
 
     torch.manual_seed(0)
     # dropout 0.0 (the sixth argument), checkpoint level C0: no recomputation in backward
-    m = MHAttention(N, D // H, D, K, H, 0.0, "C0", "headwise", None, None, False, None)
+    m = MHAttention(
+        n_of(benchmark), D // H, D, K, H, 0.0, "C0", "headwise", None, None, False, None
+    )
     _run(benchmark, m, role="peer")
 
 
@@ -126,7 +130,8 @@ def test_matmul_rate(benchmark) -> None:
     Forward only and without autograd, as in test_forward_speed.py: the plain GEMM rate.
     """
     w = torch.randn(D, D)
-    x = _x()
+    n = n_of(benchmark)
+    x = _x(n)
 
     def mm(x: torch.Tensor) -> torch.Tensor:
         return x[0] @ w
@@ -136,6 +141,6 @@ def test_matmul_rate(benchmark) -> None:
             role="matmul",
             flops=count_flops(mm, x),
             threads=torch.get_num_threads(),
-            shape=f"n={N} d_model={D} fp32 cpu",
+            shape=f"n={n} d_model={D} fp32 cpu",
         )
         benchmark.pedantic(mm, args=(x,), rounds=5 * ROUNDS, warmup_rounds=WARMUP, iterations=1)
