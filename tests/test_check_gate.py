@@ -154,6 +154,7 @@ check:
   decode_n: {decode_n}
   compile: {compile}
   pythonpath: ["."]
+  busy_pause_s: 0  # busy cells timed again at once (the pause is for a real neighbour's burst)
 """
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from attnbench.check import Misuse, sampling, suite, verdicts
+from attnbench.check import Misuse, busy, sampling, suite, verdicts
 
 
 def check_stored(
@@ -41,10 +41,10 @@ def write_baseline(
             "--write-baseline: these cells cannot run here: "
             + "; ".join(f"{c}: {w}" for c, w in got.unavailable["B"].items())
         )
-    if busy := got.contended.get("B"):
+    if contended := got.contended.get("B"):
         print(
-            f"attnbench check: machine busy: {sum(map(len, busy.values()))} samples of "
-            f"{len(busy)} cells ran on a contended CPU, even taken again; no baseline written "
+            f"attnbench check: machine busy: {sum(map(len, contended.values()))} samples of "
+            f"{len(contended)} cells ran on a contended CPU, even taken again; no baseline written "
             "(write it on a quiet machine)"
         )
         return busy.BUSY
