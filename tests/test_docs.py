@@ -20,9 +20,12 @@ import csv
 import json
 import re
 import shlex
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.compose_once import each_composed_once
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -281,15 +284,34 @@ def test_the_docs_show_commands() -> None:
     assert {a[0] for _, a in SHOWN} >= {"run", "report", "check"}
 
 
+@pytest.fixture(scope="module")
+def prevalidated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., list]]:
+    """prevalidate(ARGS) for the commands shown, each distinct command once (a few are
+    shown on two pages), all with one out_dir (nothing is written there: prevalidate only
+    probes that it could be) and Hydra composing each distinct config once (and reading
+    each config file once): commands that differ in values share their sweep's configs
+    (``+sweep=compare n=2048``, ``mode=train``, ``checkpoint=true``)."""
+    from attnbench.sweep.config import prevalidate
+
+    out_dir = tmp_path_factory.mktemp("out_dir")
+    plans: dict[tuple[str, ...], list] = {}
+
+    def plan(args: list[str]) -> list:
+        if tuple(args) not in plans:
+            plans[tuple(args)] = prevalidate([*args, f"out_dir={out_dir}"])
+        return plans[tuple(args)]
+
+    with each_composed_once():
+        yield plan
+
+
 @pytest.mark.parametrize(("page", "args"), RUNS, ids=[" ".join(a) for _, a in RUNS])
 def test_every_run_command_shown_composes_and_validates(
-    page: str, args: list[str], tmp_path: Path
+    page: str, args: list[str], prevalidated: Callable[..., list]
 ) -> None:
     """Expanded by Hydra's sweeper, composed and validated as `attnbench run` does before
     anything runs; nothing measured (out_dir moved to a temporary directory)."""
-    from attnbench.sweep.config import prevalidate
-
-    plan = prevalidate([*args[1:], f"out_dir={tmp_path}"])
+    plan = prevalidated(args[1:])
     assert plan, f"{page}: attnbench {' '.join(args)}"
 
 

@@ -22,8 +22,9 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -388,11 +389,13 @@ def test_hostile_free_text_is_escaped_in_every_format(tmp_path: Path) -> None:
     assert len(csvs) == 2 and all(len(p.name) < 130 for p in csvs)
 
 
-def test_hostile_free_text_in_plots_and_the_terminal(tmp_path: Path) -> None:
-    """Through a real process, with the rich tables printed and the plots drawn: a ``$``
-    pair would be mathtext to matplotlib, an ESC a command to the terminal."""
+def test_hostile_free_text_in_plots_and_the_terminal(
+    tmp_path: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """Through the CLI (in this process), with the rich tables printed and the plots drawn:
+    a ``$`` pair would be mathtext to matplotlib, an ESC a command to the terminal."""
     _hostile_run(tmp_path / "run")
-    done = run_cli("report", "run", "--out", "out", cwd=tmp_path)
+    done = cli_in_process("report", "run", "--out", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not {c for c in done.stdout if c != "\n" and not c.isprintable()}
     assert "\\x1b[2J" in done.stdout and "\\u202e" in done.stdout
@@ -434,7 +437,10 @@ def _bad_run_dirs(tmp_path: Path) -> dict[str, str]:
 
 
 def test_run_dirs_that_are_not(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    cli_in_process: Callable[..., subprocess.CompletedProcess],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     for run, line in _bad_run_dirs(tmp_path).items():
@@ -445,8 +451,9 @@ def test_run_dirs_that_are_not(
             attnbench.load(run)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
-    # and through a real process, the one that crashed (RuntimeError) before
-    done = run_cli("report", "loop", "--no-plots", cwd=tmp_path)
+    # and through the CLI's main, the one that crashed (RuntimeError) before (a crash would
+    # raise here; the real process of a refused report: test_a_refused_row_through_...)
+    done = cli_in_process("report", "loop", "--no-plots", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == "attnbench report: error: run dir: loop/cells.jsonl is a symlink loop\n"
 

@@ -8,7 +8,7 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ import pytest
 from attnbench.report import files, plots
 from attnbench.report.sections import DOCUMENTS, SECTIONS
 from attnbench.store import read_rows
+from tests.conftest import run_cli
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -23,11 +24,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NEED_CHROMIUM = os.environ.get("ATTNBENCH_REQUIRE_CHROMIUM") == "1"
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
+def _run_dir(d: Path) -> Path:
     """The fixture's rows as a run directory, with a modeled prediction beside each measured
     max batch (as a GPU run has), so that every plot has something to draw."""
-    d = tmp_path / "run"
     d.mkdir()
     rows = read_rows(FIXTURE)
     for r in rows:
@@ -37,24 +36,31 @@ def run_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return _run_dir(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One real ``attnbench report`` of :func:`_run_dir`'s rows, plots and all: its output
+    directory and the finished process, read (never changed) by the tests of what a report
+    writes, of its plots, and of its page in a browser."""
+    tmp = tmp_path_factory.mktemp("reported")
+    run = _run_dir(tmp / "run")
+    out = tmp / "reports" / "fixture"
+    return out, run_cli("report", str(run), "--out", str(out), cwd=tmp)
+
+
 def png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     return struct.unpack(">II", data[16:24])
 
 
-def attnbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def test_report_command_writes_every_format(run_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "reports" / "fixture"
-    done = attnbench("report", str(run_dir), "--out", str(out), cwd=tmp_path)
+def test_report_command_writes_every_format(
+    reported: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    out, done = reported
     assert done.returncode == 0, done.stderr
     assert "time ratio: linformer (sharing=layerwise)" in done.stdout  # the rich tables
     assert "1.25x" in done.stdout and "OOM³" in done.stdout
@@ -86,17 +92,21 @@ def test_report_command_writes_every_format(run_dir: Path, tmp_path: Path) -> No
         assert f"plots/{stem}.png" in names and f"plots/{stem}.svg" in names
 
 
-def test_plots_are_real_images_of_the_stated_size(run_dir: Path) -> None:
+def test_plots_are_real_images_of_the_stated_size(
+    reported: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """The plots the report command wrote (files.render's bytes, as written)."""
     from matplotlib.image import imread
 
-    rendered = files.render(files.build(run_dir))
-    pngs = {k: v for k, v in rendered.items() if k.endswith(".png")}
+    out, done = reported
+    assert done.returncode == 0, done.stderr
+    pngs = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*.png")}
     assert len(pngs) == 4
     for name, data in pngs.items():
         assert png_size(data) == plots.PNG_PIXELS, name
         pixels = imread(__import__("io").BytesIO(data))
         assert pixels.std() > 0.05, f"{name} is a blank image"  # lines, text, colour
-        assert b"<svg" in rendered[name.replace(".png", ".svg")]
+        assert b"<svg" in (out / name.replace(".png", ".svg")).read_bytes()
 
 
 def test_no_plot_is_drawn_for_rows_that_hold_nothing_to_draw(run_dir: Path) -> None:
@@ -133,7 +143,12 @@ def test_a_report_replaces_the_old_one_whole_or_not_at_all(
     assert [p.name for p in out.iterdir()] == ["only.md"]
 
 
-def test_out_never_deletes_what_is_not_a_report(run_dir: Path, tmp_path: Path) -> None:
+def test_out_never_deletes_what_is_not_a_report(
+    run_dir: Path, tmp_path: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """In this process (a real refusal of `attnbench report`: test_report_writers.py's
+    test_out_under_a_file_through_a_real_process, test_hostile.py's refused row)."""
+    attnbench = cli_in_process
     for out in (run_dir, tmp_path):  # the run dir itself, or a directory holding it
         done = attnbench("report", str(run_dir), "--out", str(out), cwd=tmp_path)
         assert done.returncode == 2 and "is not an attnbench report" in done.stderr
@@ -158,8 +173,14 @@ def test_out_never_deletes_what_is_not_a_report(run_dir: Path, tmp_path: Path) -
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(
-    tmp_path: Path, setup: str, args: tuple, message: str
+    tmp_path: Path,
+    setup: str,
+    args: tuple,
+    message: str,
+    cli_in_process: Callable[..., subprocess.CompletedProcess],
 ) -> None:
+    """In this process, as test_out_never_deletes_what_is_not_a_report."""
+    attnbench = cli_in_process
     run = tmp_path / "run"
     if setup != "none":
         run.mkdir()
@@ -178,7 +199,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     reason="needs Debian's chromium (apt-get install chromium); CI installs it",
 )
 def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
-    run_dir: Path, tmp_path: Path
+    reported: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
 ) -> None:
     """Chromium opens the page from disk with the network off: the tables are in its DOM,
     every embedded image decoded (counted by the page itself after load), and the
@@ -186,7 +207,8 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
     from matplotlib.image import imread
 
     assert CHROMIUM, "ATTNBENCH_REQUIRE_CHROMIUM=1 but chromium is not on PATH"
-    out = files.write(files.render(files.build(run_dir)), tmp_path / "rep")
+    out, done = reported  # the page `attnbench report` wrote
+    assert done.returncode == 0, done.stderr
     page = (out / "index.html").as_uri()
     flags = [
         CHROMIUM,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -241,21 +241,18 @@ def test_state_and_bandwidth_grids() -> None:
     assert bandwidth.body == [["512", "13.0 (25%)", "–", "10.0 (50%)", "20.0–52.0"]]
 
 
-def test_report_command_writes_the_serving_sections(tmp_path: Path) -> None:
-    """A run dir of Table 3's rows and serving's: `attnbench report` (the CLI, in a
-    subprocess) writes serving.md/.tex, their CSV, plots and report.json keys; Table 3's
-    tables hold no decode row."""
+def test_report_command_writes_the_serving_sections(
+    tmp_path: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """A run dir of Table 3's rows and serving's: `attnbench report` (the CLI, in this
+    process: test_report_files.py runs the real one) writes serving.md/.tex, their CSV,
+    plots and report.json keys; Table 3's tables hold no decode row."""
     run = tmp_path / "run"
     run.mkdir()
     rows = [r.to_json() for r in _grid_rows()]
     (run / "cells.jsonl").write_text(FIXTURE.read_text() + "\n".join(rows) + "\n")
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "report", str(run), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli_in_process("report", str(run), "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "time ratio: serving, time per token at b=1" in done.stdout  # the rich tables
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}

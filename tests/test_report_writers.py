@@ -19,9 +19,9 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,7 @@ def _report_files(tag: str) -> dict[str, bytes]:
 
 
 def _writer(out: str, who: int, times: int, start: Any, results: Any) -> None:
-    """One process's writes (module level: the spawn start method pickles it by name); all
-    start together at ``start``, so that they do race."""
+    """One process's writes; all start together at ``start``, so that they do race."""
     errors = []
     start.wait()
     for j in range(times):
@@ -94,7 +93,9 @@ def test_concurrent_writers_take_turns_and_leave_nothing_behind(tmp_path: Path) 
     files.write(_report_files("first"), out)
     watch = _can_exchange(tmp_path)
     missing = 0
-    ctx = multiprocessing.get_context("spawn")
+    # forked: four real processes, each with its own lock and files, without four fresh
+    # Pythons importing torch (seconds each, which is not what races here)
+    ctx = multiprocessing.get_context("fork")
     start, results = ctx.Barrier(4), ctx.Queue()
     writers = [
         ctx.Process(target=_writer, args=(str(out), who, 10, start, results)) for who in range(4)
@@ -134,36 +135,39 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
     assert _leftovers(tmp_path, out) == []
 
 
-CHILD = """
-import sys, time
-from pathlib import Path
-from attnbench.report import files, replace
-from tests.conftest import run_cli
-real = Path.write_bytes
-def stuck(self, data):
-    real(self, data)
-    print("stuck", flush=True)
-    time.sleep(600)
-Path.write_bytes = stuck
-files.write({"report.json": b"{}", "table3.md": b"half"}, Path(sys.argv[1]))
-"""
+def _stuck_writer(out: str, stuck: Any) -> None:
+    """A writer that writes the first file of a report, says so, and hangs there (holding
+    the lock) until it is killed."""
+    real = Path.write_bytes
+
+    def write_and_hang(self: Path, data: bytes) -> int:
+        real(self, data)
+        stuck.set()
+        time.sleep(600)
+        return 0
+
+    Path.write_bytes = write_and_hang  # in the child only
+    files.write({"report.json": b"{}", "table3.md": b"half"}, Path(out))
 
 
 def test_a_writer_killed_mid_write_leaves_nothing_the_next_one_keeps(tmp_path: Path) -> None:
     """SIGKILL while holding the lock with half a report written: the kernel drops the
-    lock, and the next writer removes the half report (and the lock file) it left."""
+    lock, and the next writer removes the half report (and the lock file) it left. The
+    writer is a real process, forked (a fresh Python would spend seconds importing torch)."""
     out = tmp_path / "rep"
     files.write(_report_files("old"), out)
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out)], stdout=subprocess.PIPE, text=True
-    )
+    ctx = multiprocessing.get_context("fork")
+    stuck = ctx.Event()
+    child = ctx.Process(target=_stuck_writer, args=(str(out), stuck))
+    child.start()
     try:
-        assert child.stdout is not None and child.stdout.readline() == "stuck\n"
+        assert stuck.wait(60)
         left = _leftovers(tmp_path, out)
         assert ".rep.lock" in left and any(n.startswith(".rep.tmp-") for n in left)
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    assert child.exitcode == -signal.SIGKILL
     assert _whole(out) == "old"  # never half of a new one
     (tmp_path / ".rep.tmp-keepme").mkdir()  # not a name write() makes: kept
     (tmp_path / ".rep.x.tmp-abcd1234").mkdir()  # another output's (rep.x): kept
@@ -318,12 +322,16 @@ def small_disk(tmp_path: Path) -> Any:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_real_full_and_read_only_disk(tmp_path: Path, small_disk: Path) -> None:
-    """The CLI in a real process, on a tmpfs that is full, then read-only."""
+def test_a_real_full_and_read_only_disk(
+    tmp_path: Path, small_disk: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """The CLI on a tmpfs that is full, then read-only: the kernel's own ENOSPC and EROFS.
+    In this process (the errors are the file system's, not the process's; the real process
+    of a refused report is test_out_under_a_file_through_a_real_process)."""
     _run(tmp_path)
 
     def report(out: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("report", "run", "--out", out, "--no-plots", cwd=tmp_path)
+        return cli_in_process("report", "run", "--out", out, "--no-plots", cwd=tmp_path)
 
     assert report(str(small_disk / "rep")).returncode == 0
     before = {p.name: p.read_bytes() for p in (small_disk / "rep").iterdir() if p.is_file()}
