@@ -27,13 +27,8 @@ from attnbench.store import RunStore, StoreError, read_rows, replace_file
 from attnbench.sweep.config import prevalidate, run_dir
 from attnbench.validators import check_name
 from attnbench.writable import check_writable
-from tests.conftest import run_cli
 
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")
-
-
-def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return run_cli("run", *args, cwd=cwd, timeout=timeout)
 
 
 def one_line_exit_2(out: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -96,18 +91,21 @@ def test_run_dir_of_names(tmp_path: Path) -> None:
     ],
 )
 def test_names_that_leave_out_dir_are_one_line_exit_2_nothing_written(
-    tmp_path: Path, args: tuple[str, ...], needle: str
+    tmp_path: Path, args: tuple[str, ...], needle: str, cli_in_process
 ) -> None:
+    # in this process (cli.main, as the command line calls it): the refusal is said before
+    # anything is written; the real processes of this refusal path are the read-only and
+    # full file systems' below (and test_run_cli.py's bad override)
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
     args = tuple(a.replace("ABS", str(tmp_path / "abs")) for a in args)
-    one_line_exit_2(cli(*TINY, "n=32", *args, cwd=work), needle)
+    one_line_exit_2(cli_in_process("run", *TINY, "n=32", *args, cwd=work), needle)
     assert [p for p in tmp_path.rglob("*") if p != work and p != work.parent] == []
 
 
-def test_out_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+def test_out_dir_that_is_a_file_is_one_line(tmp_path: Path, cli_in_process) -> None:
     (tmp_path / "afile").write_text("x")
-    out = cli(*TINY, "n=32", "out_dir=afile", cwd=tmp_path)
+    out = cli_in_process("run", *TINY, "n=32", "out_dir=afile", cwd=tmp_path)
     one_line_exit_2(out, "out_dir: cannot write afile/single/.hydra: 'afile' is not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
@@ -239,12 +237,14 @@ def test_a_full_disk_is_refused_before_anything_runs(
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o555 directory")
-def test_a_read_only_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_a_read_only_directory_is_refused_before_anything_runs(
+    tmp_path: Path, cli_in_process
+) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        out = cli(*TINY, "n=32", f"out_dir={ro}", cwd=tmp_path)
+        out = cli_in_process("run", *TINY, "n=32", f"out_dir={ro}", cwd=tmp_path)
         one_line_exit_2(out, f"out_dir: cannot write {ro}/single/.hydra: [Errno 13]")
         assert not any(ro.iterdir())
     finally:
@@ -305,35 +305,29 @@ def test_a_read_only_or_full_file_system_is_one_line_exit_2(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fs"] and not any(mnt.iterdir())
 
 
-ENOSPC_HOOK = """
-import errno, os
-_write = os.write
-def write(fd, data):  # the disk is full for cells.jsonl, and only for it
-    if os.readlink(f"/proc/self/fd/{fd}").endswith("cells.jsonl"):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return _write(fd, data)
-os.write = write
-"""
-
-
-def test_a_disk_that_fills_during_a_sweep_is_one_line(tmp_path: Path) -> None:
+def test_a_disk_that_fills_during_a_sweep_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process
+) -> None:
     """The disk fills after the checks passed: the store's StoreError reaches the user as
-    one line naming the file and the errno, not as Hydra's traceback."""
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook/sitecustomize.py").write_text(ENOSPC_HOOK)
-    out = subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "run", "-m", *TINY, "n=32,64"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "hook")},
-    )
+    one line naming the file and the errno, not as Hydra's traceback. In this process
+    (cli.main, as the command line calls it): the line and the exit code are the command's,
+    not its process's."""
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:  # the disk is full for cells.jsonl, only for it
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("cells.jsonl"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    args = ("-m", *TINY, "n=32,64", "timing.min_seconds=0")
+    out = cli_in_process("run", *args, cwd=tmp_path)
+    monkeypatch.setattr(os, "write", real)
     line = (
         "attnbench run: error: cannot write results/single/v100_16gb-cpu/cells.jsonl: "
         "[Errno 28] No space left on device"
     )
-    assert out.returncode != 0 and line in out.stderr.splitlines()
+    assert out.returncode == 2 and line in out.stderr.splitlines(), out.stderr
     assert "Traceback" not in out.stderr and "Error executing job" not in out.stderr
 
 
@@ -375,7 +369,7 @@ def test_n_that_fits_one_sequence_is_still_a_cell() -> None:
     validate(Cell("vanilla", n=65536), V100)  # Table 3's largest n: an oom row, not a typo
 
 
-def test_an_absurd_n_is_one_line_exit_2_not_an_error_row(tmp_path: Path) -> None:
-    out = cli(*TINY, "n=1000000000000", cwd=tmp_path)
+def test_an_absurd_n_is_one_line_exit_2_not_an_error_row(tmp_path: Path, cli_in_process) -> None:
+    out = cli_in_process("run", *TINY, "n=1000000000000", cwd=tmp_path)
     one_line_exit_2(out, "n: must fit one sequence's input in the ceiling: 1000000000000 × ")
     assert not any(tmp_path.iterdir())

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,13 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     (tmp / "tmp").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     return {**env, "TMPDIR": str(tmp / "tmp"), **extra}
+
+
+def _temp_dir(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    """This process's temp dir is ``tmp`` (for a command run in it), as ``TMPDIR`` makes it
+    for a fresh one."""
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
 
 
 def _as_in_a_terminal() -> None:
@@ -54,9 +62,10 @@ def _gone(needle: str, within_s: float = 60.0) -> bool:
 def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     tmp_path: Path, sig: int, code: int
 ) -> None:
-    # 3 mechanisms × 8 n: far more cells than the 2 it waits for, so that the sweep cannot
-    # finish between the second row and the signal, however fast the machine
-    ns = "n=64,96,128,160,192,224,256,288"
+    # 3 mechanisms × 4 n: far more cells than the 2 it waits for (10 left, timed 0.4 s each
+    # at least), so that the sweep cannot finish between the second row and the signal,
+    # however fast the machine
+    ns = "n=64,96,128,160"
     args = ("+sweep=smoke", "progress=false", ns)
     mark = f"ATTNBENCH_TEST_MARK={tmp_path.name}"
     proc = subprocess.Popen(
@@ -81,15 +90,16 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     assert proc.returncode == code, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run: interrupted")]
-    assert "of 24 cells are stored in results/smoke/" in line
+    assert "of 12 cells are stored in results/smoke/" in line
     assert "run the same command again to resume" in line
     assert _ours(tmp_path) == []
     assert _gone(mark), "the command's reaper goes with it, its work done"
     # resumed untimed: timing.min_seconds is how long a cell is timed, not which cell it is
-    # (not in its key), so the stored cells are still found; the 22 cells left are timed
-    # for their minimum repeats only, not for 0.4 s each
+    # (not in its key), so the stored cells are still found; the 10 cells left are timed
+    # for their minimum repeats only, not for 0.4 s each, and no report is written (nor is
+    # one in its key)
     resumed = subprocess.run(
-        [*CLI, *args, "timing.min_seconds=0"],
+        [*CLI, *args, "timing.min_seconds=0", "report=false"],
         cwd=tmp_path,
         env=_env(tmp_path, ATTNBENCH_TEST_MARK=tmp_path.name),
         capture_output=True,
@@ -100,9 +110,14 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     assert _ours(tmp_path) == [] and _gone(mark)  # a normal end leaves nothing either
 
 
-def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: Path) -> None:
+def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process
+) -> None:
+    """The next command (in this process: cli.main, as the command line calls it; the
+    killed command is simulated, a pid that cannot be alive) sweeps what a dead one left."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    _temp_dir(monkeypatch, tmp)
     dead = 2**22 + 12345  # above the default pid_max of 4194304: no such process
     stale_plan = tmp / f"attnbench-plan-{dead}-x.json"
     stale_claims = tmp / f"attnbench-{dead}-abc"
@@ -121,14 +136,8 @@ def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: P
     old = time.time() - 3600
     for p in (stale_plan, stale_claims, live_plan, worktree):
         os.utime(p, (old, old))
-    done = subprocess.run(
-        [*CLI, "model=tiny", "n=32", "dtype=fp32", "ceiling=1GB", "progress=false"],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = ("model=tiny", "n=32", "dtype=fp32", "ceiling=1GB", "progress=false")
+    done = cli_in_process("run", *args, "timing.min_seconds=0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not stale_plan.exists() and not stale_claims.exists()
     assert not (elsewhere / claims.RUN_CLAIMS).exists(), "a dead plan's unheld claims go too"
@@ -138,11 +147,12 @@ def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(tmp_path: P
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 def test_a_claim_left_by_a_command_killed_with_its_reaper_goes_with_the_next(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process
 ) -> None:
     """``kill -9`` to the whole process group mid-cell: the command, its job and its reaper
     die at once, and the cell's claim file stays (unlocked) in the run directory. The next
-    command on that run directory, measuring another cell, removes it: nobody holds it."""
+    command on that run directory, measuring another cell, removes it: nobody holds it
+    (the next command in this process: cli.main, as the command line calls it)."""
     mark = tmp_path.name
     env = _env(tmp_path, ATTNBENCH_TEST_MARK=mark)
     base = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "device=cpu")
@@ -165,14 +175,8 @@ def test_a_claim_left_by_a_command_killed_with_its_reaper_goes_with_the_next(
         proc.wait()
     assert _gone(mark), "nothing of the killed command is left to tidy"
     assert claim.exists(), "the premise: a SIGKILLed holder leaves its claim file"
-    done = subprocess.run(
-        [*CLI, *base, "n=32", "timing.min_seconds=0"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    _temp_dir(monkeypatch, tmp_path / "tmp")
+    done = cli_in_process("run", *base, "n=32", "timing.min_seconds=0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.glob("results/**/.claims")), "an unheld claim outlived the next"
 
@@ -199,7 +203,9 @@ class Seen(MultiHeadAttention):
 """
 
 
-def test_every_process_that_times_starts_with_malloc_fixed(tmp_path: Path) -> None:
+def test_every_process_that_times_starts_with_malloc_fixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "seen_mech.py").write_text(PLUGIN)
     seen = tmp_path / "seen"
     seen.mkdir()
@@ -217,6 +223,7 @@ def test_every_process_that_times_starts_with_malloc_fixed(tmp_path: Path) -> No
             "ceiling=1GB",
             "progress=false",
             "report=false",
+            "timing.min_seconds=0",
             "hydra/launcher=joblib",
         ],
         cwd=tmp_path,
@@ -230,19 +237,16 @@ def test_every_process_that_times_starts_with_malloc_fixed(tmp_path: Path) -> No
     # the command itself (where the plugin loads first), joblib's workers, each cell's process
     assert len(values) >= 3, values
     assert set(values.values()) == {"33554432 4294967296"}, values
-    off = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import os, attnbench.env as e; print(e.fix_malloc(), "
-            "os.environ.get('MALLOC_MMAP_THRESHOLD_'))",
-        ],
-        env={**env, "ATTNBENCH_MALLOC_FIX": "0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert off.stdout.split() == ["False", "None"], off.stderr
+    # its switch off: nothing fixed, nor set for the processes it starts (in this process:
+    # the switch and the variables are read from the environment when it is called)
+    from attnbench.env import fix_malloc
+
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.setenv(name, "1")  # put back after the test, whatever fix_malloc does
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ATTNBENCH_MALLOC_FIX", "0")
+    assert fix_malloc() is False
+    assert os.environ.get("MALLOC_MMAP_THRESHOLD_") is None
 
 
 def test_claims_sweep_leaves_processes_it_cannot_judge_alone(tmp_path: Path, monkeypatch) -> None:
