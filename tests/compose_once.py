@@ -6,7 +6,7 @@ command the docs show), in this process, where a compose is ~0.1 s of CPU.
   and each compose given a copy of it; Hydra still builds each defaults tree, merges and
   applies each override itself, as it would from disk.
 * :func:`each_composed_once`: ``hydra.compose`` with the same arguments composed once, and
-  a copy given each time (on top of the files read once).
+  a copy given each time.
 
 Both last for the ``with`` block: a config file or a ConfigStore entry changed inside it
 would not be seen, and none is.
@@ -63,6 +63,6 @@ def each_composed_once() -> Iterator[None]:
             )
         return copy.deepcopy(composed[key])
 
-    with files_read_once(), pytest.MonkeyPatch.context() as m:
+    with pytest.MonkeyPatch.context() as m:
         m.setattr(hydra, "compose", compose)
         yield

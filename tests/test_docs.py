@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compose_once import each_composed_once
+from tests.compose_once import each_composed_once, files_read_once
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -301,7 +301,7 @@ def prevalidated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
             plans[tuple(args)] = prevalidate([*args, f"out_dir={out_dir}"])
         return plans[tuple(args)]
 
-    with each_composed_once():
+    with files_read_once(), each_composed_once():
         yield plan
 
 

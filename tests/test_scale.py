@@ -35,7 +35,7 @@ from attnbench.sweep.config import (
     register_user_mechanisms,
 )
 from attnbench.sweep.hydra_api import split_sweep
-from tests.compose_once import files_read_once
+from tests.compose_once import each_composed_once, files_read_once
 
 ROW = json.loads(
     (Path(__file__).parents[1] / "results/reference/table3-v100_16gb-cpu/cells.jsonl")
@@ -113,18 +113,20 @@ def test_every_shipped_sweep_expands_as_hydra_composes_it(
     """Every job of the sweep, with n set on the command line (over the sweep's own n), both
     ways. One n: a second one doubles Hydra's job-by-job composes and changes no kind of
     override; two only where the sweep's own params leave one job (which compose_each
-    composes as Hydra does, without its shortcut)."""
+    composes as Hydra does, without its shortcut). The two expansions share what they both
+    compose (the command's own config, with Hydra's node)."""
 
     def plain(jobs: list) -> list:
         return [(OmegaConf.to_container(c), OmegaConf.is_struct(c)) for c in jobs]
 
-    args = [f"+sweep={name}", "n=512"]
-    fast, _ = expand_jobs(args)
-    if len(fast) == 1:
-        args = [f"+sweep={name}", "n=512,1024"]
+    with each_composed_once():
+        args = [f"+sweep={name}", "n=512"]
         fast, _ = expand_jobs(args)
-    monkeypatch.setattr(sweep_config, "compose_each", _job_by_job)
-    slow, _ = expand_jobs(args)
+        if len(fast) == 1:
+            args = [f"+sweep={name}", "n=512,1024"]
+            fast, _ = expand_jobs(args)
+        monkeypatch.setattr(sweep_config, "compose_each", _job_by_job)
+        slow, _ = expand_jobs(args)
     assert len(fast) > 1 and plain(fast) == plain(slow)
 
 
