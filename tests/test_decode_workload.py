@@ -212,7 +212,7 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> No
     assert again.returncode == 0 and len(list(next(tmp_path.rglob("cells.jsonl")).open())) == 2
     gqa = _run(
         tmp_path, "attention=sdpa", "n=64", "batch=1", "decode_tokens=4", "model.kv_heads=1",
-        here=cli_in_process,
+        "report=false", here=cli_in_process,
     )  # fmt: skip
     assert gqa.returncode == 0, gqa.stderr
     last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])

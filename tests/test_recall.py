@@ -209,10 +209,11 @@ TINY_CLI = (
 
 def test_the_task_end_to_end(tmp_path: Path, cli_in_process) -> None:
     """``attnbench run task=mqar`` in this process (cli.main, as the command line calls it):
-    a quality task's real process is tests/test_quality_cli.py's."""
+    a quality task's real process is tests/test_quality_cli.py's. Its rows are read here; the
+    recall report is tests/test_report_recall.py's."""
     out = cli_in_process(
         "run", "-m", "task=mqar", "attention=vanilla,linformer", "k=8", "sweep_name=rc",
-        *TINY_CLI, *CPU, cwd=tmp_path,
+        "report=false", *TINY_CLI, *CPU, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     (cells,) = tmp_path.glob("results/rc/*/cells.jsonl")
