@@ -9,14 +9,15 @@ stand in, the rest of the command runs in this process, git included), which are
 on a busy machine as on a quiet one. The gate's power at 15 % and its false-alarm rate are
 measured by scripts/gate_power.py, with figures in docs/gate.md, not asserted here.
 
-Each path a user takes also runs once for real, in fresh processes (the command and one
-worker per version): against a git ref, a stored baseline written and compared with, the
-compiled twins, the decode cells; the runs that can share a repository share one. A real
-run on a loaded machine may honestly give no verdict (a cell ``busy``, exit 3), so those
-runs assert what holds either way: the verdict or the busy line, whichever the machine
-gave, and the rows and JSON. A planted slowdown there is large (3x) and its ratio is only
-ever bounded on the side that noise cannot reach (a loaded machine has read a planted 3x as
-5.41x); no band [low, high] is asserted of a real timing.
+Each path a user takes also runs once for real, the command in a fresh process with a real
+worker per version: against a git ref (one run, with decode cells, read by four tests), a
+stored baseline compared with, the compiled twins, a refusal. A baseline written from a real
+worker's samples and a compiled layer that recompiles in a real worker run the command in
+this process. A real run on a loaded machine may honestly give no verdict (a cell ``busy``,
+exit 3), so those runs assert what holds either way: the verdict or the busy line,
+whichever the machine gave, and the rows and JSON. A planted slowdown there is large (3x)
+and its ratio is only ever bounded on the side that noise cannot reach (a loaded machine has
+read a planted 3x as 5.41x); no band [low, high] is asserted of a real timing.
 """
 
 from __future__ import annotations
