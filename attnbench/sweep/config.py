@@ -214,8 +214,14 @@ def expand_jobs(
     return jobs, True
 
 
-def check_run_keys(cfg: DictConfig) -> None:
-    """The keys of ``attnbench run`` itself, before any cell runs (a typo is not a row)."""
+def check_run_keys(cfg: DictConfig, known: set[str]) -> None:
+    """One composed job's keys, before any cell runs (a typo is not a row): the ones every
+    cell needs present, none unknown (:func:`keys.check_known`), and ``attnbench run``'s own
+    valid; else ValueError, one line."""
+    for key in ("n", "batch", "dtype"):
+        if OmegaConf.is_missing(cfg, key):
+            raise ValueError(f"{key}: missing")
+    keys.check_known(cfg, known)
     for key in ("rerun", "progress", "report", "timing.flush_l2"):
         check_bool(key, setting(cfg, key))
     check_limit("cell_timeout_s", setting(cfg, "cell_timeout_s"))
@@ -223,6 +229,20 @@ def check_run_keys(cfg: DictConfig) -> None:
         check_number(key, setting(cfg, key), low=0)
     baseline = setting(cfg, "report_baseline")
     check_choice("report_baseline", baseline, registry.names(), "a mechanism")
+
+
+def _say_once(left_out: list[str], once: list[str]) -> None:
+    """What the sweep will not measure, or measure once for several jobs: a line each on
+    stderr, said before anything runs rather than per job."""
+    if left_out:
+        print(
+            f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
+            f"mechanism, causal=true without a causal form, kv_heads without grouped-query "
+            f"heads, or a mode the mechanism cannot run), e.g. {left_out[0]}",
+            file=sys.stderr,
+        )
+    for line in once:
+        print(f"attnbench run: {line}", file=sys.stderr)
 
 
 def prevalidate(args: list[str]) -> list[tuple[str, str]]:
@@ -248,11 +268,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     config_dir = valued.get("--config-dir", valued.get("-cd"))
     known = keys.known_keys([config_dir] if config_dir else [])
     for cfg in jobs:
-        for key in ("n", "batch", "dtype"):
-            if OmegaConf.is_missing(cfg, key):
-                raise ValueError(f"{key}: missing")
-        keys.check_known(cfg, known)
-        check_run_keys(cfg)
+        check_run_keys(cfg, known)
         where = str(run_dir(cfg))
         cell = cell_from_cfg(cfg, is_sweep)
         why = left_out_of(cell) if is_sweep else None
@@ -269,15 +285,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         elif planned in plan:
             once[f"{cell.label}: the same cell as another job, measured once"] = None
         plan[planned] = None
-    if left_out:
-        print(
-            f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
-            f"mechanism, causal=true without a causal form, kv_heads without grouped-query "
-            f"heads, or a mode the mechanism cannot run), e.g. {left_out[0]}",
-            file=sys.stderr,
-        )
-    for line in once:
-        print(f"attnbench run: {line}", file=sys.stderr)
+    _say_once(left_out, list(once))
     if not plan:
         raise ValueError(
             "k: every combination has k >= n, no causal form, no grouped-query heads or a mode "

@@ -84,17 +84,18 @@ def check_known(cfg: DictConfig, known: set[str]) -> None:
 
 
 def unknown(key: str, known: set[str]) -> str:
-    """The line for a key nobody knows, with the nearest known setting: the same name at
-    another depth (``kv_heads`` -> ``model.kv_heads``), else the closest spelling in its
-    section (``decode_tokenz`` -> ``decode_tokens``), else the keys its section has."""
+    """The line for a key nobody knows, with the nearest known setting: the closest
+    spelling in its own section (``decode_tokenz`` -> ``decode_tokens``, ``quality.mqar.lr``
+    -> ``quality.mqar.lrs``, not ListOps' ``lr``), else the same name at another depth
+    (``kv_heads`` -> ``model.kv_heads``), else the keys its section has."""
     mappings = {k.rsplit(".", 1)[0] for k in known if "." in k}
     settings = sorted(k for k in known if k not in mappings and not k.startswith(OPEN))
     section, _, last = key.rpartition(".")
     siblings = {
         k.rpartition(".")[2]: k for k in settings if k.rpartition(".")[0] == section
     }  # fmt: skip
-    close = [k for k in settings if k.rpartition(".")[2] == last and k != key]
-    close += [siblings[m] for m in difflib.get_close_matches(last, list(siblings), n=1)]
+    close = [siblings[m] for m in difflib.get_close_matches(last, list(siblings), n=1)]
+    close += [k for k in settings if k.rpartition(".")[2] == last and k != key]
     if close:
         hint = f"; did you mean {close[0]}?"
     elif section in mappings and siblings:
