@@ -21,6 +21,7 @@ import torch
 
 from attnbench import registry
 from attnbench.cell_rules import (
+    budget_of,
     check_budget,
     check_causal,
     check_k,
@@ -90,8 +91,9 @@ class Cell:
 
     @property
     def budget(self) -> str | None:
-        """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``)."""
-        return registry.info(self.attention).budget
+        """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``),
+        or None where it has none in use with the cell's parameters."""
+        return budget_of(self.attention, dict(self.params))
 
     def mechanism_params(self) -> dict[str, Any]:
         """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
@@ -206,7 +208,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     work = cell.workload  # an unknown mode: one line naming the workloads
     if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
         raise ValueError(f"mode: attention={cell.attention} {why}")
-    check_k(cell.attention, cell.n, cell.k)
+    check_k(cell.attention, cell.n, cell.k, dict(cell.params))
     check_budget(cell)
     check_causal(cell)
     check_settings(cell)

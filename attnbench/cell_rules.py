@@ -7,7 +7,8 @@ and the gate ask :func:`left_out` and :func:`kept_k` before a cell exists to val
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,21 +35,33 @@ def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
     return ceiling
 
 
-def kept_k(attention: str, k: int | None, *, in_sweep: bool) -> int | None:
-    """The ``k`` a cell keeps, for every task alike: a mechanism's budget where it has one.
-    In a sweep, a mechanism without a budget drops ``k`` (None: the same cell at every k, so
-    a sweep over mechanisms and k measures it once, as the baseline of each k); a single
-    cell keeps it, so that :func:`check_k` refuses it: a row labelled with a k that changed
-    nothing would mislead."""
-    if registry.info(attention).budget or not in_sweep:
+def budget_of(attention: str, params: Mapping[str, Any] = ()) -> str | None:
+    """The parameter ``k`` sets for ``attention`` with these parameters, or None: it has no
+    budget, or none in use with them (FlexAttention's window with pattern=full)."""
+    info = registry.info(attention)
+    if info.budget is None or info.budget_when is None:
+        return info.budget
+    field, value = info.budget_when
+    return info.budget if dict(params).get(field, info.params.get(field)) == value else None
+
+
+def kept_k(
+    attention: str, k: int | None, *, in_sweep: bool, params: Mapping[str, Any] = ()
+) -> int | None:
+    """The ``k`` a cell keeps, for every task alike: a mechanism's budget where it has one in
+    use (:func:`budget_of`). In a sweep, any other drops ``k`` (None: the same cell at every
+    k, so a sweep over mechanisms and k measures it once, as the baseline of each k); a
+    single cell keeps it, so that :func:`check_k` refuses it: a row labelled with a k that
+    changed nothing would mislead."""
+    if budget_of(attention, params) or not in_sweep:
         return k
     return None
 
 
-def check_k(attention: str, n: int, k: int | None) -> None:
+def check_k(attention: str, n: int, k: int | None, params: Mapping[str, Any] = ()) -> None:
     """``k`` is a positive integer (k=0 is a typo), given only to a mechanism with a budget
-    (a sweep drops it for the others: :func:`kept_k`), and a fixed-length mechanism cannot
-    project n positions onto more than n."""
+    in use (a sweep drops it for the others: :func:`kept_k`), and a fixed-length mechanism
+    cannot project n positions onto more than n."""
     if k is None:
         return
     check_int("k", k)
@@ -58,6 +71,13 @@ def check_k(attention: str, n: int, k: int | None) -> None:
         raise ValueError(
             f"k: attention={attention} has no budget: k must be null (k sets the budget of "
             f"{', '.join(budgeted)}), got {k}"
+        )
+    if budget_of(attention, params) is None and info.budget_when is not None:
+        field, value = info.budget_when
+        now = dict(params).get(field, info.params.get(field))
+        raise ValueError(
+            f"k: attention={attention} uses k (its {info.budget}) only with {field}={value}, "
+            f"got {field}={now}: k must be null, or set attention.params.{field}={value}"
         )
     if info.fixed_max_len and k > n:
         raise ValueError(f"k: must be at most n={n}, got {k}")
@@ -124,8 +144,15 @@ def check_budget(cell: Cell) -> None:
     """A fixed-length mechanism (Linformer) needs its budget: without ``k`` it would fall
     back on its config's default (k=256), silently at n >= 256 and as a misleading ``k``
     range error below. ``k=null`` is refused unless the budget is set through the
-    mechanism's own parameters (``+attention.params.k=32``)."""
+    mechanism's own parameters (``+attention.params.k=32``). Both, with different values,
+    are refused: the row's ``k`` would say what the run did not use."""
     info = registry.info(cell.attention)
+    given = dict(cell.params).get(info.budget) if info.budget else None
+    if cell.k is not None and given is not None and given != cell.k:
+        raise ValueError(
+            f"k: sets attention={cell.attention}'s {info.budget}, which "
+            f"attention.params.{info.budget}={given} sets too; give one of them, got k={cell.k}"
+        )
     if info.budget and info.fixed_max_len and cell.k is None:
         if info.budget not in dict(cell.params):
             what = "its budget" if info.budget == "k" else f"its budget, {info.budget}"

@@ -79,6 +79,17 @@ def allocated() -> tuple[int, str]:
     return cpus, source
 
 
+def memory_bytes() -> int:
+    """The memory this machine has: its physical memory, or its cgroup's limit where that is
+    lower (a container's, a SLURM job's), which is what a process here can use."""
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return have
+    return min(have, int(limit)) if limit.isdigit() else have
+
+
 def resolve_threads(requested: int | None) -> int:
     """The thread count for ``timing.threads`` (None: follow the allocation). More threads
     than CPUs would time the threads' contention with each other, not the mechanism: one

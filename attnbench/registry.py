@@ -62,6 +62,9 @@ class Info:
     compiles: bool = False
     # why its backward cannot run on a CPU (training refused there), or None: it can
     no_cpu_backward: str | None = None
+    # (parameter, value): the budget is used only when that parameter has that value
+    # (FlexAttention's window, by pattern=window alone), or None: always
+    budget_when: tuple[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ def register(
     gqa: bool = False,
     compiles: bool = False,
     no_cpu_backward: str | None = None,
+    budget_when: tuple[str, Any] | None = None,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -106,7 +110,7 @@ def register(
     decode (``cannot_decode=None``) by a class without a causal form or without the three
     methods of the incremental form.
     """
-    _check_registration(name, config, budget, devices, dtypes)
+    _check_registration(name, config, (budget, *(budget_when or ())[:1]), devices, dtypes)
 
     def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
         _check_class(name, cls, causal, cannot_decode)
@@ -118,7 +122,7 @@ def register(
             name, summary, causal, padding_mask, tuple(devices), tuple(dtypes), fixed_max_len,
             budget, defaults, unavailable=None, cannot_train=cannot_train, limits=limits,
             cannot_decode=cannot_decode, gqa=gqa, compiles=compiles,
-            no_cpu_backward=no_cpu_backward,
+            no_cpu_backward=no_cpu_backward, budget_when=budget_when,
         )  # fmt: skip
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls
@@ -129,20 +133,21 @@ def register(
 def _check_registration(
     name: str,
     config: type,
-    budget: str | None,
+    budget: tuple[str | None, ...],
     devices: tuple[str, ...],
     dtypes: tuple[str, ...],
 ) -> None:
     """What :func:`register` refuses before it sees the class: a name that is no
-    identifier, a config that is not a dataclass, a budget that is not one of its fields,
-    devices or dtypes outside the known sets."""
+    identifier, a config that is not a dataclass, a budget (or the parameter its use
+    depends on) that is not one of its fields, devices or dtypes outside the known sets."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"register: name must be an identifier, got {name!r}")
     if not dataclasses.is_dataclass(config):
         raise TypeError(f"register({name!r}): config must be a dataclass, got {config!r}")
     fields = {f.name for f in dataclasses.fields(config)}
-    if budget is not None and budget not in fields:
-        raise ValueError(f"register({name!r}): budget {budget!r} is not a config field")
+    for field in budget:
+        if field is not None and field not in fields:
+            raise ValueError(f"register({name!r}): budget {field!r} is not a config field")
     if bad := set(devices) - set(DEVICES):
         raise ValueError(f"register({name!r}): unknown devices {sorted(bad)}; allowed: {DEVICES}")
     if bad := set(dtypes) - set(DTYPES):
@@ -278,19 +283,7 @@ def _register_builtin(module: ModuleType) -> str:
 
 # the built-ins, in the order of names(): the one list of them, registered here
 BUILTINS = tuple(
-    map(
-        _register_builtin,
-        (
-            vanilla,
-            sdpa,
-            xformers,
-            linformer,
-            performer,
-            nystromformer,
-            linear,
-            local,
-            reformer,
-            flex,
-        ),
-    )
-)
+    _register_builtin(module)
+    for module in (vanilla, sdpa, xformers, linformer, performer, nystromformer, linear, local,
+                   reformer, flex)
+)  # fmt: skip

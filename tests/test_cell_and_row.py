@@ -13,7 +13,7 @@ import pytest
 
 from attnbench import row as rows
 from attnbench.cell import Cell, key, label, validate
-from attnbench.cell_rules import check_k, kept_k, left_out, resolve_ceiling
+from attnbench.cell_rules import budget_of, check_k, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.quality import tasks
@@ -65,6 +65,23 @@ def test_k_against_n_one_rule_two_strictnesses() -> None:
     assert left_out(Cell("linformer", 512, k=64, params=(("causal", True),))) == (
         "has no causal form"
     )
+
+
+def test_k_sets_a_budget_only_where_the_mechanism_uses_it() -> None:
+    """FlexAttention's window is its budget under pattern=window alone: with full or causal
+    a k would label a row with a window the run never used, so a single cell refuses it and
+    a sweep drops it; k and the budget's own parameter at odds are refused too."""
+    window = (("pattern", "window"),)
+    assert budget_of("flex", dict(window)) == "window"
+    assert budget_of("flex", {}) is None and budget_of("flex", {"pattern": "causal"}) is None
+    assert kept_k("flex", 32, in_sweep=True) is None
+    assert kept_k("flex", 32, in_sweep=True, params=dict(window)) == 32
+    with pytest.raises(ValueError, match=r"^k: attention=flex uses k \(its window\) only with "):
+        validate(Cell("flex", 128, k=32, dtype="fp32", device="cpu"))
+    assert Cell("flex", 128, k=32, params=window).budget == "window"
+    both = (*window, ("window", 64))
+    with pytest.raises(ValueError, match=r"^k: sets attention=flex's window, which attention"):
+        validate(Cell("flex", 128, k=32, params=both, dtype="fp32", device="cpu"))
 
 
 @pytest.mark.parametrize("task", ["cost", "approx", "listops"])
@@ -246,7 +263,7 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
     from attnbench.measure.timing import StepTiming, Timing
     from attnbench.measured import Compiled, Flops, Found, MaxBatch, Memory, assemble
 
-    cell = Cell("flex", n=256, k=64, dtype="fp32", device="cpu")
+    cell = Cell("flex", n=256, k=64, params=(("pattern", "window"),), dtype="fp32", device="cpu")
     found = Found(threads=(2, 4), flops=Flops(100, None, 160), recompiled=0)
     found.max_batch = MaxBatch(predicted=9, probed=8, probes=2)
     found.memory = Memory("measured", 8, 1000, 2000)

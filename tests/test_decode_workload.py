@@ -224,6 +224,8 @@ BAD = [
     (["attention=reformer"], "mode: attention=reformer cannot decode: has no honest"),
     (["decode_tokens=0"], "decode_tokens: must be an integer >= 1, got 0"),
     (["decode_tokens=1.5"], "decode_tokens: must be an integer >= 1, got 1.5"),
+    # the run's own rule, before anything runs: the first 2 steps are warm-up, never timed
+    (["decode_tokens=2"], "decode_tokens: must be an integer > 2 (the first 2 steps are warm"),
     (["model.kv_heads=3"], "kv_heads: must divide n_heads=4"),
     (["attention=linear", "model.kv_heads=2"], "kv_heads: attention=linear has no grouped"),
     (["state_dtype=fp64"], "state_dtype: must be one of"),

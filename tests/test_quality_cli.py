@@ -148,6 +148,15 @@ def test_listops_and_spectrum_cells(tmp_path: Path, cli_in_process) -> None:
         (("task=mqar", "n=64", "quality.mqar.vocab_size=64"), "quality.mqar.vocab_size: must"),
         (("task=mqar", "n=64", "quality.mqar.power_a=0"), "quality.mqar.power_a: must be a"),
         (("task=mqar", "n=64", "quality.mqar.short_conv=-1"), "quality.mqar.short_conv: must"),
+        # what the run could not do in time or memory, refused before anything runs
+        (
+            ("task=mqar", "n=64", "quality.mqar.short_conv=1000000"),
+            "quality.mqar.short_conv: must be at most n=64",
+        ),
+        (
+            ("task=mqar", "n=64", "quality.mqar.vocab_size=1000000000000"),
+            "quality.mqar.vocab_size: the training needs about 3.48e+16 bytes",
+        ),
         (("task=mqar", "n=64", "quality.mqar.lrs=0.001"), "quality.mqar.lrs: must be a list"),
         (
             ("task=mqar", "n=64", "+quality.mqar.lr=0.001"),

@@ -232,3 +232,19 @@ def test_the_task_end_to_end(tmp_path: Path, cli_in_process) -> None:
     assert rows["linformer"].k == 8 and rows["vanilla"].k is None
     assert rows["vanilla"].quality["context_elements"] == 2 * 32 * 16  # K and V at n, d 16
     assert rows["linformer"].quality["context_elements"] == 2 * 8 * 16  # k keys and values
+
+
+def test_what_the_settings_grow_is_held_to_the_machines_memory() -> None:
+    """The vocabulary's share of the rule against the real model (two vocabularies differ by
+    vocab × (2·d_model + 1) parameters: the embedding and the head), and the rule itself on
+    injected sizes: the key of the largest share is named, before anything is allocated."""
+    shape = {"n": 64, "layers": 1, "d_model": 16, "n_heads": 1, "d_ff": 32}
+    count = [
+        sum(p.numel() for p in Classifier("vanilla", vocab=v, n_classes=v, per_position=True,
+                                          padding_idx=None, **shape).parameters())
+        for v in (128, 256)
+    ]  # fmt: skip
+    assert count[1] - count[0] == 128 * (2 * 16 + 1)
+    training.check_fits({"q.a": 10, "q.b": 30}, have=40)
+    with pytest.raises(ValueError, match=r"^q\.b: the training needs about 41 bytes \(a 10, b 30"):
+        training.check_fits({"q.a": 10, "q.b": 30, "q.c": 1}, have=40)

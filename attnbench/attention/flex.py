@@ -246,6 +246,7 @@ def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tenso
     config=FlexConfig,
     causal=True,
     budget="window",
+    budget_when=("pattern", "window"),
     gqa=True,
     compiles=True,
     no_cpu_backward=NO_CPU_BACKWARD,

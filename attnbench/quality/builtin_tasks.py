@@ -91,8 +91,10 @@ def _check_listops(cell: Cell, s: dict[str, Any]) -> None:
 def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
     """The data's rules at the cell's n (Zoology's: n even, 4·pairs <= n, vocabulary > n and
     able to hold the keys and values, power_a > 0), then the training's, by the checks the run
-    itself applies (:func:`attnbench.quality.recall.check_settings`)."""
+    itself applies (:func:`attnbench.quality.recall.check_settings`), and what they make
+    grow against this machine's memory (:func:`attnbench.quality.recall.check_fits`)."""
     recall.check_settings(cell.n, prefix="quality.mqar.", **s)
+    recall.check_fits(cell.n, cell.d_model, prefix="quality.mqar.", **s)
 
 
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")

@@ -124,7 +124,26 @@ def check_settings(n: int, *, prefix: str = "", **s: Any) -> None:
     check_int(f"{prefix}warmup", s["warmup"], low=0)
     check_number(f"{prefix}weight_decay", s["weight_decay"], low=0)
     check_int(f"{prefix}eval_every", s["eval_every"])
-    check_int(f"{prefix}short_conv", s["short_conv"], low=0)
+    if check_int(f"{prefix}short_conv", s["short_conv"], low=0) > n:
+        raise ValueError(
+            f"{prefix}short_conv: must be at most n={n} (taps beyond the sequence read only "
+            f"its padding), got {s['short_conv']}"
+        )
+
+
+def check_fits(n: int, d_model: int, *, prefix: str = "", **s: Any) -> None:
+    """What an MQAR run's settings make grow, held to this machine's memory
+    (:func:`attnbench.quality.training.check_fits`): the vocabulary's embedding and head
+    (``vocab_size`` × (2·d_model + 1) parameters, each with AdamW's copies) and one step's
+    logits and their gradient (batch × n × vocab_size), then the sequences, inputs and labels
+    in int64. The rest of the model does not depend on these settings."""
+    vocab, itemsize = s["vocab_size"], 8  # int64 tokens and labels
+    table = vocab * (2 * d_model + 1) * ITEMSIZE * training.ADAMW_COPIES
+    logits = 2 * s["batch"] * n * vocab * ITEMSIZE
+    need = {f"{prefix}vocab_size": table + logits}
+    for key in ("train_examples", "test_examples"):
+        need[f"{prefix}{key}"] = 2 * s[key] * n * itemsize
+    training.check_fits(need)
 
 
 def causal(attention: str) -> bool:
@@ -195,6 +214,7 @@ def train(
         "eval_every": eval_every,
     }  # fmt: skip
     check_settings(n, **data, **fit, lrs=lrs, short_conv=short_conv)
+    check_fits(n, d_model, **data, batch=batch)
     sets = mqar.splits(n, **data)
     params = {**(params or {}), "causal": causal(attention)}
     shape = {"layers": layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff}

@@ -22,9 +22,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnbench import env
 from attnbench.measure.memory import profiled_peak
 
 IGNORE = -100  # a label neither trained on nor counted (F.cross_entropy's ignore_index)
+# the fp32 copies AdamW keeps of each parameter: the weight, its gradient, two moments
+ADAMW_COPIES = 4
+
+
+def check_fits(need: dict[str, int], have: int | None = None) -> None:
+    """A training run's tensors, in bytes by the key whose value sizes them, must fit the
+    memory of this machine (:func:`attnbench.env.memory_bytes`; ``have`` in tests), where
+    the run trains: else one line naming the key of the largest share, before anything is
+    allocated, rather than minutes of swapping or an error row after a failed allocation."""
+    have = env.memory_bytes() if have is None else have
+    if (total := sum(need.values())) <= have:
+        return
+    key = max(need, key=need.__getitem__)
+    shares = ", ".join(f"{k.rpartition('.')[2]} {b:.3g}" for k, b in need.items())
+    raise ValueError(
+        f"{key}: the training needs about {total:.3g} bytes ({shares}), above the {have} "
+        f"bytes of memory this machine has; allowed: a smaller {key.rpartition('.')[2]}"
+    )
 
 
 def loss(logits: Tensor, labels: Tensor) -> Tensor:

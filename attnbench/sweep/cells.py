@@ -42,7 +42,7 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
         check_int("k", k)
     return Cell(
         attention=name,
-        k=kept_k(name, k, in_sweep=in_sweep),
+        k=kept_k(name, k, in_sweep=in_sweep, params=params),
         device=cfg.device.name,
         ceiling_bytes=parse_size(setting(cfg, "ceiling")),
         params=tuple(sorted((key, _plain(v)) for key, v in params.items())),

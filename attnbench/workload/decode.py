@@ -35,6 +35,7 @@ from attnbench.measure.memory import module_bytes, tracked_peak
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
+from attnbench.validators import check_int
 from attnbench.workload.base import DTYPES, Work, Workload, setting
 
 if TYPE_CHECKING:
@@ -231,8 +232,6 @@ class DecodeWork(Work):
             self._copy_first(min(next(slots), self.b))
             self._admit(parts)
         steps = self.tokens - WARMUP
-        if steps < 1:
-            raise ValueError(f"decode_tokens: must exceed the {WARMUP} warm-up steps to time")
         self.steps_timed = steps
         # exactly the decode_tokens steps the cache holds: no sample past its capacity
         timing = {**timing, "min_repeats": min(timing.get("min_repeats", 5), steps)}
@@ -295,13 +294,25 @@ class DecodeWork(Work):
         }
 
 
+def _timed_tokens(name: str, value: Any) -> int:
+    """More tokens than the :data:`WARMUP` steps, so that at least one step is timed: the
+    rule :meth:`Decode.time` applies, checked before anything runs."""
+    tokens = check_int(name, value)
+    if tokens <= WARMUP:
+        raise ValueError(
+            f"{name}: must be an integer > {WARMUP} (the first {WARMUP} steps are warm-up, not "
+            f"timed), got {value!r}"
+        )
+    return tokens
+
+
 class Decode(Workload):
     name = "decode"
     doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
     what = "decode step"
     settings = (
         Setting("decode_tokens", 128, "tokens generated after the prompt of n (each step"
-                " timed)", int, integer()),
+                f" timed but the first {WARMUP})", int, _timed_tokens),
         Setting("state_dtype", "auto", "the cache's or state's dtype (`auto`: the cell's)",
                 str, choice(STATE_DTYPES)),
         Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt"
