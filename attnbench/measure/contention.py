@@ -106,6 +106,10 @@ class Reading:
     wall_s: float
     cpu_s: float
     delay: float | None  # waited / (ran + waited) over the window
+    # the nanoseconds the scheduler credited over the window (None: unknown), which a
+    # timing's verdict sums over its repeats (:func:`aggregate_delay`)
+    ran_ns: int | None = None
+    waited_ns: int | None = None
 
     @property
     def contended(self) -> bool:
@@ -125,12 +129,20 @@ class Window:
 
     def close(self) -> Reading:
         (w0, c0, s0), (w1, c1, s1) = self._start, self._read()
-        delay = None
-        if s0 is not None and s1 is not None:
-            ran, waited = s1[0] - s0[0], s1[1] - s0[1]
-            if ran + waited > 0 and ran >= 0 and waited >= 0:
-                delay = waited / (ran + waited)
-        return Reading(w1 - w0, c1 - c0, delay)
+        if s0 is None or s1 is None or s1[0] < s0[0] or s1[1] < s0[1]:
+            return Reading(w1 - w0, c1 - c0, None)
+        ran, waited = s1[0] - s0[0], s1[1] - s0[1]
+        delay = waited / (ran + waited) if ran + waited > 0 else None
+        return Reading(w1 - w0, c1 - c0, delay, ran, waited)
+
+
+def aggregate_delay(readings: Sequence[Reading]) -> float | None:
+    """The delay share over every reading together: what the scheduler credited, summed,
+    so that its lumps (time credited at ticks and context switches, not as it passes) fall
+    inside the sum whichever window they landed in. None where nothing was credited."""
+    ran = sum(r.ran_ns or 0 for r in readings)
+    waited = sum(r.waited_ns or 0 for r in readings)
+    return waited / (ran + waited) if ran + waited > 0 else None
 
 
 def load() -> float | None:
@@ -205,8 +217,12 @@ def judge(
 ) -> Share:
     """The verdict on a timing: ``readings`` and ``whole`` (seconds) for every repeat taken,
     ``kept`` the indices of the repeats the figure is made of. Busy when fewer than
-    ``wanted`` repeats ran uncontended (re-sampling ran out of patience) or the kept samples
-    spread over :data:`WILD_SPREAD`."""
+    ``wanted`` repeats ran uncontended (re-sampling ran out of patience), when the repeats
+    together waited over :data:`BUSY_DELAY` of their time (:func:`aggregate_delay`: a
+    process sharing its CPU for the whole timing, whose short samples the scheduler's lumpy
+    accounting may read one by one as uncontended, and whose kept samples are still slowed
+    by the other's use of the caches), or when the kept samples spread over
+    :data:`WILD_SPREAD`."""
     contended = sum(r.contended for r in readings)
     wall = sum(r.wall_s for r in readings)
     cpu = sum(r.cpu_s for r in readings)
@@ -217,6 +233,8 @@ def judge(
             f"{contended} of {len(readings)} samples waited over {BUSY_DELAY:.0%} of their "
             "time for a CPU"
         )
+    elif (total := aggregate_delay(readings)) is not None and total > BUSY_DELAY:
+        why = f"its {len(readings)} samples together waited {total:.0%} of their time for a CPU"
     elif (s := spread([whole[i] for i in kept])) is not None and s > WILD_SPREAD:
         why = f"the median sample is {s:.0f}x the fastest"
     delays = sorted(d for i in kept if (d := readings[i].delay) is not None)
