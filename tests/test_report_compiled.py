@@ -243,7 +243,7 @@ def test_flex_beside_local_by_hand() -> None:
     # no compiled flex: compiled local against flex in the eager model, said so
     rows = [r for r in _rows() if not (r.attention == "flex" and r.compile)]
     (grid,) = flex_beside_local(rows)
-    assert _at(grid, "128", "256")[5:] == ["-", "2.50x¹", "1.25x¹²"]  # 0.050 / 0.040
+    assert _at(grid, "128", "256")[5:] == ["-", "2.50x¹", "1.25x¹,²"]  # 0.050 / 0.040
     assert "² against flex in the eager model (its kernel compiled): no flex compiled row" in (
         grid.notes
     )
