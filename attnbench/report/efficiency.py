@@ -34,6 +34,7 @@ from typing import Any
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import BUSY, compared, group, name, ratio, setting
 from attnbench.report.ratio import baselines as baseline_rows
+from attnbench.report.tables import MISSING
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -173,7 +174,8 @@ LEGEND = (
     "≈: interpolated between the two swept n on either side (log n against log ratio), not "
     "measured there; ≤: ahead already at the smallest n compared; >: not ahead at any n "
     "compared (the largest given); a–b: crossed between two swept n where no ratio can be "
-    "interpolated (the baseline did not fit one sequence)."
+    "interpolated (the baseline did not fit one sequence); -: no such pair (the baseline "
+    "itself, or no row of that baseline at the mechanism's setting)."
 )
 
 
@@ -211,7 +213,7 @@ def grid(
                 cells.append("" if x is None else ", ".join(map(str, x.behind)))
                 continue
             x = at.get((mech, kind, base))
-            text = "" if x is None else x.text
+            text = MISSING if x is None else x.text
             if x is not None and x.note:
                 notes.append(f"({len(notes) + 1}) {mech}, {kind} against {base}: {x.note}")
                 text += f" ({len(notes)})"
