@@ -54,7 +54,7 @@ def test_lengths_against_each_baseline_and_setting() -> None:
         *(_row("linear", n, 1e-3 * n, 4096 * 4 // n) for n in (256, 512, 2048)),
         # causal rows are compared with causal baselines only: none here, so no entry
         _row("linear", 512, 1e-9, 9999, params={"causal": True}),
-        # skipped everywhere (xformers without CUDA): nothing to compare, no entry at all
+        # skipped everywhere (xformers without CUDA): nothing to compare, and it says so
         *(_row("xformers", n, None, None, status="skipped") for n in (256, 512)),
     ]
     got = {(x.mechanism, x.kind, x.baseline): x for x in efficiency_lengths(rows)}
@@ -64,7 +64,9 @@ def test_lengths_against_each_baseline_and_setting() -> None:
     # max batch 64 / 16 / 1 (vanilla) against 64 / 32 / 8 (linear): 1.0, 2.0, 8.0
     assert got[("linear", "memory", "vanilla")].text == "≈ 256"  # equal at 256, ahead above
     assert ("linear (causal=True)", "time", "vanilla") not in got
-    assert not any(name == "xformers" for name, _, _ in got)
+    xformers = got[("xformers", "time", "vanilla")]
+    assert (xformers.text, xformers.n, xformers.compared) == ("–", None, ())
+    assert xformers.note == "no n with both figures: xformers: skipped: None (n = 256, 512)"
     assert ("sdpa", "time", "vanilla") in got  # sdpa itself against vanilla
 
 
@@ -86,3 +88,30 @@ def test_markdown_table_has_a_row_per_mechanism_and_the_legend() -> None:
     md = grid_markdown(grid(efficiency_lengths(rows)))
     assert "| linear | ≈ 1000 | \\> 1024 |" in md  # Markdown's > escaped
     assert "interpolated" in md and md.count("\n| ") == 2
+
+
+def test_a_mechanism_never_timed_beside_the_baseline_says_why_not_a_blank() -> None:
+    """A CPU run times few cells (the rest are estimated over timing.time_budget_s): a
+    mechanism with no n at which both times exist gets ``–`` and a numbered note giving
+    each reason and its n, in the table every format prints."""
+    skipped = "time skipped: ~9 s per forward on this CPU; 7 forwards exceed time_budget_s=30"
+    rows = [
+        _row("vanilla", 512, 0.5, 64),
+        _row("vanilla", 1024, None, 16),
+        _row("vanilla", 2048, None, None, status="oom"),
+        _row("linear", 512, 0.4, 128, k=256),
+        _row("linear", 1024, None, 64, k=512),
+        _row("linear", 2048, None, 32, k=512),
+    ]
+    rows[4].reason = skipped
+    got = {(x.mechanism, x.kind): x for x in efficiency_lengths(rows, ("vanilla",))}
+    assert got[("linear k=256", "time")].text == "≤ 512"
+    never = got[("linear k=512", "time")]
+    assert never.text == "–" and never.note == (
+        "no n with both figures: time not measured: a CPU run was estimated over "
+        "timing.time_budget_s (n = 1024); the baseline does not fit at b = 1 under the "
+        "ceiling (measured) (n = 2048)"
+    )
+    g = grid(efficiency_lengths(rows, ("vanilla",)))
+    assert g.body[1] == ["linear k=512", "– (1)", "≤ 1024"]
+    assert g.notes[-1].startswith("(1) linear k=512, time against vanilla: no n with both")

@@ -78,7 +78,7 @@ HOSTILE: dict[str, Any] = {
     "long": LONG,
 }
 # a report's cells are a ratio, a mark, or one of the paper's signs: nothing else, ever
-CELL = re.compile(r"^(-|–|OOM|\d+\.\d+x?)[⁰¹²³⁴⁵⁶⁷⁸⁹]*$")
+CELL = re.compile(r"^(-|–|OOM|\d+\.\d+x?)([⁰¹²³⁴⁵⁶⁷⁸⁹]+(,[⁰¹²³⁴⁵⁶⁷⁸⁹]+)*)?$")
 # what a LaTeX line of a table may hold: booktabs, \times, and the escapes of tables.LATEX
 TEX_COMMANDS = {
     "begin",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from attnbench.report import files, plots
 from attnbench.report.sections import DOCUMENTS, SECTIONS
+from attnbench.report.tables import ratio_tables
 from attnbench.store import read_rows
 from tests.conftest import run_cli
 
@@ -115,6 +117,41 @@ def test_no_plot_is_drawn_for_rows_that_hold_nothing_to_draw(run_dir: Path) -> N
     assert plots.time_vs_n([dict(r, time_per_seq_s=None) for r in rows]) is None
     page = files.render(files.build(run_dir), with_plots=False)["index.html"].decode()
     assert "no plots: plots not asked for" in page
+
+
+def test_few_timed_cells_still_read_as_figures() -> None:
+    """A CPU run times few cells: a mechanism timed at one n is a ring its legend says is
+    one n, the title counts the cells without a time, and the heat map's colours centre on
+    1 (as fast as the baseline), at least 1/2 to 2, so two speed-ups of 1.4 and 1.65 are
+    both faster (blue), not the two ends of the scale."""
+    assert plots.speedup_limits([1.40, 1.65]) == pytest.approx((0.5, 2.0))
+    assert plots.speedup_limits([0.25, 3.0]) == pytest.approx((0.25, 4.0))
+    rows = read_rows(FIXTURE)
+    rows[1]["time_per_seq_s"] = None  # vanilla timed at n = 512 only
+    fig = plots.time_vs_n(rows)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "vanilla (n = 512 only)" in labels and "linformer (sharing=layerwise) k=128" in labels
+    assert "\nno figure at 4 of 8 cells: the tables say why" in fig.axes[0].get_title()
+    time = next(t for t in ratio_tables(read_rows(FIXTURE)) if t.kind == "time")
+    (ax, _) = plots.speedup_heatmap(time).axes  # 1.25x and 2.50x, and the colour bar
+    assert (ax.images[0].norm.vmin, ax.images[0].norm.vmax) == pytest.approx((0.4, 2.5))
+    assert "\n2 of 5 cells timed; grey: no figure" in ax.get_title()
+
+
+def test_the_page_says_each_heading_once_and_calls_modeled_memory_modeled(run_dir: Path) -> None:
+    """No caption repeats the heading right above it; the tables set beside the paper are
+    headed by how their figures were had: modeled memory (a CPU run's) is never measured."""
+    heading = r"<h2>([^<]*)</h2>\n(?:<div[^>]*>)+<table>(?:<caption>([^<]*)</caption>)?"
+    page = files.render(files.build(run_dir), with_plots=False)["index.html"].decode()
+    found = re.findall(heading, page)
+    assert len(found) == page.count("<h2>") - 1 == 5  # every section but the plots
+    assert all(caption != h for h, caption in found), found
+    assert page.count("<caption>measured ÷ paper</caption>") == 2  # time and memory
+    modeled = [dict(r, memory_source="modeled") for r in read_rows(FIXTURE)]
+    (run_dir / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in modeled))
+    page = files.render(files.build(run_dir), with_plots=False)["index.html"].decode()
+    assert page.count("<caption>measured ÷ paper</caption>") == 1  # time
+    assert "<caption>modeled</caption>" in page and "<caption>modeled ÷ paper</caption>" in page
 
 
 def test_a_report_replaces_the_old_one_whole_or_not_at_all(

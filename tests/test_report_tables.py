@@ -10,7 +10,7 @@ import pytest
 from attnbench.report.efficiency import efficiency_lengths
 from attnbench.report.paper import load_paper, paper_table, quotient
 from attnbench.report.ratio import ratio
-from attnbench.report.tables import ratio_tables
+from attnbench.report.tables import marked, ratio_tables, split_marks
 from attnbench.report.text import to_csv, to_latex, to_markdown
 from attnbench.row import Row
 from attnbench.store import CorruptLine, read_rows
@@ -117,7 +117,7 @@ def test_measured_over_paper_cell_by_cell(tables) -> None:
     assert q.value[(1024, 128)] == pytest.approx(2.5 / 1.7)
     assert q.text[(512, 128)] == "0.83" and q.text[(1024, 128)] == "1.47"
     assert q.text[(512, 256)] == "-" and q.value[(1024, 256)] is None  # no measured number
-    assert q.footnotes == tables["time"].footnotes
+    assert q.footnotes == ()  # its numbers are unmarked: none of the table's notes is on them
     memory = dict(tables)["memory"]
     rows = read_rows(FIXTURE)
     for r in rows:
@@ -125,7 +125,29 @@ def test_measured_over_paper_cell_by_cell(tables) -> None:
     modeled = {t.kind: t for t in ratio_tables(rows)}["memory"]
     q = quotient(modeled, paper_table(modeled, paper))
     assert q.text[(512, 128)] == "1.00¹"  # 1.7x measured (modeled, footnote ¹), paper 1.7x
+    assert q.footnotes == ("¹ memory modeled, not measured",)  # the OOM's ² marks no quotient
     assert memory.text[(512, 128)] == "1.7x"
+    assert (memory.source, modeled.source, tables["time"].source) == (
+        "measured",
+        "modeled",
+        "measured",
+    )
+
+
+def test_two_footnote_marks_on_one_cell_read_as_two() -> None:
+    """A cell with two notes reads ``¹,²`` (footnotes one and two), never ``¹²`` (twelve):
+    in the table, its LaTeX, and on the quotient beside the paper."""
+    rows = read_rows(FIXTURE)
+    for r in rows:
+        r.update(time_device="cpu", time_dtype="fp32", time_batch=1)
+    rows[3].update(time_median_s=0.008, time_iqr_s=0.004)  # linformer n=512 k=128: noisy
+    time = ratio_tables(rows)[0]
+    assert time.text[(512, 128)] == "1.25x¹,²" and time.text[(1024, 128)] == "2.50x¹"
+    assert "noisy: linformer's time" in time.footnotes[1]
+    assert "512 & 1.25$\\times$$^{1,2}$ &" in to_latex(time)
+    assert quotient(time, paper_table(time, load_paper())).text[(512, 128)] == "0.83¹,²"
+    assert split_marks("1.14x¹²") == ("1.14x", ["¹²"])  # footnote twelve stays one mark
+    assert marked("OOM¹²", "³") == "OOM¹²,³" and marked("–") == "–"
 
 
 def test_columns_are_named_after_the_mechanisms_budget() -> None:

@@ -82,6 +82,7 @@ def test_smoke_sweep_writes_a_row_per_cell_and_resumes(
     again = cli_in_process("run", *SMOKE, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("done before") == 6
+    assert "attnbench: 0 of 6 cells to measure in results/smoke/" in again.stdout
     assert rows_of(tmp_path) == rows
     forced = cli_in_process("run", *SMOKE, "rerun=true", "n=64", "report=false", cwd=tmp_path)
     assert forced.returncode == 0 and forced.stdout.count("done before") == 0
@@ -403,6 +404,9 @@ def test_command_line_sweep_duplicates_run_once_and_config_is_kept(
     assert first.returncode == 0, first.stderr
     # said once, before it runs; a fresh run has nothing "done before"
     assert first.stderr.count("attnbench run: vanilla ignores k: measured once") == 1
+    # the count is of cells; Hydra's of jobs (one per combination) is not shown
+    assert "attnbench: 6 cells to measure in results/smoke/" in first.stdout
+    assert "Launching" not in first.stdout + first.stderr
     assert "done before" not in first.stdout
     out = cli_in_process(*args, "rerun=true", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.count("  ok ") == 1
@@ -423,6 +427,21 @@ def test_the_progress_display_runs_and_the_report_follows(
     assert "finished cells (last 8)" in out.stdout
     assert "Error" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     assert "time ratio: linformer" in out.stdout  # the report's tables, printed
+
+
+def test_the_eta_counts_every_cell_this_command_finished() -> None:
+    """The ETA is the mean time a finished cell took (its finishing times apart) for each
+    cell left, less what the running one has had: cells of minutes still give one (a 30 s
+    window of recent cells gives none), and a burst of quick cells does not read as the end."""
+    from attnbench.sweep.progress import eta_s, eta_text
+
+    assert eta_s(0.0, [], 5, 100.0) is None and eta_text(None) == "after the first cell"
+    # two cells of 100 s; 4 left; the one running since 200 has had 50 s of its 100
+    assert eta_s(0.0, [100.0, 200.0], 4, 250.0) == 350.0
+    assert eta_s(0.0, [100.0, 200.0], 4, 500.0) == 300.0  # it overran: the 3 others count
+    # one slow cell, then five quick ones in 5 s: 66 s over 6 cells, not 1 s each
+    assert eta_s(0.0, [60.0, 62.0, 63.0, 64.0, 65.0, 66.0], 4, 66.0) == 44.0
+    assert eta_s(0.0, [10.0], 0, 20.0) == 0.0 and eta_text(390.4) == "0:06:30"
 
 
 def test_sweep_files_choose_config_groups_never_set_their_values() -> None:

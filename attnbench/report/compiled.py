@@ -33,7 +33,7 @@ from attnbench.report.ratio import (
     unnamed,
 )
 from attnbench.report.serving import sig
-from attnbench.report.tables import MISSING, context, superscript
+from attnbench.report.tables import MISSING, context, marked, superscript
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
 
@@ -104,12 +104,12 @@ def against(r: Row, b: Row | None, mark: Marks, words: tuple[str, str]) -> tuple
     """:func:`~attnbench.report.ratio.ratio` of ``r``'s time against ``b``'s, its notes
     marked, "the baseline" and "this mechanism" in them said as ``words``."""
     if b is None:
-        return SKIPPED + mark(f"no row of {words[0]} beside it"), None
+        return marked(SKIPPED, mark(f"no row of {words[0]} beside it")), None
     got = ratio("time", r, b)
     notes = (
         n.replace("the baseline", words[0]).replace("this mechanism", words[1]) for n in got.notes
     )
-    return got.text + "".join(map(mark, notes)), got.value
+    return marked(got.text, *map(mark, notes)), got.value
 
 
 EAGER = ("the eager model", "the compiled model")

@@ -19,7 +19,8 @@ Between two swept n the crossing is interpolated, linearly in log n against log 
 marked ``≈`` (it was not measured there). A mechanism already ahead at the smallest swept n
 gets ``≤ n``; one never ahead gets ``> n`` (the largest n compared), never a made-up figure.
 Where the ratio falls back below 1 after the crossing, the entry says so; a mechanism with no
-n at which both have a figure (skipped here, say xformers without CUDA) has no entry. Pure
+n at which both have a figure (a CPU run whose times were estimated over its budget, xformers
+without CUDA) gets ``–`` and a note of why, by n: a blank cell would say nothing. Pure
 functions of rows, like :mod:`attnbench.report.tables`.
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import BUSY, compared, group, name, ratio, setting
 from attnbench.report.ratio import baselines as baseline_rows
+from attnbench.report.tables import MISSING
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -97,7 +99,8 @@ def efficiency_lengths(
 ) -> list[Length]:
     """Every mechanism's efficiency length against each baseline the rows hold, per
     setting, for each of ``kinds``; in the rows' order of mechanisms, each named by
-    ``label`` (rows of one label and setting are one mechanism's points)."""
+    ``label`` (rows of one label and setting are one mechanism's points). A mechanism with
+    no n at which both have a figure gets ``–`` and a note saying why, never a blank."""
     rows = as_rows(rows)
     out: list[Length] = []
     for baseline in baselines:
@@ -112,24 +115,15 @@ def efficiency_lengths(
             if where not in settings:  # no baseline row at this setting (say, causal)
                 continue
             for kind in kinds:
-                points, busy = [], []
-                for r in sorted(mrows, key=lambda r: r.n):
-                    b = base.get(group(r))
-                    got = None if b is None else ratio(kind, r, b)
-                    if got is None:
-                        continue
-                    if got.text == BUSY:  # no figure, and the table says which n it lacks
-                        busy.append(r.n)
-                    elif got.value is not None:
-                        points.append((r.n, got.value))
-                    elif kind == "memory" and got.outgrown:  # ahead, with no ratio
-                        points.append((r.n, None))
-                if not points:  # never measured beside it (say, xformers without CUDA)
-                    continue
+                points, busy, why = _points(kind, sorted(mrows, key=lambda r: r.n), base)
                 n, text, between, note = crossing(points)
                 first = next((i for i, (_, v) in enumerate(points) if _ahead(v)), len(points))
                 behind = tuple(m for m, v in points[:first] if v is not None and v < 1)
-                if busy:
+                if not points:
+                    note = "no n with both figures: " + "; ".join(
+                        f"{w} (n = {', '.join(map(str, ns))})" for w, ns in why.items()
+                    )
+                elif busy:
                     gone = ", ".join(map(str, busy))
                     note = "; ".join(filter(None, [note, f"n = {gone} left out: machine busy"]))
                 out.append(
@@ -148,12 +142,40 @@ def efficiency_lengths(
     return out
 
 
+def _points(
+    kind: str, mrows: list[Row], base: dict[tuple, Row]
+) -> tuple[list[tuple[int, float | None]], list[int], dict[str, list[int]]]:
+    """One mechanism's ``kind`` ratios against its baseline rows, by n: the points
+    (:func:`crossing`'s), the n whose time was taken on a busy machine, and, by reason, the
+    n with no figure (what a mechanism without a point says instead of a length)."""
+    points: list[tuple[int, float | None]] = []
+    busy: list[int] = []
+    why: dict[str, list[int]] = {}
+    for r in mrows:
+        b = base.get(group(r))
+        if b is None:
+            why.setdefault("no baseline row", []).append(r.n)
+            continue
+        got = ratio(kind, r, b)
+        if got.text == BUSY:  # no figure, and the table says which n it lacks
+            busy.append(r.n)
+            why.setdefault("machine busy", []).append(r.n)
+        elif got.value is not None:
+            points.append((r.n, got.value))
+        elif kind == "memory" and got.outgrown:  # ahead, with no ratio
+            points.append((r.n, None))
+        else:
+            why.setdefault(got.notes[0] if got.notes else got.text, []).append(r.n)
+    return points, busy, why
+
+
 TITLE = "Efficiency length: the shortest n at which each mechanism beats the baseline"
 LEGEND = (
     "≈: interpolated between the two swept n on either side (log n against log ratio), not "
     "measured there; ≤: ahead already at the smallest n compared; >: not ahead at any n "
     "compared (the largest given); a–b: crossed between two swept n where no ratio can be "
-    "interpolated (the baseline did not fit one sequence)."
+    "interpolated (the baseline did not fit one sequence); -: no such pair (the baseline "
+    "itself, or no row of that baseline at the mechanism's setting)."
 )
 
 
@@ -191,7 +213,7 @@ def grid(
                 cells.append("" if x is None else ", ".join(map(str, x.behind)))
                 continue
             x = at.get((mech, kind, base))
-            text = "" if x is None else x.text
+            text = MISSING if x is None else x.text
             if x is not None and x.note:
                 notes.append(f"({len(notes) + 1}) {mech}, {kind} against {base}: {x.note}")
                 text += f" ({len(notes)})"

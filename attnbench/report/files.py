@@ -204,7 +204,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
                 files[f"{part.stem}-{part.body.kind}.csv"] = text.to_csv(part.body).encode()
             md[section.document] += text.markdown_blocks(part.body)
             tex[section.document] += text.latex_blocks(part.body)
-            page.append((part.heading, [html.part_html(part.body)]))
+            page.append((part.heading, [html.part_html(part.body, part.heading)]))
             if section.record:
                 records[section.record] += part.records
     figures = []

@@ -13,7 +13,7 @@ from attnbench import registry
 from attnbench.report.compiled import FLEX, LOCAL, Marks, against, applies, ms, where
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import compiled, eager, group, name, setting, unnamed
-from attnbench.report.tables import MISSING, context
+from attnbench.report.tables import MISSING, context, marked
 from attnbench.row import Row, as_rows, printable
 
 
@@ -44,9 +44,8 @@ def flex_beside_local(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             if lc is not None:
                 two = against(lc, fc or fe, mark, words)[0]
                 if fc is None and fe is not None:
-                    two += mark(
-                        f"against flex in the eager model (its kernel compiled): no flex {c} row"
-                    )
+                    why = f"against flex in the eager model (its kernel compiled): no flex {c} row"
+                    two = marked(two, mark(why))
             body.append([str(k), str(g[0]), ms(le), ms(lc), ms(fe), ms(fc), one, two])
         first = next(r for r in flex if name(eager(r)) == mech)
         out.append(

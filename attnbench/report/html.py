@@ -37,7 +37,12 @@ window.addEventListener("load", () => {
 """
 
 
-def table_html(t: RatioTable, caption: str | None = None) -> str:
+def _caption(text: str, above: str) -> str:
+    """A table's caption, or none where it would repeat the heading right ``above`` it."""
+    return "" if text == above else f"<caption>{html.escape(text)}</caption>"
+
+
+def table_html(t: RatioTable, caption: str | None = None, above: str = "") -> str:
     """A ratio table with its footnotes and context under it."""
     e = html.escape
     head = "".join(f"<th>{e(heading(t, k))}</th>" for k in t.ks)
@@ -47,13 +52,13 @@ def table_html(t: RatioTable, caption: str | None = None) -> str:
     )
     notes = "<br>".join(e(f) for f in (*t.footnotes, t.context) if f)
     return (
-        f"<div><table><caption>{e(caption or f'{t.kind} ratio: {t.mechanism}')}</caption>"
+        f"<div><table>{_caption(caption or f'{t.kind} ratio: {t.mechanism}', above)}"
         f"<thead><tr><th>n</th>{head}</tr></thead><tbody>{body}</tbody></table>"
         f'<p class="notes">{notes}</p></div>'
     )
 
 
-def grid_html(g: Grid) -> str:
+def grid_html(g: Grid, above: str = "") -> str:
     """A table of text (the efficiency lengths, a quality table): first column a heading
     per row."""
     e = html.escape
@@ -62,26 +67,28 @@ def grid_html(g: Grid) -> str:
         for r in g.body
     )
     return (
-        f"<div><table><caption>{e(g.title)}</caption><thead><tr>"
+        f"<div><table>{_caption(g.title, above)}<thead><tr>"
         + "".join(f"<th>{e(h)}</th>" for h in g.head)
         + f"</tr></thead><tbody>{body}</tbody></table>"
         f'<p class="notes">{"<br>".join(map(e, g.notes))}</p></div>'
     )
 
 
-def part_html(body: Grid | RatioTable | Beside) -> str:
-    """A section's table on the page; the paper's beside a measured one, side by side."""
+def part_html(body: Grid | RatioTable | Beside, above: str = "") -> str:
+    """A section's table on the page, under the heading ``above``; the paper's beside a
+    measured (or modeled: the table's source) one, side by side."""
     if isinstance(body, Grid):
-        return grid_html(body)
+        return grid_html(body, above)
     if isinstance(body, Beside):
+        mine = body.measured.source
         return (
             '<div class="side">'
-            + table_html(body.measured, "measured")
+            + table_html(body.measured, mine)
             + table_html(body.paper, "paper (Wang et al. 2020, Table 3)")
-            + table_html(body.quotient, "measured ÷ paper")
+            + table_html(body.quotient, f"{mine} ÷ paper")
             + "</div>"
         )
-    return table_html(body)
+    return table_html(body, above=above)
 
 
 def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:

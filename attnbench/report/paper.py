@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report.tables import MARKS, MISSING, RatioTable
+from attnbench.report.tables import MISSING, RatioTable, marked, split_marks
 from attnbench.workload import DEFAULT
 
 PAPER = "Linformer paper (Wang et al. 2020), Table 3"
@@ -65,8 +65,9 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
         m, p = measured.value.get(c), paper.value.get(c)
         value[c] = None if m is None or p is None else m / p
     # the measured cell's footnote marks stay on its quotient (CPU time, modeled memory)
-    marks = {c: "".join(ch for ch in t if ch in MARKS) for c, t in measured.text.items()}
-    text = {c: MISSING if v is None else f"{v:.2f}{marks[c]}" for c, v in value.items()}
+    marks = {c: split_marks(t)[1] for c, t in measured.text.items()}
+    text = {c: MISSING if v is None else marked(f"{v:.2f}", *marks[c]) for c, v in value.items()}
+    used = {m for c, v in value.items() if v is not None for m in marks[c]}
     return RatioTable(
         f"{measured.mechanism} ÷ paper",
         measured.kind,
@@ -74,7 +75,7 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
         measured.ks,
         text,
         value,
-        measured.footnotes,
+        tuple(f for f in measured.footnotes if f.split(" ", 1)[0] in used),
         "'-' where either table has no number; " + measured.context,
         attention=measured.attention,
         column=measured.column,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnbench.report.ratio import label, unnamed
-from attnbench.report.tables import RatioTable
+from attnbench.report.tables import MISSING, RatioTable
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
 
@@ -85,8 +85,19 @@ def _series(rows: list[Row], y: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> None:
+    """A line per series; a series of one point is drawn as a ring its legend says is one n
+    (a line's small marker alone reads as a speck, not as a measurement)."""
     for name, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=_text(name))
+        one = len(points) == 1
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            ms=7 if one else 3,
+            mfc="none" if one else None,
+            mew=1.5 if one else None,
+            label=_text(name + (f" (n = {points[0][0]} only)" if one else "")),
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length n")
@@ -108,7 +119,11 @@ def _against_n(
     how = sorted({where(r) for r in rows if getattr(r, y)})
     busy = sum(r.busy for r in rows if y == "time_per_seq_s" and getattr(r, y))
     gone = f"; {busy} left out: machine busy" if busy else ""
-    ax.set_title(_text(f"{ylabel} ({', '.join(how)}{gone})"), fontsize=9)
+    title = _text(f"{ylabel} ({', '.join(how)}{gone})")
+    drawn = sum(len(points) for points in series.values())
+    if none := len(rows) - drawn - busy:  # not timed, out of memory: the tables say which
+        title += "\n" + _text(f"no figure at {none} of {len(rows)} cells: the tables say why")
+    ax.set_title(title, fontsize=9)
     return fig
 
 
@@ -127,11 +142,25 @@ def batch_vs_n(rows: Iterable[Row | dict[str, Any]]) -> Figure | None:
     return _against_n(rows, "max_batch", "maximum batch size", lambda r: str(r.memory_source))
 
 
+def speedup_limits(values: Iterable[float]) -> tuple[float, float]:
+    """The heat map's colour range: centred on 1 (as fast as the baseline) in log scale and
+    at least 1/2 to 2, so that a colour says faster or slower and by how much, whatever
+    few cells have a figure (a range drawn tight around two speed-ups of 1.4 and 1.65 would
+    paint them as opposites)."""
+    widest = max((abs(math.log(v)) for v in values if v > 0), default=0.0)
+    top = math.exp(max(widest, math.log(2)))
+    return 1 / top, top
+
+
 def speedup_heatmap(table: RatioTable) -> Figure | None:
-    """The time ratio table as a heat map over n × k, each cell labelled with its text."""
+    """The time ratio table as a heat map over n × k, each cell labelled with its text:
+    blue faster than the baseline, red slower, grey no figure (the table says why)."""
     if table.kind != "time" or not table.ks or all(v is None for v in table.value.values()):
         return None
+    import matplotlib
     import numpy as np
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
 
     grid = np.array(
         [
@@ -139,9 +168,18 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
             for n in table.ns
         ]
     )
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad=(0, 0, 0, 0))
+    low, high = speedup_limits(v for v in table.value.values() if v is not None)
     fig, ax = _figure()
-    image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    fig.colorbar(image, ax=ax, label="speed-up (baseline time ÷ mechanism time)")
+    image = ax.imshow(grid, cmap=cmap, norm=LogNorm(low, high), aspect="auto")
+    for i, n in enumerate(table.ns):  # grey: a cell with no figure; white: no such cell
+        for j, k in enumerate(table.ks):
+            if table.value[(n, k)] is None and table.text[(n, k)] != MISSING:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="#e4e4e4", lw=0))
+    bar = fig.colorbar(image, ax=ax, label="speed-up (baseline time ÷ mechanism time)")
+    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if low <= t <= high]
+    bar.set_ticks(ticks, labels=[f"{t:g}x" for t in ticks])
+    bar.minorticks_off()
     ax.set_xticks(range(len(table.ks)), [str(k) for k in table.ks])
     ax.set_yticks(range(len(table.ns)), [str(n) for n in table.ns])
     ax.set_xlabel(_text(table.column))
@@ -149,7 +187,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     for i, n in enumerate(table.ns):
         for j, k in enumerate(table.ks):
             v = table.value[(n, k)]
-            light = v is None or image.norm(v) > 0.6  # viridis turns yellow at the top
+            dark = v is not None and not 0.2 < image.norm(v) < 0.8  # the saturated ends
             ax.text(
                 j,
                 i,
@@ -157,9 +195,12 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
                 ha="center",
                 va="center",
                 fontsize=7,
-                color="black" if light else "white",
+                color="white" if dark else "black",
             )
-    ax.set_title(_text(f"speed-up: {table.mechanism}"), fontsize=8)
+    timed = sum(v is not None for v in table.value.values())
+    cells = sum(t != MISSING for t in table.text.values())
+    counts = f"{timed} of {cells} cells timed; grey: no figure (the table says why)"
+    ax.set_title(_text(f"speed-up: {table.mechanism}") + "\n" + counts, fontsize=8)
     return fig
 
 

@@ -87,7 +87,8 @@ def _lengths(basis: Basis) -> list[Part]:
         return []
     records = tuple(dataclasses.asdict(x) for x in lengths)
     legend = (COMPILED_LENGTHS,) if any(map(ratio.compiled, basis.rows)) else ()
-    return [Part("efficiency length", efficiency.grid(lengths, legend=legend), records)]
+    grid = efficiency.grid(lengths, legend=legend)
+    return [Part(grid.title, grid, records)]
 
 
 COMPILED_LENGTHS = (
@@ -154,14 +155,11 @@ def slug_free(stem: str, kind: str, used: set[tuple[str, str]]) -> str:
 
 
 def _serving_lengths(basis: Basis) -> list[Part]:
-    return [
-        Part(
-            "serving efficiency length",
-            serving.lengths_table(lengths),
-            tuple(dataclasses.asdict(x) for x in lengths),
-        )
+    grids = [
+        (serving.lengths_table(lengths), tuple(dataclasses.asdict(x) for x in lengths))
         for lengths in serving.serving_lengths(basis.rows, basis.baseline)
     ]
+    return [Part(g.title, g, records) for g, records in grids]
 
 
 def _paper(basis: Basis) -> list[Part]:

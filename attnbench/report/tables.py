@@ -18,6 +18,7 @@ Each writer then escapes what is special to its format (:mod:`attnbench.report.t
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ class RatioTable:
     column: str = "k"  # what the columns are: the mechanism's budget (k, nb_features)
     mode: str = "inference"  # its rows' workload (train: a table the paper has none of)
     compiled: str = ""  # its rows' ratio.compiled (``compiled``), "" eager (as the paper's)
+    source: str = "measured"  # how its figures were had: measured, modeled (:func:`source`)
 
 
 def heading(t: RatioTable, k: Any) -> str:
@@ -64,6 +66,22 @@ def heading(t: RatioTable, k: Any) -> str:
     if isinstance(k, str):
         return k
     return "ratio" if k is None else f"{t.column}={k}"
+
+
+def source(kind: str, pairs: Iterable[tuple[Row, Row]]) -> str:
+    """How a table's figures were had, for a heading that must not call a model's figure
+    measured: a time is always measured; a max batch is the ``memory_source`` of the rows
+    of each (mechanism, baseline) pair that gives a ratio (``modeled`` on a machine without
+    the preset's GPU), both where the figures are of both."""
+    if kind != "memory":
+        return "measured"
+    found = {
+        x.memory_source
+        for r, b in pairs
+        if r.status == b.status == "ok" and r.max_batch and b.max_batch
+        for x in (r, b)
+    }
+    return " and ".join(sorted(s for s in found if s)) or "measured"
 
 
 def compiling(row: Row) -> str:
@@ -130,6 +148,7 @@ def ratio_tables(
         # a mechanism without a budget (sdpa, xformers) gets one column, headed "ratio"
         ks = tuple(sorted({r.k for r in mrows if r.k is not None})) or (None,)
         cells = {(r.n, r.k): r for r in mrows}
+        pairs = [(r, base[group(r)]) for r in mrows if group(r) in base]
         for kind in ("time", "memory"):
             text, value, notes = fill(kind, ns, ks, cells, base, baseline)
             tables.append(
@@ -146,6 +165,7 @@ def ratio_tables(
                     column=mrows[0].budget or "k",
                     mode=mrows[0].mode,
                     compiled=compiled(mrows[0]) or "",
+                    source=source(kind, pairs),
                 )
             )
     return tables
@@ -180,17 +200,35 @@ def fill(
                 continue
             b = base.get(group(r))
             if b is None:
-                text[(n, k)] = SKIPPED + mark(f"no {baseline} baseline row at n={n}")
+                text[(n, k)] = marked(SKIPPED, mark(f"no {baseline} baseline row at n={n}"))
                 continue
             got = ratio(kind, r, b)
-            text[(n, k)] = got.text + "".join(map(mark, got.notes))
+            text[(n, k)] = marked(got.text, *map(mark, got.notes))
             value[(n, k)] = got.value
     return text, value, tuple(f"{m} {t}" for t, m in notes.items())
 
 
 MARKS = "⁰¹²³⁴⁵⁶⁷⁸⁹"  # footnote marks are superscript digits
 SUPERSCRIPT = str.maketrans("0123456789", MARKS)
+# between two marks on one cell: ``1.14x¹,²`` is footnotes one and two, ``1.14x¹²`` twelve
+MARK_SEP = ","
+_TRAILING_MARKS = re.compile(f"[{MARKS}]+(?:{MARK_SEP}[{MARKS}]+)*$")
 
 
 def superscript(i: int) -> str:
     return str(i).translate(SUPERSCRIPT)
+
+
+def marked(text: str, *marks: str) -> str:
+    """``text`` with footnote ``marks`` after those it has already, :data:`MARK_SEP` between
+    any two: the one way a cell gets a mark, so that two marks never read as one number."""
+    body, before = split_marks(text)
+    return body + MARK_SEP.join([*before, *marks])
+
+
+def split_marks(text: str) -> tuple[str, list[str]]:
+    """A cell's text and its footnote marks: ``1.14x¹,²`` -> (``1.14x``, [``¹``, ``²``])."""
+    found = _TRAILING_MARKS.search(text)
+    if found is None:
+        return text, []
+    return text[: found.start()], found.group().split(MARK_SEP)

@@ -44,6 +44,7 @@ def print_tables(report: Report, console: Any) -> None:
                     f"[bold]{escape(body.title)}[/bold]", table, *map(escape, body.notes), ""
                 )
             elif isinstance(body, Beside):
-                show(body.quotient, f"{body.quotient.kind} ratio, measured ÷ paper's Table 3")
+                q = body.quotient
+                show(q, f"{q.kind} ratio, {body.measured.source} ÷ paper's Table 3")
             elif isinstance(body, RatioTable):
                 show(body, f"{body.kind} ratio: {body.mechanism}")

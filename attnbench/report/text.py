@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 
 from attnbench.report.grid import Grid
 from attnbench.report.paper import Beside
-from attnbench.report.tables import MARKS, RatioTable, heading
+from attnbench.report.tables import MARKS, RatioTable, heading, split_marks
 from attnbench.row import printable
 
 # what would be markup in a Markdown line: inline HTML (<script>), entities (&lt;), links
@@ -95,7 +94,6 @@ LATEX = {
 
 _LATEX = str.maketrans(LATEX)
 _MARKS = str.maketrans(MARKS, "0123456789")
-_NO_MARKS = str.maketrans(dict.fromkeys(MARKS))
 
 
 def latex(text: str) -> str:
@@ -116,12 +114,12 @@ def to_latex(t: RatioTable) -> str:
     :func:`latex` in the table, :func:`comment` in the notes under it."""
 
     def tex(s: str) -> str:
-        """A cell (``1.22x¹²``) or a label: escaped, its footnote marks a superscript."""
-        marks = re.sub(f"[^{MARKS}]", "", s).translate(_MARKS)
-        out = latex(s.translate(_NO_MARKS)).replace("–", "--")
+        """A cell (``1.22x¹,²``) or a label: escaped, its footnote marks a superscript."""
+        body, marks = split_marks(s)
+        out = latex(body).replace("–", "--")
         if out[:1].isdigit() and out.endswith("x"):  # 1.22x: a ratio
             out = out[:-1] + r"$\times$"
-        return out + (f"$^{{{marks}}}$" if marks else "")
+        return out + (f"$^{{{','.join(m.translate(_MARKS) for m in marks)}}}$" if marks else "")
 
     cols = "r" + "r" * len(t.ks)
     lines = [

@@ -11,6 +11,7 @@ one-line reports.
 from __future__ import annotations
 
 import atexit
+import datetime
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,9 @@ class Progress(Callback):
                 record_command(RunStore(Path(d)), config, sweep)
             except StoreError as e:  # Hydra would only warn about a callback's error
                 raise StoreFailed(str(e)) from None
+        if plan:  # Hydra's own count is of jobs, not cells: it is not shown (config.yaml)
+            stored = 0 if config.rerun else len(claims.rows_of(plan))
+            print(plan_line(plan, stored), flush=True)
         if config.progress and plan:
             self._thread = threading.Thread(
                 target=self._watch, args=(plan, config.rerun), daemon=True
@@ -75,13 +79,7 @@ class Progress(Callback):
     def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
         from rich.console import Group
         from rich.live import Live
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bar
         from rich.table import Table
 
@@ -97,15 +95,16 @@ class Progress(Callback):
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TextColumn("ETA {task.fields[eta]}"),
         )
-        task = bar.add_task("cells", total=len(plan), completed=before)
+        task = bar.add_task("cells", total=len(plan), completed=before, eta=eta_text(None))
         with Live(Group(bar), refresh_per_second=2, transient=False) as live:
             while True:
                 stopping = self._stop.wait(0.5)
                 rows = finished()
-                bar.update(task, completed=len(rows))
+                now = [r["finished_at"] for r in rows if r.get("finished_at", 0) >= started]
+                left = eta_s(started, now, len(plan) - len(rows), time.time())
+                bar.update(task, completed=len(rows), eta=eta_text(left))
                 table = Table(
                     "attention",
                     "n",
@@ -130,6 +129,43 @@ class Progress(Callback):
                 live.update(Group(bar, table))
                 if stopping:  # one last frame with every row, then out
                     break
+
+
+def plan_line(plan: list[tuple[str, str]], stored: int) -> str:
+    """What a sweep is about to do, in its cells: ``attnbench: 42 cells to measure in DIR``,
+    ``30 of 42`` where ``stored`` of them are in the run directory already (kept)."""
+    where = ", ".join(sorted({d for d, _ in plan}))
+    if not stored:
+        return f"attnbench: {len(plan)} cells to measure in {where}"
+    return (
+        f"attnbench: {len(plan) - stored} of {len(plan)} cells to measure in {where} "
+        f"({stored} stored already: kept; rerun=true measures them again)"
+    )
+
+
+def eta_s(started: float, finished: list[float], left: int, now: float) -> float | None:
+    """Seconds until the ``left`` cells are done, from the times this command's cells
+    ``finished`` at (Unix times, this command ``started`` at): each cell left takes the
+    mean time a finished one took (finishing times apart, so under a parallel launcher the
+    cells running side by side count as the launcher runs them), less what the one running
+    has had since the last finished. None before any has finished: nothing to estimate from.
+    Every cell of the command counts, not the last 30 s of them: cells take from a
+    fraction of a second (modeled only) to minutes (timed), so a window of recent ones
+    reads nothing for most of a run and a burst of quick ones as the end."""
+    if left <= 0:
+        return 0.0
+    if not finished:
+        return None
+    last = max(finished)
+    per_cell = max(last - started, 0.0) / len(finished)
+    return (left - 1) * per_cell + max(per_cell - (now - last), 0.0)
+
+
+def eta_text(seconds: float | None) -> str:
+    """``0:06:30``; before a cell has finished, what the estimate waits for."""
+    if seconds is None:
+        return "after the first cell"
+    return str(datetime.timedelta(seconds=round(seconds)))
 
 
 def _busy(row: dict[str, Any]) -> str:
