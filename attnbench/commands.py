@@ -76,10 +76,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     refuses the write (full, read-only, a file in the way) are one line on stderr and exit
     2, with nothing written; the line is made printable, as it may quote a hostile value."""
     from attnbench.report import files
-    from attnbench.row import printable, shorten
+    from attnbench.row import printable, shown
 
     def error(message: str) -> int:
-        print(f"attnbench report: error: {shorten(printable(message), 2000)}", file=sys.stderr)
+        print(f"attnbench report: error: {shown(message, 2000)}", file=sys.stderr)
         return 2
 
     out = args.out or files.default_out(args.run_dir)
@@ -91,7 +91,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as e:  # the rows unreadable
         return error(f"cannot read the rows: {files.os_error(e)}")
     for note in report.notes:  # said whether or not the tables are shown
-        print(f"attnbench report: {shorten(printable(note), 2000)}", file=sys.stderr)
+        print(f"attnbench report: {shown(note, 2000)}", file=sys.stderr)
     if not args.quiet:
         files.print_tables(report, make_console())
     written = files.render(report, with_plots=not args.no_plots)
