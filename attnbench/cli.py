@@ -136,8 +136,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--baseline",
-        default="vanilla",
-        help="the mechanism every ratio is taken against (default vanilla)",
+        help=f"the mechanism every ratio is taken against (default {commands.BASELINE})",
     )
     p.add_argument(
         "--also",

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
+# the report's baseline where none is named (conf/config.yaml's report_baseline for a sweep)
+BASELINE = "vanilla"
+
 
 def make_console() -> Console:
     """Rich console; piped output (logs, CI) gets a wide page rather than 80 wrapped columns."""
@@ -76,22 +79,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     refuses the write (full, read-only, a file in the way) are one line on stderr and exit
     2, with nothing written; the line is made printable, as it may quote a hostile value."""
     from attnbench.report import files
-    from attnbench.row import printable, shorten
+    from attnbench.row import printable, shown
 
     def error(message: str) -> int:
-        print(f"attnbench report: error: {shorten(printable(message), 2000)}", file=sys.stderr)
+        print(f"attnbench report: error: {shown(message, 2000)}", file=sys.stderr)
         return 2
 
     out = args.out or files.default_out(args.run_dir)
     try:  # the rows first: a bad run dir is said as such, not as a bad default --out
-        report = files.build(args.run_dir, args.baseline, args.also)
+        asked = args.baseline is not None
+        report = files.build(args.run_dir, args.baseline or BASELINE, args.also, asked=asked)
         files.check_out(out)
     except ValueError as e:  # a bad row or line (BadRow, CorruptLine), run dir, --out
         return error(str(e))
     except OSError as e:  # the rows unreadable
         return error(f"cannot read the rows: {files.os_error(e)}")
-    for note in report.notes:  # said whether or not the tables are shown
-        print(f"attnbench report: {shorten(printable(note), 2000)}", file=sys.stderr)
+    for line in files.said(report):  # said whether or not the tables are shown
+        print(line, file=sys.stderr)
     if not args.quiet:
         files.print_tables(report, make_console())
     written = files.render(report, with_plots=not args.no_plots)

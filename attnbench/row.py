@@ -251,6 +251,25 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+# the most of one piece of text a report shows (a cell, a heading, a footnote, a line under
+# a table): over twice the longest the report writes itself, so only a row's value is cut
+SHOWN_CHARS = 1000
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` as a reader sees it: :func:`printable`, and past ``limit`` characters cut
+    with a mark that says so (:func:`shorten`). Whatever shows a row's text (a terminal, a
+    page, a Markdown or LaTeX line, a plot, a line on stderr) passes it through this: a
+    value can be megabytes, and a terminal wraps a long word in time that grows with its
+    square. The data (``cells.jsonl``, :func:`attnbench.load`, ``report.json``, the CSV
+    files) keeps it whole. Only the first ``limit + 1`` characters are read: the cost is
+    bounded whatever the value's length."""
+    head = printable(text[: limit + 1])
+    if len(text) <= limit and len(head) <= limit:
+        return head
+    return shorten(head, limit, whole=len(text))
+
+
 def as_rows(rows: Iterable[Row | dict[str, Any]]) -> list[Row]:
     """Rows from rows or from their stored (JSON) form: the pure functions of reports take
     either, checking a plain dict as a stored line is checked."""

@@ -31,10 +31,15 @@ MESSAGE_CHARS = 300
 LAST_TIME = 253402300799.0
 
 
-def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """``text`` cut to ``limit`` characters (the last one ``…``): an error line quotes
-    values, and a hostile value can be a megabyte long."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def shorten(text: str, limit: int = MESSAGE_CHARS, whole: int | None = None) -> str:
+    """``text`` in at most ``limit`` characters: past it, cut and marked with how long the
+    whole was (``whole``, where ``text`` is already part of it), ``LLL… (100000 characters
+    in all)``. An error line or a report quotes values, and a hostile value can be a
+    megabyte long: the mark tells a reader that the rest is in the data, not gone."""
+    if len(text) <= limit and whole is None:
+        return text
+    mark = f"… ({len(text) if whole is None else whole} characters in all)"
+    return text[: max(limit - len(mark), 0)] + mark
 
 
 # --- the checks ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import attnbench
 from attnbench import cli
 from attnbench.report import files
 from attnbench.report.text import latex, markdown
-from attnbench.row import printable
+from attnbench.row import printable, shown
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -213,7 +213,9 @@ def _case(
         if loaded is not None:
             assert "\n" not in loaded and len(loaded) < 2000, (what, loaded[:300])
         return "refused"
-    assert code == 0 and err == "", (what, code, err[:300])
+    assert code == 0, (what, code, err[:300])
+    for line in err.splitlines():  # a row no table can use is named, in one short line
+        assert " is in no table: " in line and len(line) < 2100, (what, line[:300])
     assert loaded is None, (what, loaded)  # a row a report takes, load takes too
     check_outputs(out)
     for p in sorted(out.rglob("*"), reverse=True):
@@ -328,7 +330,8 @@ def test_a_long_hostile_value_is_quoted_short(
     _write(tmp_path / "run", rows)
     code, err = _report(tmp_path / "run", tmp_path / "out", capsys)
     assert code == 2 and err.count("\n") == 1 and len(err) < 500, err
-    assert "n: must be an integer >= 1, got '\\n\\n" in err and err.rstrip().endswith("…")
+    assert "n: must be an integer >= 1, got '\\n\\n" in err
+    assert re.search(r"L… \(\d+ characters in all\)$", err.rstrip()), err  # cut, and said
 
 
 @pytest.mark.parametrize(
@@ -358,7 +361,7 @@ def test_lines_that_are_not_rows(
 def _hostile_run(run: Path) -> str:
     """The reference rows with every kind of free text hostile: what a report must show,
     escaped. Returns the value put in a parameter of the mechanism's rows."""
-    value = f"{LATEX_PAYLOAD} {HTML_PAYLOAD} | [l](javascript:x) \u202e \x1b[2J"
+    value = f"{LATEX_PAYLOAD} {HTML_PAYLOAD} | [l](javascript:x) \u202e \x1b[2J [/bold]"
     rows = [json.loads(line) for line in LINES]
     for r in rows:
         if r["attention"] == "linformer":
@@ -399,6 +402,7 @@ def test_hostile_free_text_in_plots_and_the_terminal(
     assert done.returncode == 0, done.stderr
     assert not {c for c in done.stdout if c != "\n" and not c.isprintable()}
     assert "\\x1b[2J" in done.stdout and "\\u202e" in done.stdout
+    assert "[/bold]" in done.stdout  # shown, not read as rich markup (which raised)
     check_outputs(tmp_path / "out")
     if files.plots.available() is None:
         assert len(list((tmp_path / "out" / "plots").glob("*.png"))) == 3
@@ -506,3 +510,100 @@ def test_a_ratio_beyond_a_float_is_no_cell(tmp_path: Path) -> None:
     time = report.tables[0]
     assert time.value[(512, 128)] is None and time.text[(512, 128)] == "–¹"
     assert "time ratio beyond a float's range" in time.footnotes[0]
+
+
+def _rows_of(run: str, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    lines = (ROOT / "results/reference" / run / "cells.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if keep(r)]
+
+
+def _failed(row: dict[str, Any], value: str, status: str = "error") -> None:
+    row.update(status=status, reason=value, time_per_seq_s=None, max_batch=None, quality=None)
+
+
+def _at_512(r: dict[str, Any]) -> bool:
+    return r["n"] == 512
+
+
+def _long_in(shape: str, value: str) -> list[dict[str, Any]]:
+    """A small real run with ``value`` where ``shape`` says: a reason (a footnote), a
+    parameter (a label: titles, headings, legends), a machine's name (the line under each
+    table), why a time was busy; in rows of each workload and of a quality task."""
+    rows = json.loads(json.dumps(BASE))
+    if shape == "table3 error":
+        _failed(rows[0], value)  # the baseline's: every ratio at n=512 footnotes it
+    elif shape == "table3 skipped":
+        _failed(rows[1], value, "skipped")
+    elif shape == "table3 parameter":
+        rows[1]["params"]["kernel"] = value
+    elif shape == "table3 device_name":
+        for r in rows:
+            r["env"]["device_name"] = value
+    elif shape == "table3 busy":
+        rows[1]["contention"] = {"busy": True, "why": value}
+    elif shape == "train error":
+        rows = _rows_of("table3_train-v100_16gb-cpu", _at_512)
+        _failed(rows[-1], value)
+    elif shape.startswith("serving"):
+        rows = _rows_of("serving-v100_16gb-cpu", _at_512)
+        linear = next(r for r in rows if r["attention"] == "linear")
+        if shape == "serving error":
+            _failed(linear, value)
+        else:
+            linear["params"]["feature_map"] = value
+    elif shape == "compiled error":
+        rows = _rows_of("compiled-v100_16gb-cpu", _at_512)
+        _failed(next(r for r in rows if r["compile"] and r["attention"] != "vanilla"), value)
+    elif shape == "quality error":
+        rows = _rows_of("approx-cpu-cpu", lambda r: r["k"] in (None, 64))
+        _failed(rows[-1], value)
+    return rows
+
+
+def _as_read(text: str) -> str:
+    """What a report shows of a value ``L…L`` cut short, less how much of it: the mark's
+    count has more digits for a longer value, and as many fewer ``L`` are kept."""
+    return re.sub(r"L*… \(\d+ characters in all\)", "…", text)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        *("table3 error", "table3 skipped", "table3 parameter", "table3 device_name"),
+        *("table3 busy", "train error", "serving error", "serving parameter"),
+        *("compiled error", "quality error"),
+    ],
+)
+def test_a_long_value_is_shown_cut_and_the_report_is_no_longer(
+    shape: str, tmp_path: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """Through the CLI (in this process) with the tables printed: what stderr and the
+    Markdown, LaTeX and HTML files show is the same for a value of 5 kB and of 100 kB but
+    for the count in the mark that says it was cut, and the terminal's tables as long, so
+    the report's cost does not grow with the value (a terminal wraps a long word in time
+    that grows with its square: 40 kB took a minute). The data keeps it whole."""
+    shown = {}
+    for size in (5_000, 100_000):
+        value = "L" * size
+        _write(tmp_path / str(size) / "run", _long_in(shape, value))
+        done = cli_in_process(
+            "report", "run", "--out", "out", "--no-plots", cwd=tmp_path / str(size)
+        )
+        assert done.returncode == 0, done.stderr[:300]
+        out = tmp_path / str(size) / "out"
+        documents = sorted(p for p in out.iterdir() if p.suffix in (".md", ".tex", ".html"))
+        shown[size] = [done.stdout, _as_read(done.stderr)]
+        shown[size] += [_as_read(p.read_text()) for p in documents]
+        counts = re.findall(r"\((\d+) characters in all\)", done.stdout + done.stderr)
+        assert counts and max(map(int, counts)) >= size, shape  # shown, cut, and said so
+        if shape == "table3 error":  # report.json is data: the footnote quotes it whole
+            assert value in (out / "report.json").read_text()
+    # the terminal lays out the mark's two more digits as its columns allow: its length held
+    (terminal, *rest), (terminal_long, *rest_long) = shown[5_000], shown[100_000]
+    assert len(terminal_long) < 1.1 * len(terminal) and rest == rest_long
+
+
+def test_shown_is_one_line_cut_and_marked() -> None:
+    assert shown("a\nb") == "a\\nb" and shown("x" * 100, 100) == "x" * 100
+    cut = shown("\n" * 5000, 100)  # escaped, then cut: at most the limit, mark included
+    assert len(cut) == 100 and cut.startswith("\\n\\n") and cut.endswith("(5000 characters in all)")

@@ -51,3 +51,35 @@ def test_the_report_says_which_row_counts_and_counts_each_cell_once(
     at = rows.index(first) + 1
     assert f"run/cells.jsonl:{len(rows) + 1} and run/cells.jsonl:{at} are the same cell" in lines[0]
     assert lines[2] == "attnbench report: run/cells.jsonl is named more than once: read once"
+
+
+def test_a_row_no_table_can_use_is_left_out_by_name(tmp_path: Path) -> None:
+    """The rule on rows in memory: a failed cost row counts (its cell says why), a failed
+    quality row, a row with no status, a decode row without its settings and a task no
+    table reads do not, each said with its place and why."""
+    base = reference_rows()[0]
+    quality = json.loads(
+        (REFERENCE.parent.parent / "approx-cpu-cpu/cells.jsonl").read_text().splitlines()[0]
+    )
+    rows = [
+        {**base, "status": "error", "reason": "x"},  # a cost row's error is a cell
+        {**base, "n": 1, "status": None},
+        {**quality, "status": "error", "reason": "out of memory", "quality": None},
+        {**quality, "n": 1, "quality": None},
+        {**base, "n": 2, "mode": "decode", "params": {"causal": True}},
+        {**quality, "n": 2, "task": "nosuch"},
+    ]
+    one = tmp_path / "one.jsonl"
+    numbered = [(i, Row.from_dict({**r, "key": None})) for i, r in enumerate(rows, 1)]
+    kept, said = distinct([(one, numbered)])
+    assert [r.status for r in kept] == ["error"]
+    where = [f"{one}:{i}: vanilla n={n} " for i, n in ((2, 1), (3, 512), (4, 1), (5, 2), (6, 2))]
+    assert said == [
+        f"{where[0]}inference (cost) is in no table: no status: nothing was measured",
+        f"{where[1]}inference (approx) is in no table: error: out of memory",
+        f"{where[2]}inference (approx) is in no table: no quality figures",
+        f"{where[3]}decode (cost) is in no table: no decode_tokens, state_dtype, "
+        "prefill_chunk: a decode row is compared by its workload's settings",
+        f"{where[4]}inference (nosuch) is in no table: no table reads task=nosuch rows (a "
+        "plugin's, not loaded here?)",
+    ]

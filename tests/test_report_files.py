@@ -21,6 +21,11 @@ from attnbench.store import read_rows
 from tests.conftest import run_cli
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
+# runs without Table 3's rows: a baseline named that no row has is refused there too
+RUNS = {
+    name: Path(__file__).parent.parent / f"results/reference/{name}-{where}/cells.jsonl"
+    for name, where in (("serving", "v100_16gb-cpu"), ("approx", "cpu-cpu"))
+}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # .ci/run installs Chromium and sets this, so that in CI the browser test cannot skip
 NEED_CHROMIUM = os.environ.get("ATTNBENCH_REQUIRE_CHROMIUM") == "1"
@@ -206,6 +211,12 @@ def test_out_never_deletes_what_is_not_a_report(
         ("none", ("report", "missing"), "run dir: no cells.jsonl in missing"),
         ("corrupt", ("report", "run"), "cells.jsonl:4: not a JSON row"),
         ("ok", ("report", "run", "--baseline", "sdpa"), "baseline: no rows of 'sdpa'"),
+        (
+            "serving",
+            ("report", "run", "--baseline", "linformer"),
+            "baseline: no rows of 'linformer'; the rows have linear, local, performer, sdpa,",
+        ),
+        ("approx", ("report", "run", "--baseline", "sdpa"), "baseline: no rows of 'sdpa'"),
         ("empty", ("report", "run"), "holds no rows yet"),
     ],
 )
@@ -221,7 +232,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     run = tmp_path / "run"
     if setup != "none":
         run.mkdir()
-        lines = FIXTURE.read_text().splitlines()
+        lines = RUNS.get(setup, FIXTURE).read_text().splitlines()
         if setup == "corrupt":
             lines[3] = lines[3][:40]
         (run / "cells.jsonl").write_text("" if setup == "empty" else "\n".join(lines) + "\n")

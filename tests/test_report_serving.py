@@ -292,3 +292,40 @@ def test_report_command_writes_the_serving_sections(
     assert {x["mechanism"] for x in report["serving_efficiency_lengths"]} >= {"linear"}
     assert report["serving_state"] and report["tables"]
     assert "Serving: time per token at b=1 against n" in (out / "index.html").read_text()
+
+
+@pytest.mark.parametrize("whose", ["linear", "vanilla"])
+def test_a_decode_row_without_its_settings_is_named_not_blamed_on_the_baseline(
+    whose: str, tmp_path: Path, cli_in_process: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """A decode row without the decode workload's settings cannot be set beside any
+    baseline (they are what rows are compared by): it is in no table, and said so by line
+    on stderr and in serving.md, where it made a table of "None tokens" of its own whose
+    footnote said "no vanilla baseline row" beside a vanilla row that was there."""
+    rows = [r.to_dict() for r in _grid_rows()]
+    at = next(
+        i
+        for i, r in enumerate(rows)
+        if (r["attention"], r["n"], r["batch_asked"], r["model"].get("kv_heads"))
+        == (whose, 2048, 1, None)
+    )
+    for key in ("decode_tokens", "state_dtype", "prefill_chunk"):
+        del rows[at][key]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = cli_in_process("report", "run", "--out", "out", "--quiet", "--no-plots", cwd=tmp_path)
+    said = (
+        f"run/cells.jsonl:{at + 1}: {whose} n=2048 decode (cost) is in no table: no "
+        "decode_tokens, state_dtype, prefill_chunk: a decode row is compared by its "
+        "workload's settings"
+    )
+    assert done.returncode == 0 and done.stderr == f"attnbench report: {said}\n", done.stderr
+    assert f"report of {len(rows) - 1} cells" in done.stdout
+    md = (tmp_path / "out" / "serving.md").read_text()
+    assert said in md and "None tokens" not in md
+    time = md.split("**time ratio: serving, time per token at b=1**", 1)[1].split("\n\n")[1]
+    if whose == "linear":  # its cell has no row; nothing blames the baseline
+        assert "| 2048 | 2.00x¹ | 2.50x¹ | - |" in time and "baseline row" not in md
+    else:  # vanilla's row left out, by name: then there is no baseline row at 2048, truly
+        assert "| 2048 | –² | –² | –² |" in time
+        assert "² no vanilla baseline row at n=2048" in md

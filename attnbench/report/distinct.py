@@ -6,13 +6,22 @@ line pasted twice, ``--also`` naming a run already read. The rule: **the later r
 (the later line of a file, the later of the files in the order given: the run dir, then
 each ``--also``), as a rerun would have left it; an exact copy of a row counts once. Every
 row left out is said, with where it was: a report never silently chooses between figures.
+
+So is every row no table can use (:func:`unusable`): a row with no status, a quality row
+that failed or holds no figures, a cost row without the settings of its workload (a decode
+row without ``decode_tokens``: which rows it is set beside is unknown). Such a row is left
+out of every table, by name, rather than left to make a table of its own whose footnote
+blames a baseline that is there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from attnbench.report import outline
+from attnbench.report import sections as _builtins  # noqa: F401 (registers the built-ins)
 from attnbench.row import Row, printable
+from attnbench.workload import find
 
 
 def distinct(
@@ -20,7 +29,8 @@ def distinct(
 ) -> tuple[list[Row], list[str]]:
     """The rows that count (in the order read, a replaced row's place taken by the row that
     replaced it) and one line per row left out, given each file's rows with their line
-    numbers; a file named twice (the same file through two paths) is read once."""
+    numbers; a file named twice (the same file through two paths) is read once, a row no
+    table can use (:func:`unusable`) is left out by name."""
     chosen: dict[object, tuple[str, Row]] = {}
     said: list[str] = []
     seen_files: dict[Path, Path] = {}
@@ -38,19 +48,49 @@ def distinct(
                     said.append(f"{where} repeats {before} exactly: counted once")
                 else:
                     said.append(
-                        f"{where} and {before} are the same cell ({_cell(r)}) with "
+                        f"{where} and {before} are the same cell ({cell_words(r)}) with "
                         f"different figures: {where} counts, the later (docs/reports.md, "
                         "'Two rows of one cell')"
                     )
                 chosen.pop(key)  # re-inserted below: a later row takes the later place
             chosen[key] = (where, r)
-    return [r for _, r in chosen.values()], said
+    tables = [s for s in outline.sections() if s.document is not None]
+    kept = []
+    for where, r in chosen.values():
+        why = unusable(r)
+        if why is None and not any(s.applies(r) for s in tables):
+            why = f"no table reads task={r.task} rows (a plugin's, not loaded here?)"
+        if why is None:
+            kept.append(r)
+        else:
+            said.append(f"{where}: {cell_words(r)} ({r.task}) is in no table: {why}")
+    return kept, said
+
+
+def unusable(row: Row) -> str | None:
+    """Why no table can use ``row``, or None where one can. A cost row that failed is
+    used (its cell shows the status, its footnote the reason); a quality row that failed
+    has no figure to show. A workload's settings (:attr:`attnbench.workload.Workload.
+    settings`) are what its rows are compared by (:func:`attnbench.report.ratio.group`):
+    a row without one cannot be set beside any baseline."""
+    if row.status is None:
+        return "no status: nothing was measured"
+    if row.task != "cost":
+        if row.status != "ok":
+            return f"{row.status}: {row.reason or 'no reason given'}"
+        return None if row.quality else "no quality figures"
+    work = find(row.mode)
+    missing = [s.name for s in work.settings if getattr(row, s.name) is None] if work else []
+    if missing:
+        return f"no {', '.join(missing)}: a {row.mode} row is compared by its workload's settings"
+    return None
 
 
 def _shown(path: Path) -> str:
     return printable(str(path))
 
 
-def _cell(r: Row) -> str:
+def cell_words(r: Row) -> str:
+    """A row's cell in a few words: ``linformer k=128 n=512 inference``."""
     k = f" k={r.k}" if r.k is not None else ""
     return f"{r.attention}{k} n={r.n} {r.mode}"

@@ -27,9 +27,9 @@ from attnbench.report.outline import Part, Section
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
 from attnbench.report.replace import write as write
-from attnbench.report.tables import RatioTable, ratio_tables
+from attnbench.report.tables import RatioTable, need_baseline, ratio_tables
 from attnbench.report.terminal import print_tables as print_tables
-from attnbench.row import printable
+from attnbench.row import printable, shown
 from attnbench.store import CELLS, RunStore
 from attnbench.workload import DEFAULT
 
@@ -56,6 +56,12 @@ class Report:
         """The documents the report writes: those with a section that applies to a row."""
         used = [s.document for s in outline.sections() if s.document and s.used(self.rows)]
         return list(dict.fromkeys(used))
+
+
+def said(report: Report) -> list[str]:
+    """The lines a report says of rows that did not count (:attr:`Report.notes`), each cut
+    short: ``attnbench report`` prints them on stderr, a sweep's end on stdout."""
+    return [f"attnbench report: {shown(note, 2000)}" for note in report.notes]
 
 
 def default_out(run_dir: Path) -> Path:
@@ -87,16 +93,22 @@ def _rows_file(run_dir: Path) -> Path:
     return path
 
 
-def build(run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = ()) -> Report:
+def build(
+    run_dir: Path, baseline: str = "vanilla", also: Sequence[Path] = (), *, asked: bool = False
+) -> Report:
     """Every table of ``run_dir``'s rows, and of the rows of the run dirs ``also`` names
     (say, inference and training runs of one grid, so the max-batch plot has both);
-    ValueError (one line) if there is nothing to report."""
+    ValueError (one line) if there is nothing to report. Table 3's ratios need a baseline
+    row (:func:`~attnbench.report.tables.ratio_tables`); a baseline the user ``asked`` for
+    must have one in any run. The default's absence leaves serving and quality rows their
+    tables: the bytes each sequence keeps, the bandwidth, the accuracies."""
     run_dir = Path(run_dir)
     path, *more = (_rows_file(Path(d)) for d in (run_dir, *also))
-    counted, notes = distinct([(p, row.read_numbered(p)) for p in (path, *more)])
-    rows = [r for r in counted if r.status is not None]
+    rows, notes = distinct([(p, row.read_numbered(p)) for p in (path, *more)])
     if not rows:
         raise ValueError(f"run dir: {printable(str(path))} holds no rows yet")
+    if asked:  # named on the command line: a name no row has is a typo, whatever the rows
+        need_baseline(rows, baseline)
     # quality rows have no time or memory; serving's have tables of their own
     cost = list(filter(sections.cost_row, rows))
     tables = ratio_tables(cost, baseline) if cost else []
@@ -193,6 +205,9 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     for doc in report.documents():
         md[doc] = [f"# {text.markdown(title)}", "", text.markdown(_intro(report, doc)), ""]
         tex[doc] = [text.comment(title), r"% needs \usepackage{booktabs}", ""]
+        if report.notes:  # rows that did not count, as stderr said: the reader sees them too
+            md[doc] += [*(f"{text.markdown(note)}  " for note in report.notes), ""]
+            tex[doc] += [*map(text.comment, report.notes), ""]
     page: list[tuple[str, list[str]]] = []
     present = {s.record for s in outline.sections() if s.record and s.used(report.rows)}
     records: dict[str, list] = {
@@ -223,7 +238,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     docs = report.documents()
     first = sections.SERVING if sections.SERVING in docs else sections.QUALITY
     intro = _intro(report, sections.TABLE3 if report.tables else first)
-    files["index.html"] = html.page(title, [intro], page).encode()
+    files["index.html"] = html.page(title, [intro, *report.notes], page).encode()
     head = {
         "run_dir": printable(str(report.run_dir)),
         "baseline": report.baseline,

@@ -13,6 +13,7 @@ import html
 from attnbench.report.grid import Grid
 from attnbench.report.paper import Beside
 from attnbench.report.tables import RatioTable, heading
+from attnbench.row import shown
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
@@ -37,20 +38,24 @@ window.addEventListener("load", () => {
 """
 
 
+def escape(text: str) -> str:
+    """``text`` in the page as itself: cut short (:func:`attnbench.row.shown`), escaped."""
+    return html.escape(shown(text))
+
+
 def _caption(text: str, above: str) -> str:
     """A table's caption, or none where it would repeat the heading right ``above`` it."""
-    return "" if text == above else f"<caption>{html.escape(text)}</caption>"
+    return "" if text == above else f"<caption>{escape(text)}</caption>"
 
 
 def table_html(t: RatioTable, caption: str | None = None, above: str = "") -> str:
     """A ratio table with its footnotes and context under it."""
-    e = html.escape
-    head = "".join(f"<th>{e(heading(t, k))}</th>" for k in t.ks)
+    head = "".join(f"<th>{escape(heading(t, k))}</th>" for k in t.ks)
     body = "".join(
-        f"<tr><th>{n}</th>" + "".join(f"<td>{e(t.text[(n, k)])}</td>" for k in t.ks) + "</tr>"
+        f"<tr><th>{n}</th>" + "".join(f"<td>{escape(t.text[(n, k)])}</td>" for k in t.ks) + "</tr>"
         for n in t.ns
     )
-    notes = "<br>".join(e(f) for f in (*t.footnotes, t.context) if f)
+    notes = "<br>".join(escape(f) for f in (*t.footnotes, t.context) if f)
     return (
         f"<div><table>{_caption(caption or f'{t.kind} ratio: {t.mechanism}', above)}"
         f"<thead><tr><th>n</th>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -61,16 +66,15 @@ def table_html(t: RatioTable, caption: str | None = None, above: str = "") -> st
 def grid_html(g: Grid, above: str = "") -> str:
     """A table of text (the efficiency lengths, a quality table): first column a heading
     per row."""
-    e = html.escape
     body = "".join(
-        f"<tr><th>{e(r[0])}</th>" + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>"
+        f"<tr><th>{escape(r[0])}</th>" + "".join(f"<td>{escape(c)}</td>" for c in r[1:]) + "</tr>"
         for r in g.body
     )
     return (
         f"<div><table>{_caption(g.title, above)}<thead><tr>"
-        + "".join(f"<th>{e(h)}</th>" for h in g.head)
+        + "".join(f"<th>{escape(h)}</th>" for h in g.head)
         + f"</tr></thead><tbody>{body}</tbody></table>"
-        f'<p class="notes">{"<br>".join(map(e, g.notes))}</p></div>'
+        f'<p class="notes">{"<br>".join(map(escape, g.notes))}</p></div>'
     )
 
 
@@ -95,8 +99,8 @@ def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:
     """The SVG shown (sharp at any zoom), the PNG one click away; both inline."""
     svg64, png64 = base64.b64encode(svg).decode(), base64.b64encode(png).decode()
     return (
-        f'<figure><img alt="{html.escape(caption)}" src="data:image/svg+xml;base64,{svg64}">'
-        f"<figcaption>{html.escape(caption)} "
+        f'<figure><img alt="{escape(caption)}" src="data:image/svg+xml;base64,{svg64}">'
+        f"<figcaption>{escape(caption)} "
         f'(<a download="{name}.png" href="data:image/png;base64,{png64}">PNG</a>, '
         f'<a download="{name}.svg" href="data:image/svg+xml;base64,{svg64}">SVG</a>)'
         "</figcaption></figure>"
@@ -105,13 +109,12 @@ def figure_html(name: str, svg: bytes, png: bytes, caption: str) -> str:
 
 def page(title: str, intro: list[str], sections: list[tuple[str, list[str]]]) -> str:
     """The whole document: ``sections`` are (heading, blocks of HTML) in order."""
-    e = html.escape
-    parts = [f"<h1>{e(title)}</h1>", *(f"<p>{e(p)}</p>" for p in intro)]
+    parts = [f"<h1>{escape(title)}</h1>", *(f"<p>{escape(p)}</p>" for p in intro)]
     for section, blocks in sections:
-        parts.append(f"<h2>{e(section)}</h2>")
+        parts.append(f"<h2>{escape(section)}</h2>")
         parts.extend(blocks)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{e(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"
+        f"<title>{escape(title)}</title><style>{CSS}</style><script>{COUNT_IMAGES}</script>"
         "</head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
     )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.report.ratio import label, unnamed
 from attnbench.report.tables import MISSING, RatioTable
-from attnbench.row import Row, as_rows, printable
+from attnbench.row import Row, as_rows, shown
 from attnbench.workload import label_of
 
 if TYPE_CHECKING:
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 SIZE_IN = (6.4, 4.2)
 DPI = 100  # PNGs are 640 × 420 pixels
 PNG_PIXELS = (round(SIZE_IN[0] * DPI), round(SIZE_IN[1] * DPI))
-# a legend entry or title longer than this is cut: a row's free text can be a megabyte
-TEXT_CHARS = 200
+# a legend entry or title longer than this is cut (marked): a row's free text can be a
+# megabyte, and at 200 characters a legend is wider than the figure (its axes collapse)
+TEXT_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,7 @@ class Plot:
 def _text(value: Any) -> str:
     """A row's text as matplotlib shows it literally: on one line, cut short, and every
     ``$`` escaped (two of them would start mathtext, and bad mathtext raises in savefig)."""
-    text = printable(str(value))
-    if len(text) > TEXT_CHARS:
-        text = text[: TEXT_CHARS - 1] + "…"
-    return text.replace("$", r"\$")
+    return shown(str(value), TEXT_CHARS).replace("$", r"\$")
 
 
 def available() -> str | None:

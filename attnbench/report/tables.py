@@ -123,11 +123,10 @@ def context(rows: list[Row], work: str | None = None) -> str:
     )
 
 
-def ratio_tables(
-    rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
-) -> list[RatioTable]:
-    """Time and memory ratio tables for every mechanism other than ``baseline``."""
-    rows = as_rows(rows)
+def need_baseline(rows: list[Row], baseline: str) -> dict[tuple, Row]:
+    """The baseline rows of ``rows`` (:func:`~attnbench.report.ratio.baselines`); where
+    there are none, ValueError naming the mechanisms the rows have: every ratio against it
+    would be undefined (a name no row has is a typo, say)."""
     base = baselines(rows, baseline)
     if not base:
         have = sorted({r.attention for r in rows})
@@ -135,6 +134,15 @@ def ratio_tables(
             f"baseline: no rows of {shorten(repr(baseline), 80)}; the rows have "
             f"{', '.join(shorten(a, 80) for a in have[:20])}{', ...' if len(have) > 20 else ''}"
         )
+    return base
+
+
+def ratio_tables(
+    rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
+) -> list[RatioTable]:
+    """Time and memory ratio tables for every mechanism other than ``baseline``."""
+    rows = as_rows(rows)
+    base = need_baseline(rows, baseline)
     # one table per mechanism and setting: a run dir that holds fp16 and fp32 rows (or two
     # ceilings) gives two tables, never one that silently mixes them; grouped by the label
     # as stored, so that two values that print alike ("a\nb" and "a\\nb") stay apart

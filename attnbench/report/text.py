@@ -1,9 +1,10 @@
 """A report's tables as text: Markdown, LaTeX and CSV.
 
-Each writer escapes what is special to its format, after :func:`attnbench.row.printable`
-has put every value on one line: :func:`markdown` inline HTML, links and table pipes,
-:func:`latex` the TeX specials (and :func:`comment` nothing but the end of the line),
-:func:`to_csv` quotes as CSV does.
+Each writer escapes what is special to its format, after :func:`attnbench.row.shown` has
+put every value on one line and cut a long one short (marked): :func:`markdown` inline HTML,
+links and table pipes, :func:`latex` the TeX specials (and :func:`comment` nothing but the
+end of the line). :func:`to_csv` is data: its headings are whole, on one line
+(:func:`attnbench.row.printable`), quoted as CSV does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import io
 from attnbench.report.grid import Grid
 from attnbench.report.paper import Beside
 from attnbench.report.tables import MARKS, RatioTable, heading, split_marks
-from attnbench.row import printable
+from attnbench.row import printable, shown
 
 # what would be markup in a Markdown line: inline HTML (<script>), entities (&lt;), links
 # and images ([x](javascript:...)), code spans, emphasis and table pipes; CommonMark shows a
@@ -25,8 +26,8 @@ _MARKDOWN = str.maketrans({c: "\\" + c for c in MARKDOWN_SPECIALS})
 
 
 def markdown(text: str) -> str:
-    """``text`` shown as itself in a Markdown line: on one line, no markup."""
-    return printable(text).translate(_MARKDOWN)
+    """``text`` shown as itself in a Markdown line: on one line, no markup, cut short."""
+    return shown(text).translate(_MARKDOWN)
 
 
 def to_markdown(t: RatioTable) -> str:
@@ -98,15 +99,15 @@ _MARKS = str.maketrans(MARKS, "0123456789")
 
 def latex(text: str) -> str:
     """``text`` as LaTeX that prints it: on one line (a newline would end a ``%`` comment
-    and make the rest live), every TeX special as the command that prints it."""
-    return printable(text).translate(_LATEX)
+    and make the rest live), every TeX special as the command that prints it; cut short."""
+    return shown(text).translate(_LATEX)
 
 
 def comment(text: str) -> str:
     """``text`` in a ``%`` comment: TeX ignores everything up to the end of the line, so
-    the one thing to escape is whatever ends it (:func:`attnbench.row.printable`); the
+    the one thing to escape is whatever ends it (:func:`attnbench.row.shown`); the
     specials stay as written, readable (``v100_16gb``, ``10%``)."""
-    return "% " + printable(text)
+    return "% " + shown(text)
 
 
 def to_latex(t: RatioTable) -> str:
@@ -131,7 +132,8 @@ def to_latex(t: RatioTable) -> str:
     lines += [f"{n} & " + " & ".join(tex(t.text[(n, k)]) for k in t.ks) + r" \\" for n in t.ns]
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [comment(f) for f in t.footnotes]
-    lines += [comment(f"{tex(t.mechanism)}, {t.kind} ratio; {t.context}")]
+    # each piece shown once (cut on its own): a line of pieces cut again would lose the rest
+    lines += [f"% {tex(t.mechanism)}, {t.kind} ratio; {shown(t.context)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -146,9 +148,10 @@ def markdown_blocks(body: Grid | RatioTable | Beside) -> list[str]:
 
 def latex_blocks(body: Grid | RatioTable | Beside) -> list[str]:
     """A section's part in a LaTeX document. A grid goes in as its Markdown, each line a
-    comment: it is read beside the tables, not typeset."""
+    comment: it is read beside the tables, not typeset. Its lines are shown already (each
+    cell on one line, cut short): a line is not cut again, which would cut the row."""
     if isinstance(body, Grid):
-        return [*(comment(line) for line in grid_markdown(body).splitlines()), ""]
+        return [*(f"% {line}" for line in grid_markdown(body).splitlines()), ""]
     if isinstance(body, Beside):
         return [to_latex(body.paper), "", to_latex(body.quotient), ""]
     return [to_latex(body), ""]

@@ -65,6 +65,8 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
 
     try:
         report = files.build(run, baseline)
+        for line in files.said(report):  # a row in no table, say a failed quality task's
+            print(line, flush=True)
         if show:
             files.print_tables(report, Console())
         out = files.default_out(run)
