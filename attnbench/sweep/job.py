@@ -36,7 +36,7 @@ from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError, read_rows
 from attnbench.sweep import claims
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg
-from attnbench.sweep.config import register_user_mechanisms, run_dir
+from attnbench.sweep.config import register_user_options, run_dir
 from attnbench.sweep.finish import busy_line
 from attnbench.validators import check_limit
 
@@ -253,7 +253,7 @@ def hydra_main() -> None:
     """The Hydra app behind ``attnbench run`` (reads ``sys.argv``)."""
     import hydra
 
-    register_user_mechanisms()
+    register_user_options()
     hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
 
 
