@@ -109,6 +109,65 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     assert _ours(tmp_path) == [] and _gone(mark)  # a normal end leaves nothing either
 
 
+STUCK = """
+import ctypes, os, pathlib
+from dataclasses import dataclass
+import attnbench
+from attnbench.attention.base import MultiHeadAttention
+
+@dataclass
+class Cfg:
+    causal: bool = False
+
+@attnbench.register("stuck", config=Cfg, causal=False, summary="V, after a native call")
+class Stuck(MultiHeadAttention):
+    def attend(self, x, key_padding_mask):
+        if x.device.type != "meta":  # a training step, not the memory model's trace
+            pathlib.Path(os.environ["STUCK_MARK"]).touch()
+            # one native call that outlasts any signal: libc's system() waits for its child
+            # again when a signal interrupts the wait, so Python's handler cannot run, as
+            # in one huge convolution
+            ctypes.CDLL(None).system(b"exec sleep 600")
+        return self.v_proj(x)
+"""
+
+
+def test_sigterm_ends_a_training_step_stuck_in_one_native_call(tmp_path: Path) -> None:
+    """SIGTERM to a command whose training step is one native call of 10 minutes (its
+    handler cannot run until the call returns): the same line and exit 143 within seconds
+    (the watcher's grace, then its own end), no row stored, the call's process gone with it
+    and, once the reaper has tidied, no claim or temp file left."""
+    (tmp_path / "stuck_mech.py").write_text(STUCK)
+    mark = tmp_path / "training"
+    env = _env(tmp_path, ATTNBENCH_PLUGINS="stuck_mech", PYTHONPATH=str(tmp_path),
+               STUCK_MARK=str(mark), ATTNBENCH_TEST_MARK=tmp_path.name)  # fmt: skip
+    small = ("train_examples=64", "test_examples=16", "steps=2", "eval_every=1")
+    proc = subprocess.Popen(
+        [*CLI, "task=mqar", "attention=stuck", "progress=false",
+         *(f"quality.mqar.{s}" for s in small)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not mark.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert mark.exists(), proc.communicate()  # training: inside its first step's call
+        proc.send_signal(signal.SIGTERM)  # the command alone, as `kill PID` sends it
+        _, err = proc.communicate(timeout=120)  # without the watcher: the call's 600 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run: interrupted")]
+    assert "0 of 1 cells are stored in results/single/cpu-cpu" in line
+    assert not list(tmp_path.glob("results/**/cells.jsonl")), "no row, not even a half one"
+    assert _gone(tmp_path.name), "the command's processes (the call's child too) go with it"
+    assert _ours(tmp_path) == []
+
+
 def test_stale_files_of_a_killed_command_are_swept_on_the_next_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process
 ) -> None:

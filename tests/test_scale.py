@@ -32,7 +32,7 @@ from attnbench.sweep.config import (
     CONFIG_MODULE,
     expand_jobs,
     prevalidate,
-    register_user_mechanisms,
+    register_user_options,
 )
 from attnbench.sweep.hydra_api import split_sweep
 from tests.compose_once import each_composed_once, files_read_once
@@ -58,7 +58,7 @@ def _files_read_once() -> Iterator[None]:
 def _both(overrides: list[str], config_dir: Path | None = None) -> tuple[Any, Any]:
     """compose_each's configs and Hydra's, job by job (or the error each raised)."""
     search = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
-    register_user_mechanisms()
+    register_user_options()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         jobs = split_sweep(parser.parse_overrides(overrides))

@@ -67,7 +67,10 @@ def test_a_cell_of_each_workload_from_python_and_from_the_command_line_is_one_ce
 def test_a_cell_of_each_quality_task_from_python_and_from_the_command_line_is_one_cell(
     task,
 ) -> None:
-    assert _cell("attention=vanilla", f"task={task}") == Cell("vanilla", n=512, task=task)
+    """The task's settings are the registry's. Its model, dtype, batch and n are its own
+    (conf/task/), unless the command line names them: here the config's, as Python's cell."""
+    cost = ("model=base", "device=v100_16gb", "n=512", "dtype=fp16", "batch=max")
+    assert _cell("attention=vanilla", f"task={task}", *cost) == Cell("vanilla", n=512, task=task)
 
 
 def test_a_workload_setting_is_a_row_field_from_its_declaration() -> None:

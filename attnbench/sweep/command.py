@@ -8,17 +8,21 @@ killed first and, under SLURM, its queued and running tasks cancelled (:mod:`.sl
 stores a row after that line; its temp files removed. A SLURM task that ends without its
 cell (cancelled, failed) ends the command the same way, its line naming the cell and the
 job. A SIGKILLed command's workers are killed by its reaper (:func:`claims.start_reaper`).
+A cell stuck in one native call that holds the handler back (a training step) is cut short
+after :data:`interrupts.GRACE_S` with the same line and exit code (:mod:`.interrupts`).
 Every process that times a cell starts with glibc's malloc thresholds fixed
 (:func:`attnbench.env.fix_malloc`), this one and, through the environment, its workers.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 
 from attnbench.env import fix_malloc
-from attnbench.sweep import claims, config, job, slurm
+from attnbench.sweep import claims, config, interrupts, job, slurm
 
 
 class Terminated(BaseException):
@@ -27,6 +31,7 @@ class Terminated(BaseException):
 
 
 _signalled: list[int] = []  # the signals that asked this command to stop
+_ending = threading.Lock()  # held by whichever says the last line: the main thread or _stuck
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -52,7 +57,14 @@ def main(args: list[str]) -> int:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not if ignored
         signal.signal(signal.SIGINT, _interrupt)
     _signalled.clear()
-    plan: list[tuple[str, str]] = []
+    plan: list[tuple[str, str]] = []  # filled once validated: _stuck's line counts it too
+    with interrupts.watched(lambda signum: _stuck(signum, plan)):
+        return _run(args, plan)
+
+
+def _run(args: list[str], plan: list[tuple[str, str]]) -> int:
+    """:func:`main` once its handlers are set: validate (``plan`` filled in place), run,
+    and say how it ended."""
     try:
         if not any(
             a in ("--help", "-h", "--hydra-help", "--info", "-i")
@@ -61,7 +73,7 @@ def main(args: list[str]) -> int:
             for a in args
         ):
             try:
-                plan = config.prevalidate(args)
+                plan[:] = config.prevalidate(args)
             except ValueError as e:
                 print(f"attnbench run: error: {e}", file=sys.stderr)
                 return 2
@@ -80,13 +92,27 @@ def main(args: list[str]) -> int:
     except (KeyboardInterrupt, Terminated, SystemExit) as e:
         if isinstance(e, SystemExit) and not _signalled:
             raise  # Hydra's own exit (an error it reported), not an interrupt
-        left = _stop()  # no worker or SLURM task may store a row after the line below
-        print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr)
+        with _ending:
+            left = _stop()  # no worker or SLURM task may store a row after the line below
+            print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr)
         terminated = isinstance(e, Terminated) or signal.SIGTERM in _signalled
         return 143 if terminated else 130
     finally:  # the plan and the claims of this command are of no use after it
         claims.end()
     return 0
+
+
+def _stuck(signum: int, plan: list[tuple[str, str]]) -> None:
+    """The main thread is inside one native call that holds its handler back: end the
+    command from the watching thread, as the handler would have ended it (this command's
+    processes killed, the same line, exit 130 or 143). The cell it measures is not stored;
+    what its claims left is tidied by the command's reaper, as after any end."""
+    if not _ending.acquire(blocking=False):
+        return  # the main thread got out and is saying it
+    left = _stop()
+    print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(143 if signum == signal.SIGTERM else 130)
 
 
 def _stop() -> str:

@@ -29,6 +29,7 @@ from attnbench import cell as cells
 from attnbench import registry
 from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
+from attnbench.quality import tasks
 from attnbench.registry import BUILTINS
 from attnbench.sweep import keys, slurm
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
@@ -66,13 +67,15 @@ def run_dir(cfg: DictConfig) -> Path:
     return Path(out_dir) / sweep / run
 
 
-def register_user_mechanisms() -> None:
-    """A mechanism registered in Python but without a YAML file is still an ``attention``
-    option (with its default parameters): it shows up in sweeps with no extra step."""
+def register_user_options() -> None:
+    """A mechanism or a quality task registered in Python but without a YAML file is still an
+    ``attention`` or ``task`` option (a mechanism with its default parameters, a task with the
+    config's model, device, dtype and batch): it shows up in sweeps with no extra step."""
     cs = ConfigStore.instance()
-    for name in registry.names():
-        if name not in BUILTINS:
-            cs.store(group="attention", name=name, node={"name": name, "params": {}})
+    for name in set(registry.names()) - set(BUILTINS):
+        cs.store(group="attention", name=name, node={"name": name, "params": {}})
+    for name in set(tasks.names()) - set(tasks.TASKS):
+        cs.store(group="task", name=name, node={"task": name}, package="_global_")
 
 
 def _unknown(group: str, option: Any, options: list[str]) -> str:
@@ -185,7 +188,7 @@ def expand_jobs(
     from hydra.errors import HydraException
 
     search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
-    register_user_mechanisms()
+    register_user_options()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()

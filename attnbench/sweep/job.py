@@ -34,9 +34,9 @@ from attnbench.measure import presets
 from attnbench.row import Row
 from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError, read_rows
-from attnbench.sweep import claims
+from attnbench.sweep import claims, interrupts
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg
-from attnbench.sweep.config import register_user_mechanisms, run_dir
+from attnbench.sweep.config import register_user_options, run_dir
 from attnbench.sweep.finish import busy_line
 from attnbench.validators import check_limit
 
@@ -162,7 +162,8 @@ def _job(cfg: DictConfig) -> Row | None:
             record_command(store, cfg)
         start = time.perf_counter()
         timeout = check_limit("cell_timeout_s", cfg.cell_timeout_s)  # 0 or null: none
-        row = measure(cell, preset, timeout, _isolated())
+        with interrupts.measuring():  # Ctrl-C and SIGTERM bounded even in a native call
+            row = measure(cell, preset, timeout, _isolated())
         row = row.replaced(  # which run it is stored in, and when
             key=key,
             sweep=cfg.sweep_name,
@@ -253,7 +254,7 @@ def hydra_main() -> None:
     """The Hydra app behind ``attnbench run`` (reads ``sys.argv``)."""
     import hydra
 
-    register_user_mechanisms()
+    register_user_options()
     hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
 
 
