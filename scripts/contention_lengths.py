@@ -1,7 +1,7 @@
 """Is a timing beside a busy loop called busy at every sample length?
 
 One thread pinned to one CPU times a matmul chain sized for samples of about 0.1 ms, 1 ms
-and 20 ms (``attnbench.measure.timing``, the sweep's CPU settings: 5 repeats wanted, 1 s of
+and 10 ms (``attnbench.measure.timing``, the sweep's CPU settings: 5 repeats wanted, 1 s of
 work, re-sampling for at most 10 s), alone and beside a busy loop pinned to the same CPU for
 the whole timing. For each, what the scheduler said of the samples and the verdict::
 
@@ -48,7 +48,7 @@ print(json.dumps({
 }))
 """
 
-LENGTHS = {"0.1 ms": 150, "1 ms": 330, "20 ms": 640}  # matrix sizes (4 matmuls a sample)
+LENGTHS = {"0.1 ms": 150, "1 ms": 330, "10 ms": 640}  # matrix sizes (4 matmuls a sample)
 
 
 def timed(cpu: int, size: int, seconds: float, hog: bool) -> dict:

@@ -35,7 +35,7 @@ CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
 
 
 # This thread pinned to CPU timing a chain of SIZE x SIZE matmuls on one torch thread,
-# re-sampling for at most 1.5 s: at 640, ~20 ms a sample (longer than a scheduler time slice,
+# re-sampling for at most 1.5 s: at 640, ~10 ms a sample (longer than a scheduler time slice,
 # so a busy loop on the same CPU takes part of every sample); at 330, ~1 ms, and at 150,
 # ~0.1 ms, shorter than a slice: most samples run between the loop's turns, and only the
 # repeats together show the CPU shared.
@@ -75,13 +75,13 @@ def _timed(size: int, hog: bool) -> dict:
 
 
 @LINUX
-@pytest.mark.parametrize("size", [640, 330, 150], ids=["20ms", "1ms", "0.1ms"])
+@pytest.mark.parametrize("size", [640, 330, 150], ids=["10ms", "1ms", "0.1ms"])
 def test_a_timing_beside_a_busy_loop_on_its_cpu_is_busy_at_every_sample_length(
     size: int,
 ) -> None:
     beside = _timed(size, hog=True)
     # the busy loop had its share of the CPU for the whole timing: never a figure, whether
-    # the samples are read contended one by one (~20 ms: each waited about half of it) or
+    # the samples are read contended one by one (~10 ms: each waited about half of it) or
     # only together (shorter than a time slice)
     assert beside["busy"] and "of their time for a CPU" in beside["why"], beside
     if size == 640:
