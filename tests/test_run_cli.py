@@ -405,7 +405,7 @@ def test_command_line_sweep_duplicates_run_once_and_config_is_kept(
     # said once, before it runs; a fresh run has nothing "done before"
     assert first.stderr.count("attnbench run: vanilla ignores k: measured once") == 1
     # the count is of cells; Hydra's of jobs (one per combination) is not shown
-    assert "attnbench: 6 cells to measure in results/smoke/" in first.stdout
+    assert "attnbench: 1 cell to measure in results/single/" in first.stdout
     assert "Launching" not in first.stdout + first.stderr
     assert "done before" not in first.stdout
     out = cli_in_process(*args, "rerun=true", cwd=tmp_path)

@@ -135,10 +135,11 @@ def plan_line(plan: list[tuple[str, str]], stored: int) -> str:
     """What a sweep is about to do, in its cells: ``attnbench: 42 cells to measure in DIR``,
     ``30 of 42`` where ``stored`` of them are in the run directory already (kept)."""
     where = ", ".join(sorted({d for d, _ in plan}))
+    cells = f"{len(plan)} cell{'s' if len(plan) != 1 else ''}"
     if not stored:
-        return f"attnbench: {len(plan)} cells to measure in {where}"
+        return f"attnbench: {cells} to measure in {where}"
     return (
-        f"attnbench: {len(plan) - stored} of {len(plan)} cells to measure in {where} "
+        f"attnbench: {len(plan) - stored} of {cells} to measure in {where} "
         f"({stored} stored already: kept; rerun=true measures them again)"
     )
 
