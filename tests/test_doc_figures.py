@@ -79,6 +79,26 @@ def test_the_seed_spreads_are_the_seed_tables() -> None:
     assert f"linear's at 8 pairs span {lo:.0f}–{hi:.0f} %" in _text("docs/quality.md")
 
 
+def test_the_serving_ratios_at_the_longest_context_are_the_tables() -> None:
+    """docs/serving.md: how many times vanilla's sequences the states fit at the longest n,
+    from the max-batch table it quotes (whole times, as the table's tenths cut)."""
+    text = (ROOT / "docs/serving.md").read_text()
+    after = text[text.index("| memory ratio: serving, max batch -->") :].splitlines()[1:]
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), after))
+    header, last = ([c.strip() for c in row.strip("|").split("|")] for row in (table[0], table[-1]))
+    cells = dict(zip(header, last, strict=True))
+    times = {name: int(float(cells[col].split("x")[0])) for name, col in (
+        ("linear", "linear"),
+        ("Performer", "performer (kernel=softmax, ortho_features=True)"),
+        ("local", "local"),
+    )}  # fmt: skip
+    phrase = (
+        f"At n = {cells['n']} linear fits {times['linear']}× vanilla's sequences, "
+        f"Performer {times['Performer']}×, local {times['local']}×."
+    )
+    assert phrase in _text("docs/serving.md"), phrase
+
+
 def test_the_groups_listed_are_the_config_files() -> None:
     """docs/running.md's Groups: every file of conf/<group>/ named, and nothing else."""
     text = _text("docs/running.md")
