@@ -44,6 +44,23 @@ def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str)
         assert abs(modeled - real) <= 0.01 * real, (b, modeled, real)
 
 
+def test_a_layer_frees_the_attentions_output_before_its_ffn() -> None:
+    """Where the attention is cheap (Linformer, k = 8) the encoder peaks in a layer's FFN,
+    holding the layer's input, the normed sum, fc1's output and GELU's: 2·d + 2·d_ff floats
+    per token (the first layer's input is the caller's, so the second layer peaks). The
+    attention's output is freed once added (``EncoderLayer.forward`` says why). A hand
+    count, against the profiler."""
+    from attnbench.model import build_model
+
+    b, n, d, ff = 2, 256, 64, 256
+    model = build_model("linformer", layers=2, d_model=d, n_heads=4, d_ff=ff, max_seq_len=n, k=8)
+    x = torch.randn(b, n, d)
+    with torch.inference_mode():
+        model(x)  # warm, as above
+        peak = profiled_peak(lambda: model(x))
+    assert peak == 4 * b * n * (2 * d + 2 * ff)
+
+
 def test_the_profiler_leaves_stderr_quiet() -> None:
     """kineto's per-use "USDT: ... profiler_start" lines would fill a sweep's log."""
     import os
