@@ -42,7 +42,12 @@ def budget_of(attention: str, params: Mapping[str, Any] = ()) -> str | None:
     if info.budget is None or info.budget_when is None:
         return info.budget
     field, value = info.budget_when
-    return info.budget if dict(params).get(field, info.params.get(field)) == value else None
+    return info.budget if _setting(info, field, params) == value else None
+
+
+def _setting(info: registry.Info, field: str, params: Mapping[str, Any]) -> Any:
+    """The value ``field`` takes in a cell: the cell's own parameter, else the default."""
+    return dict(params).get(field, info.params.get(field))
 
 
 def kept_k(
@@ -74,7 +79,7 @@ def check_k(attention: str, n: int, k: int | None, params: Mapping[str, Any] = (
         )
     if budget_of(attention, params) is None and info.budget_when is not None:
         field, value = info.budget_when
-        now = dict(params).get(field, info.params.get(field))
+        now = _setting(info, field, params)
         raise ValueError(
             f"k: attention={attention} uses k (its {info.budget}) only with {field}={value}, "
             f"got {field}={now}: k must be null, or set attention.params.{field}={value}"

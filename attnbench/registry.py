@@ -110,7 +110,7 @@ def register(
     decode (``cannot_decode=None``) by a class without a causal form or without the three
     methods of the incremental form.
     """
-    _check_registration(name, config, (budget, *(budget_when or ())[:1]), devices, dtypes)
+    _check_registration(name, config, budget, budget_when, devices, dtypes)
 
     def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
         _check_class(name, cls, causal, cannot_decode)
@@ -133,7 +133,8 @@ def register(
 def _check_registration(
     name: str,
     config: type,
-    budget: tuple[str | None, ...],
+    budget: str | None,
+    budget_when: tuple[str, Any] | None,
     devices: tuple[str, ...],
     dtypes: tuple[str, ...],
 ) -> None:
@@ -145,7 +146,7 @@ def _check_registration(
     if not dataclasses.is_dataclass(config):
         raise TypeError(f"register({name!r}): config must be a dataclass, got {config!r}")
     fields = {f.name for f in dataclasses.fields(config)}
-    for field in budget:
+    for field in (budget, *(budget_when or ())[:1]):
         if field is not None and field not in fields:
             raise ValueError(f"register({name!r}): budget {field!r} is not a config field")
     if bad := set(devices) - set(DEVICES):

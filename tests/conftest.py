@@ -152,6 +152,24 @@ def processes_with(needle: str) -> list[int]:
     return found
 
 
+# -- `pytest -n N` (pytest-xdist): each worker on CPUs of its own ---------------------------
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n N``, worker i keeps every N-th of the CPUs the run was given, and
+    torch uses that many threads, as attnbench's own default does (``timing.threads: null``
+    is the CPUs given). Without it, N workers each run torch's threads over all the CPUs:
+    on 2 cores, 2 workers of 2 spinning OpenMP threads each took 15 min 45 s, barely less
+    than one worker's 17 min 55 s. The processes a test starts inherit the share, so a
+    timing test is never beside another worker's test on its own CPU."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = cpus[int(worker[2:]) % len(cpus) :: count] or cpus
+    os.sched_setaffinity(0, share)
+    torch.set_num_threads(len(share))
+
+
 # -- slow tests: `pytest -m "not slow"` is the daily loop, `.ci/run` runs everything ---------
 # Every test that starts a process (:func:`_spawns`); whole modules of end-to-end runs (a
 # scheduler, the gate's interleaved versions, the speed benchmarks); single tests that take

@@ -782,8 +782,16 @@ def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
         "--benchmark-only",
         f"--benchmark-storage=file://{tmp_path}",
     ]
+    # a user's own pytest, not one of this suite's workers: pytest-benchmark turns itself off
+    # in a process that inherits PYTEST_XDIST_WORKER (`pytest -n`, docs/architecture.md)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     saved = subprocess.run(
-        [*args, "--benchmark-autosave"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [*args, "--benchmark-autosave"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
     )
     assert saved.returncode == 0, saved.stdout[-2000:]
     assert list(tmp_path.rglob("0001_*.json"))
@@ -794,6 +802,7 @@ def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         cwd=tmp_path,
+        env=env,
     )
     assert compared.returncode == 0, compared.stdout[-2000:]
     assert "0001" in compared.stdout  # the saved run is in the comparison table

@@ -283,6 +283,7 @@ def test_every_process_that_times_starts_with_malloc_fixed(
             "report=false",
             "timing.min_seconds=0",
             "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",  # a worker process whatever the CPUs (1: cells inline)
         ],
         cwd=tmp_path,
         env=env,

@@ -51,6 +51,10 @@ def _leftovers(tmp: Path) -> list[str]:
     return temp + [str(p) for p in tmp.glob("results/**/.claims")]
 
 
+# joblib's workers whatever the CPUs the test was given: with one, joblib runs cells inline
+JOBS = "hydra.launcher.n_jobs=2"
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_killed_command_takes_its_workers_with_it(tmp_path: Path, sig: int) -> None:
@@ -62,7 +66,7 @@ def test_a_killed_command_takes_its_workers_with_it(tmp_path: Path, sig: int) ->
     err = tmp_path / "stderr"
     with open(err, "w") as stderr:  # a file: orphans holding a pipe would hang the test
         proc = subprocess.Popen(
-            [*CLI, "-m", *TINY, n, "timing.min_seconds=1.5", "hydra/launcher=joblib"],
+            [*CLI, "-m", *TINY, n, "timing.min_seconds=1.5", "hydra/launcher=joblib", JOBS],
             cwd=tmp_path,
             env=_env(tmp_path, mark),
             stdout=subprocess.DEVNULL,
