@@ -21,7 +21,7 @@ from typing import Any
 
 from attnbench.report.efficiency import budgeted, crossing, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
-from attnbench.report.grid import Grid
+from attnbench.report.grid import Grid, sig
 from attnbench.report.ratio import (
     BUSY,
     SKIPPED,
@@ -32,7 +32,6 @@ from attnbench.report.ratio import (
     ratio,
     unnamed,
 )
-from attnbench.report.serving import sig
 from attnbench.report.tables import MISSING, context, marked, superscript
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
