@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report import compiled, compiled_plots, files, plots
+from attnbench.report import compiled, compiled_memory, compiled_plots, files, plots
 from attnbench.report.flex import flex_beside_local
 from attnbench.report.ratio import baselines, group, is_baseline, name, ratio
 from attnbench.report.serving import serving_tables
@@ -270,11 +270,11 @@ def test_memory_eager_against_compiled_peak() -> None:
         )
     )
     rows.append(_row("linear", 2048, 0.03, comp=True, source="modeled", peak_bytes=1))
-    (grid,) = compiled.memory(rows)
+    (grid,) = compiled_memory.memory(rows)
     assert grid.head == ["mechanism", "n", "batch", "eager (MB)", "compiled (MB)",
                          "eager ÷ compiled"]  # fmt: skip
     assert grid.body == [["performer", "1024", "-", "300", "200", "1.50x"]]
-    assert compiled.memory(_rows()) == []
+    assert compiled_memory.memory(_rows()) == []
 
 
 def test_compiled_serving_rows_are_a_set_of_their_own() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report import files, quality_plots, recall
+from attnbench.report import files, quality_plots, recall, recall_setups
 from attnbench.report.sections import SECTIONS
 from attnbench.report.text import grid_markdown
 from attnbench.row import Row
@@ -134,7 +134,9 @@ def test_cost_table_by_hand() -> None:
     assert cells["local window=8"][2:] == ["4,096 B", "1,024"]
     assert "largest number of pairs (16)" in grid.notes[0]
     # a configuration that never ran the largest number of pairs says where it was measured
-    short = [r for r in _rows() if not (r.attention == "local" and recall.num_pairs(r) == 16)]
+    short = [
+        r for r in _rows() if not (r.attention == "local" and recall_setups.num_pairs(r) == 16)
+    ]
     (grid,) = recall.cost_tables(short)
     assert _cells(grid)["local window=8"][:2] == ["100.0 (at 8 pairs)", "100.0 MiB (at 8 pairs)"]
 
@@ -147,7 +149,7 @@ def test_seed_spread_by_hand() -> None:
         ["vanilla", "16", "0, 1, 2", "90.00, 95.00, 100.00 %", "95.00 %", "5.00"],
         ["linformer (kernel=eager) k=32", "16", "0, 1", "50.00, 60.00 %", "55.00 %", f"{sd:.2f}"],
     ]
-    assert recall.seed_tables([r for r in _rows() if recall.seed(r) == 0]) == []
+    assert recall.seed_tables([r for r in _rows() if recall_setups.seed(r) == 0]) == []
 
 
 def test_setups_apart_and_titled_by_what_differs() -> None:
@@ -160,11 +162,11 @@ def test_setups_apart_and_titled_by_what_differs() -> None:
     ]
     # a budget set among the parameters (attention=linformer_k256) is in the label once
     own = dataclasses.replace(rows[5], k=None, params={"k": 256})
-    assert recall.budget(own) == ("", 256) and recall.budget(rows[5]) == ("k=16", 16)
-    assert recall.setups([own])[0].configs == ["linformer (k=256)"]
+    assert recall_setups.budget(own) == ("", 256) and recall_setups.budget(rows[5]) == ("k=16", 16)
+    assert recall_setups.setups([own])[0].configs == ["linformer (k=256)"]
     # a row whose cell is not stored: its pairs from its chance
     bare = dataclasses.replace(rows[0], cell=None)
-    assert recall.num_pairs(bare) == 4 and recall.seed(bare) == 0
+    assert recall_setups.num_pairs(bare) == 4 and recall_setups.seed(bare) == 0
 
 
 def test_pareto_plot_points() -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from attnbench.report.ratio import group, is_baseline
 from attnbench.report.sections import DOCUMENTS
-from attnbench.report.serving import serving_lengths, serving_tables, state_grids
+from attnbench.report.serving import serving_lengths, serving_tables
+from attnbench.report.serving_state import state_grids
 from attnbench.report.text import grid_markdown, to_latex, to_markdown
 from attnbench.row import Row
 

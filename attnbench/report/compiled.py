@@ -9,8 +9,9 @@ its eager twin is its kernel in the eager model. Every ratio is
 :func:`side_by_side` (eager and compiled time, the speed-up from compiling = eager ÷
 compiled, compile, kernel compile and mask build times, compilations), :func:`compiled_lengths`
 (efficiency lengths against the baseline compiled the same way and against sdpa),
-:func:`short_n` (where compiling starts to pay), :func:`memory` (the profiler's compiled peak
-against the eager one); flex beside local is :mod:`attnbench.report.flex`'s.
+:func:`short_n` (where compiling starts to pay); the profiler's compiled peak against the
+eager one is :mod:`attnbench.report.compiled_memory`'s, flex beside local
+:mod:`attnbench.report.flex`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from attnbench.report.efficiency import budgeted, crossing, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
-from attnbench.report.grid import Grid
+from attnbench.report.grid import Grid, sig
 from attnbench.report.ratio import (
     BUSY,
     SKIPPED,
@@ -32,7 +33,6 @@ from attnbench.report.ratio import (
     ratio,
     unnamed,
 )
-from attnbench.report.serving import sig
 from attnbench.report.tables import MISSING, context, marked, superscript
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
@@ -115,7 +115,7 @@ def against(r: Row, b: Row | None, mark: Marks, words: tuple[str, str]) -> tuple
 EAGER = ("the eager model", "the compiled model")
 
 
-def _sets(rows: list[Row]) -> dict[tuple, list[Row]]:
+def compiled_sets(rows: list[Row]) -> dict[tuple, list[Row]]:
     """The compiled rows by what one table shares: :func:`~attnbench.report.ratio.unnamed`
     and how they were compiled."""
     out: dict[tuple, list[Row]] = {}
@@ -129,7 +129,7 @@ def side_by_side(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     """Per setting and compile mode: a row per mechanism and n, eager beside compiled."""
     rows = [r for r in as_rows(rows) if applies(r)]
     eagers = {twin(r): r for r in rows if not compiled(r)}
-    sets = _sets(rows)
+    sets = compiled_sets(rows)
     kernel = [r for r in rows if getattr(r, "compiled", None) == KERNEL and not compiled(r)]
     for r in kernel:  # flex never compiled but its kernel: a table all the same
         if not any(w == unnamed(r) for w, _ in sets):
@@ -190,7 +190,7 @@ def compiled_lengths(rows: Iterable[Row | dict[str, Any]], baseline: str = "vani
     have it there, else eager sdpa)."""
     rows = [r for r in as_rows(rows) if applies(r)]
     out = []
-    for (at, c), here in _sets(rows).items():
+    for (at, c), here in compiled_sets(rows).items():
         got = efficiency_lengths(here, (baseline,), kinds=("time",), label=plain)
         lengths = [dataclasses.replace(x, baseline=f"{x.baseline} {c}") for x in got]
         if baseline != SDPA:
@@ -232,7 +232,7 @@ def short_n(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     rows = [r for r in as_rows(rows) if applies(r)]
     eagers = {twin(r): r for r in rows if not compiled(r)}
     out = []
-    for (_, c), here in _sets(rows).items():
+    for (_, c), here in compiled_sets(rows).items():
         by: dict[str, list[Row]] = {}
         for r in here:
             by.setdefault(plain(r), []).append(r)
@@ -273,35 +273,4 @@ SHORT = (
     "from: the smallest n at which the speed-up is over 1, ≈ interpolated between two swept "
     "n (log n against log speed-up), ≤ over 1 already at the smallest n, > over 1 at no n "
     "compared (the largest given)."
-)
-
-
-def memory(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
-    """Per setting and compile mode: the compiled step's peak against the eager step's at
-    the same batch, both the CPU profiler's (``memory_source`` ``profiled``)."""
-    out = []
-    for (_, c), here in _sets([r for r in as_rows(rows) if applies(r)]).items():
-        got = [r for r in here if r.status == "ok" and r.memory_source == "profiled"]
-        got = [r for r in got if r.peak_bytes and r.eager_peak_bytes]
-        order = list(dict.fromkeys(map(plain, got)))
-        body = [
-            [printable(plain(r)), str(r.n), str(r.batch or MISSING), *_peaks(r)]
-            for r in sorted(got, key=lambda r: (order.index(plain(r)), r.n))
-        ]
-        if body:
-            head = ["mechanism", "n", "batch", "eager (MB)", f"{c} (MB)", "eager ÷ compiled"]
-            title = f"Peak memory, eager and {c}, profiled on a CPU ({where(here[0])})"
-            out.append(Grid(title, head, body, [MEMORY]))
-    return out
-
-
-def _peaks(r: Row) -> list[str]:
-    eager, peak = r.eager_peak_bytes, r.peak_bytes
-    return [sig(eager / 1e6), sig(peak / 1e6), f"{eager / peak:.2f}x"]
-
-
-MEMORY = (
-    "MB = 10⁶ bytes: the CPU profiler's peak of one step at the batch given, the compiled "
-    "step's and the eager step's by the same instrument (the memory model traces the eager "
-    "graph only); eager ÷ compiled > 1: the compiled step peaks lower."
 )

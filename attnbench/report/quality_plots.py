@@ -17,7 +17,7 @@ from attnbench.report.quality import (
     task_rows,
 )
 from attnbench.report.ratio import label
-from attnbench.report.recall import Setup, setups
+from attnbench.report.recall_setups import Setup, setups
 from attnbench.row import Row
 
 

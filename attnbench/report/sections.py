@@ -10,11 +10,12 @@ and ``report.json`` holds what each section records, under the section's ``recor
 Tables go into a document (:data:`DOCUMENTS`, declared here beside its sections: its intro
 and its ``report.json`` keys), the Markdown and LaTeX file named after what it holds:
 ``table3`` (Table 3's ratios against the baseline, and the efficiency lengths read from
-them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`),
-``compiled`` (eager and compiled side by side, flex beside local:
-:mod:`attnbench.report.compiled`, only where a row is compiled or flex) or ``quality`` (the
-quality tasks' tables; MQAR's: :mod:`attnbench.report.recall`). Figures go to ``plots/``
-and the page.
+them), ``serving`` (decode rows: the serving tables of :mod:`attnbench.report.serving`,
+the state and bandwidth grids of :mod:`attnbench.report.serving_state`), ``compiled`` (eager
+and compiled side by side, flex beside local: :mod:`attnbench.report.compiled`, the peaks
+:mod:`attnbench.report.compiled_memory`'s, only where a row is compiled or flex) or
+``quality`` (the quality tasks' tables; MQAR's: :mod:`attnbench.report.recall`). Figures go
+to ``plots/`` and the page.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from attnbench.report import (
     compiled,
+    compiled_memory,
     compiled_plots,
     efficiency,
     flex,
@@ -35,6 +37,7 @@ from attnbench.report import (
     recall,
     serving,
     serving_plots,
+    serving_state,
 )
 from attnbench.report.outline import Basis, Document, Part, Section, register_builtins
 from attnbench.report.paper import beside, load_paper
@@ -228,7 +231,7 @@ SECTIONS = (
     Section("serving-efficiency", "Serving: efficiency lengths", _decode, _serving_lengths,
             SERVING, "serving_efficiency_lengths"),
     Section("serving-state", "Serving: state per sequence and achieved bandwidth", _decode,
-            _grids(serving.state_grids), SERVING, "serving_state"),
+            _grids(serving_state.state_grids), SERVING, "serving_state"),
     Section("compiled", "Eager and compiled side by side", compiled.applies,
             _grids(compiled.side_by_side), COMPILED, "compiled", compiled.wanted),
     Section("compiled-short-n", "The short-n end: where compiling pays", compiled.applies,
@@ -239,7 +242,8 @@ SECTIONS = (
     Section("flex-vs-local", "flex beside local at the same window", compiled.applies,
             _grids(flex.flex_beside_local), COMPILED, "compiled", compiled.wanted),
     Section("compiled-memory", "Peak memory, eager and compiled (CPU profiler)",
-            compiled.applies, _grids(compiled.memory), COMPILED, "compiled", compiled.wanted),
+            compiled.applies, _grids(compiled_memory.memory), COMPILED, "compiled",
+            compiled.wanted),
     Section("paper", "The ratios beside the paper's Table 3", cost_row, _paper, TABLE3),
     Section("time-vs-n", TIME, lambda r: cost_row(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),

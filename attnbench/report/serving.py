@@ -16,16 +16,15 @@ the Table 3 tables' own:
 
 The efficiency lengths are :func:`attnbench.report.efficiency.efficiency_lengths` on the
 same rows: the shortest n at which a token is faster (batch 1), at which more sequences fit,
-and the n at which fewer fit (a fixed state bigger than the cache at short n). Beside them,
-the bytes one sequence keeps and the bandwidth a batch-1 step achieved against the copy
-bandwidth the same process measured.
+and the n at which fewer fit (a fixed state bigger than the cache at short n). The grids
+beside them, the bytes one sequence keeps and the bandwidth a batch-1 step achieved, are
+:mod:`attnbench.report.serving_state`'s, over the same sets of rows (:func:`row_sets`) and
+columns (:func:`columns`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,7 +32,7 @@ from attnbench.report.efficiency import Length, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
 from attnbench.report.grid import Grid
 from attnbench.report.ratio import baselines, compared, compiled, kv_heads, setting
-from attnbench.report.tables import MISSING, RatioTable, context, fill
+from attnbench.report.tables import RatioTable, context, fill
 from attnbench.row import Row, as_rows, printable
 
 MODE = "decode"
@@ -76,7 +75,7 @@ def row_sets(rows: Iterable[Row | dict[str, Any]]) -> list[list[Row]]:
     return list(sets.values())
 
 
-def _columns(rows: list[Row]) -> dict[str, str]:
+def columns(rows: list[Row]) -> dict[str, str]:
     """Each configuration's column heading, in the rows' order: printable, and told apart
     where two print alike."""
     out: dict[str, str] = {}
@@ -121,7 +120,7 @@ def serving_tables(
     for rows_here in sets:
         base = baselines(rows_here, baseline)
         mine = compared(rows_here, baseline)
-        heads = _columns(mine)
+        heads = columns(mine)
         first = rows_here[0]
         how = f", {c}" if (c := compiled(first)) else ""
         many = f" ({first.dtype}, {first.decode_tokens} tokens{how})" if len(sets) > 1 else ""
@@ -179,7 +178,7 @@ def serving_lengths(
         got = efficiency_lengths(one, (baseline,), kinds=("time",), label=configuration)
         got += efficiency_lengths(most, (baseline,), kinds=("memory",), label=configuration)
         if got:
-            order = list(_columns(rows_here).values())  # the tables' order of columns
+            order = list(columns(rows_here).values())  # the tables' order of columns
             out.append(
                 sorted(
                     got,
@@ -194,111 +193,4 @@ def lengths_table(lengths: list[Length]) -> Grid:
     base = lengths[0].baseline
     return lengths_grid(
         lengths, title=TITLE.format(base), heads=HEADS, behind=BEHIND, legend=(LEGEND,)
-    )
-
-
-def sig(v: float) -> str:
-    """Three significant digits, never an exponent: ``4836``, ``21.2``, ``0.590``."""
-    digits = 2 - math.floor(math.log10(abs(v))) if v else 0
-    return f"{v:.{max(digits, 0)}f}"
-
-
-def state_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
-    """Per set of rows: the bytes one sequence keeps at n + decode_tokens (MB, every
-    configuration, the baseline's too), and the bandwidth a batch-1 step achieved (GB/s and
-    its share of the copy bandwidth measured in the same process, with that figure)."""
-    out = []
-    for rows_here in row_sets(rows):
-        heads = _columns(rows_here)
-        ns = sorted({r.n for r in rows_here})
-        first = rows_here[0]
-        state: dict[tuple[int, str], int] = {}
-        for r in rows_here:
-            if r.state_bytes:
-                state.setdefault((r.n, heads[configuration(r)]), r.state_bytes)
-        cols = [h for h in heads.values() if any(c == h for _, c in state)]
-        if cols:
-            out.append(
-                Grid(
-                    f"Serving: state per sequence (MB) at n + {first.decode_tokens} tokens",
-                    ["n", *cols],
-                    [
-                        [str(n), *(_mb(state.get((n, c))) for c in cols)]
-                        for n in ns
-                        if any((n, c) in state for c in cols)
-                    ],
-                    [
-                        "MB = 10⁶ bytes: the cache or state one sequence keeps, every layer, "
-                        "in its state dtype on the preset's device (modeled, not measured)."
-                    ],
-                )
-            )
-        one = {(r.n, heads[configuration(r)]): r for r in rows_here if str(r.batch_asked) == "1"}
-        if grid := _bandwidth(one, ns, list(heads.values())):
-            out.append(grid)
-    return out
-
-
-def _mb(v: int | None) -> str:
-    return MISSING if v is None else sig(v / 1e6)
-
-
-def _copies(copies: list[float]) -> str:
-    """The copy bandwidths of one n's rows in GB/s: their median, or their range where the
-    processes that timed them measured figures over 10 % apart."""
-    if not copies:
-        return MISSING
-    low, high = min(copies), max(copies)
-    if high > 1.1 * low:
-        return f"{sig(low / 1e9)}–{sig(high / 1e9)}"
-    return sig(statistics.median(copies) / 1e9)
-
-
-def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str]) -> Grid | None:
-    """The bandwidth grid of one set's batch-1 rows; None where none was timed."""
-    timed = {c: r for c, r in one.items() if (r.decode or {}).get("bytes_per_s")}
-    if not timed:
-        return None
-    cols = [h for h in heads if any(c == h for _, c in one)]
-    body = []
-    for n in ns:
-        if not any((n, c) in one for c in cols):
-            continue
-        cells = [str(n)]
-        for c in cols:
-            r = one.get((n, c))
-            d = (r.decode or {}) if r is not None else {}
-            if r is None:
-                cells.append(MISSING)
-            elif r.status != "ok":
-                cells.append(r.status or MISSING)
-            elif not d.get("bytes_per_s"):
-                cells.append("–")
-            elif r.busy:
-                cells.append("busy")
-            else:
-                share = (
-                    f" ({d['bytes_per_s'] / d['copy_bytes_per_s']:.0%})"
-                    if d.get("copy_bytes_per_s")
-                    else ""
-                )
-                cells.append(sig(d["bytes_per_s"] / 1e9) + share)
-        copies = [
-            d["copy_bytes_per_s"]
-            for (m, _), r in timed.items()
-            if m == n and (d := r.decode or {}).get("copy_bytes_per_s")
-        ]
-        cells.append(_copies(copies))
-        body.append(cells)
-    return Grid(
-        "Serving: bandwidth a decode step achieved at b=1 (GB/s, share of the copy bandwidth)",
-        ["n", *cols, "copy (GB/s)"],
-        body,
-        [
-            "GB/s = 10⁹ bytes per second: what a step must read (every sequence's cache or "
-            "state at the mean context, and the weights) over its median time; in brackets "
-            "its share of the copy bandwidth the same process measured; copy: those at n "
-            "(their range where they differ by over 10 %: each process measures its own). "
-            "–: not timed (time_budget_s); busy: timed on a contended CPU.",
-        ],
     )
