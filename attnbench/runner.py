@@ -10,18 +10,18 @@ Where the cell's preset is a GPU and CUDA is here, everything is real: the model
 max batch, real probes under the ceiling confirm or correct it, and timing is on the GPU at
 that batch. Without CUDA, memory comes from the model (labelled ``modeled``) and time per
 sequence is measured on this CPU in fp32 at ``cpu_batch``, if its estimated cost fits
-``time_budget_s``; a cell over budget says so in ``reason``.
+``time_budget_s``; a cell over budget says so in ``reason``. The timing, on either device,
+is :mod:`attnbench.timed`'s.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-from typing import Any
 
 import torch
 
-from attnbench import prepare, registry
+from attnbench import registry, timed
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -33,7 +33,6 @@ from attnbench.measure.memory import (
     tracked_peak,
 )
 from attnbench.measure.search import largest_fitting, solve_affine
-from attnbench.measure.timing import StepTiming, time_forward
 from attnbench.measured import Flops, Found, MaxBatch, Memory, assemble
 from attnbench.quality import tasks
 from attnbench.row import Row
@@ -114,27 +113,6 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
         torch.cuda.empty_cache()
 
 
-_RATES: dict[int, float] = {}  # threads -> fp32 GEMM FLOP/s, once measured uncontended
-
-
-def cpu_matmul_rate() -> tuple[float, bool]:
-    """fp32 GEMM FLOP/s of this CPU at the threads in use, to estimate a CPU forward's cost,
-    and whether the CPU was busy when it was measured. Kept for the process once measured
-    on a quiet CPU; a busy reading is used once and measured again for the next cell, so
-    that one contended moment cannot skip the time of a whole sweep."""
-    threads = torch.get_num_threads()
-    if threads in _RATES:
-        return _RATES[threads], False
-    a, w = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    t = time_forward(
-        lambda: a @ w, torch.device("cpu"), min_repeats=5, min_seconds=0.2, patience_s=2.0
-    )
-    rate = 2 * 1024**3 / t.median
-    if not t.busy:
-        _RATES[threads] = rate
-    return rate, t.busy
-
-
 def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     """Measure one cell; always a row (see the module docstring). Validates first. Timed on
     the CPUs this process was given (or fewer, if ``timing.threads`` says so); the caller's
@@ -193,7 +171,7 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     if cell.compile and not cell.model_only:
         # the meta model traces the eager graph: a compiled cell's memory is what the profiler
         # sees of the compiled step where it is timed, never the eager model's figure
-        _time_on_cpu(cell, res, found, modeled.model)
+        timed.time_on_cpu(cell, res, found, modeled.model)
         return
     # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
     b = predicted if cell.batch == "max" else cell.batch
@@ -211,7 +189,7 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     if cell.model_only:
         found.reason = "model only: no time measured"
         return
-    _time_on_cpu(cell, res, found, modeled.model)
+    timed.time_on_cpu(cell, res, found, modeled.model)
 
 
 def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None) -> None:
@@ -238,7 +216,7 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
         found.stop("oom", f"b=1 does not fit under {res.ceiling} bytes")
         return
     _feed(work, cell, b, GPU)
-    _prepare(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
+    timed.ready(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
     try:
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
@@ -252,111 +230,13 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
         return
     reserved = None if peak.reserved is None else peak.reserved + overhead
     found.memory = Memory("measured", b, peak.bytes + overhead, reserved)
-    _time(
+    timed.time_at(
         found, cell, res, work, dev, b, "cuda", cell.dtype,
         min_seconds=cell.min_seconds, flush_l2=cell.flush_l2,
     )  # fmt: skip
     if found.contention is not None:  # other processes on the GPU: what torch can read of them
         others = contention.gpu_others_bytes(dev)
         found.contention = {**found.contention, contention.GPU_OTHERS: others}
-
-
-def _time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) -> None:
-    """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
-    memory model's encoder) fits ``time_budget_s``."""
-    workload = cell.workload
-    b = workload.cpu_batch(cell)
-    if b is None:
-        found.reason = f"time not measured: {workload.no_cpu_time}"
-        return
-    rate, busy = cpu_matmul_rate()
-    # estimated: the seconds of a step, and of the whole timing
-    step_s, timing_s = workload.cost_s(meta, cell, b, rate)
-    if timing_s > cell.time_budget_s:
-        found.reason = (
-            f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
-            f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
-        )
-        if busy:  # the estimate may be the contention's, not the cell's: say so
-            found.reason += "; machine busy: the CPU's rate was measured while contended"
-            why = "the GEMM rate that estimates the cell's cost was read on a contended CPU"
-            found.contention = {"busy": True, "why": why}
-        return
-    model = build(cell, res, "cpu", torch.float32)
-    x = make_input(b, cell, "cpu", torch.float32)
-    min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
-    work = workload.work(model, cell, x, "cpu", gpu=False)
-    cpu = torch.device("cpu")
-    _prepare(found, cell, model, work, cpu, profile=cell.compile)
-    if cell.compile:  # the profiler's peak of the compiled step, at the batch timed
-        found.memory = Memory("profiled", b, prepare.profiled(work, workload.grad))
-    _time(
-        found, cell, res, work, cpu, b, "cpu", "fp32",
-        min_seconds=min_seconds,
-        # contended repeats are taken again within what is left of the budget, and for no
-        # longer than ten times the timing's own length: a busy machine slows a sweep
-        # boundedly, and says so, rather than holding it until the machine is quiet
-        patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
-    )  # fmt: skip
-
-
-def _prepare(
-    found: Found,
-    cell: Cell,
-    model: torch.nn.Module,
-    work: Work,
-    device: torch.device,
-    *,
-    profile: bool,
-) -> None:
-    """Get the step ready to time (:mod:`attnbench.prepare`): per-length structures built,
-    then, where compiled code runs, the step compiled; with ``profile`` (a compiled cell on a
-    CPU), the eager step's profiled peak first. Each figure is kept as its step returns, so
-    that a failure midway leaves the figures before it in the row."""
-    found.mask_build_s = prepare.per_length(cell, model, device)
-    if not prepare.runs_compiled(cell):
-        return
-    if profile:
-        found.eager_peak_bytes = prepare.eager_peak(work, cell.workload.grad)
-    found.compiled = prepare.compile_step(cell, model, work, device)
-
-
-def _time(
-    found: Found,
-    cell: Cell,
-    res: Resolved,
-    work: Work,
-    device: torch.device,
-    b: int,
-    where: str,
-    dtype: str,
-    **timing: Any,
-) -> None:
-    """Time the step at batch b (``where``: ``cuda`` or ``cpu``, in ``dtype``), then keep
-    what the workload's step found of its own (decode: the prefill, the bandwidth)."""
-    timings, found.recompiled = prepare.time_step(
-        work,
-        device,
-        compiled_code=found.compiled is not None,
-        grad=cell.workload.grad,
-        min_repeats=cell.min_repeats,
-        **timing,
-    )
-    # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
-    same_gpu = where == "cuda" and res.preset.gpu == environment()["device_name"]
-    assert found.flops is not None  # counted before anything is timed
-    found.timing = StepTiming(
-        whole=timings[-1],
-        parts=dict(zip(cell.workload.parts, timings[:-1], strict=True)),
-        batch=b,
-        device=where,
-        dtype=dtype,
-        flops=found.flops.per_sequence * b,
-        peak_flops=res.preset.peak_flops.get(dtype) if same_gpu else None,
-    )
-    if (share := timings[-1].contention) is not None:
-        found.contention = share.as_dict()
-    found.workload = {**found.workload, **work.row_fields()}
 
 
 __all__ = ["Cell", "MemoryModel", "modeled_peak", "run_cell", "validate"]

@@ -163,9 +163,9 @@ def test_a_cpu_that_cannot_prefill_in_budget_times_steps_over_random_states(
 ) -> None:
     # the CPU's GEMM rate, which decides it, injected: measured, a quiet 2-core run read
     # enough (> 136 GFLOP/s) to prefill in the budget, and the rule was not exercised
-    from attnbench import runner
+    from attnbench.measure import gemm
 
-    monkeypatch.setattr(runner, "cpu_matmul_rate", lambda: (5e10, False))
+    monkeypatch.setattr(gemm, "cpu_matmul_rate", lambda: (5e10, False))
     c = _cell(
         "linear",
         n=16384,

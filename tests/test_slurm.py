@@ -336,7 +336,7 @@ def test_tasks_the_queue_forgot_are_judged_by_sacct_where_there_is_accounting(
     accounting the same tasks have left the queue: one without its result ends the command.
     A controller that does not answer is no verdict."""
     pytest.importorskip("submitit")
-    from attnbench.sweep import slurm
+    from attnbench.sweep import slurm_watch
 
     def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess([], code, out, err)
@@ -345,29 +345,32 @@ def test_tasks_the_queue_forgot_are_judged_by_sacct_where_there_is_accounting(
         "squeue": done(1, err="slurm_load_jobs error: Invalid job id specified\n"),
         "sacct": done(0, "JobID|State\n7_0|COMPLETED\n7_0.batch|COMPLETED\n7_1|CANCELLED by 0\n"),
     }
-    monkeypatch.setattr(slurm, "_run", lambda command: answers[command[0]])
+    monkeypatch.setattr(slurm_watch, "call", lambda command: answers[command[0]])
 
-    def tasks() -> dict[str, slurm.Task]:
-        return {f"7_{i}": slurm.Task(_Job(tmp_path, f"7_{i}"), f"n={64 * (i + 1)}") for i in (0, 1)}
+    def tasks() -> dict[str, slurm_watch.Task]:
+        return {
+            f"7_{i}": slurm_watch.Task(_Job(tmp_path, f"7_{i}"), f"n={64 * (i + 1)}")
+            for i in (0, 1)
+        }
 
-    monkeypatch.setattr(slurm, "_tasks", tasks())
-    watcher = slurm.Watcher()
-    with pytest.raises(slurm.Failed) as e:
+    monkeypatch.setattr(slurm_watch, "tasks", tasks())
+    watcher = slurm_watch.Watcher()
+    with pytest.raises(slurm_watch.Failed) as e:
         watcher.update(force=True)
     assert (str(e.value), e.value.code) == ("SLURM job 7_1 (n=128) was cancelled before it ran", 1)
     assert watcher.get_state("7_0", "cache") == "COMPLETED" and watcher.is_done("7_0", "cache")
 
     answers["sacct"] = done(1, err="Slurm accounting storage is disabled\n")
-    monkeypatch.setattr(slurm, "_tasks", tasks())
+    monkeypatch.setattr(slurm_watch, "tasks", tasks())
     (tmp_path / "7_0_0_result.pkl").touch()  # task 0 gave its result
     (tmp_path / "7_1_0_log.out").touch()  # task 1 started
-    watcher = slurm.Watcher()
-    with pytest.raises(slurm.Failed) as e:
+    watcher = slurm_watch.Watcher()
+    with pytest.raises(slurm_watch.Failed) as e:
         watcher.update(force=True)
     assert str(e.value).startswith("SLURM job 7_1 (n=128) left SLURM's queue without its result")
-    assert watcher.get_state("7_0", "cache") == slurm.LEFT  # done: its result is there
+    assert watcher.get_state("7_0", "cache") == slurm_watch.LEFT  # done: its result is there
 
     answers["squeue"] = done(1, err="slurm_load_jobs error: Unable to contact slurm controller\n")
-    monkeypatch.setattr(slurm, "_tasks", tasks())
-    slurm.Watcher().update(force=True)
-    assert {t.state for t in slurm._tasks.values()} == {"UNKNOWN"}
+    monkeypatch.setattr(slurm_watch, "tasks", tasks())
+    slurm_watch.Watcher().update(force=True)
+    assert {t.state for t in slurm_watch.tasks.values()} == {"UNKNOWN"}

@@ -22,7 +22,7 @@ import sys
 import threading
 
 from attnbench.env import fix_malloc
-from attnbench.sweep import claims, config, interrupts, job, slurm
+from attnbench.sweep import claims, config, interrupts, job, slurm, slurm_watch
 
 
 class Terminated(BaseException):
@@ -84,7 +84,8 @@ def _run(args: list[str], plan: list[tuple[str, str]]) -> int:
         _stop()
         print(f"attnbench run: error: {e}", file=sys.stderr)
         return 2
-    except slurm.Failed as e:  # sbatch refused the sweep (2), or a task ended without its cell
+    except slurm_watch.Failed as e:
+        # sbatch refused the sweep (2), or a task ended without its cell
         left = _stop()
         resume = f"; {_stored(plan)}" if e.code == 1 else ""
         print(f"attnbench run: error: {e}{resume}{left}", file=sys.stderr)

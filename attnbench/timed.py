@@ -1,0 +1,123 @@
+"""A cell's step timed, and what the timing found kept in the runner's
+:class:`~attnbench.measured.Found`: the step made ready (:mod:`attnbench.prepare`: per-length
+structures, the compile), then timed at the batch the runner chose, on the preset's GPU or on
+this CPU.
+
+On a CPU (no GPU of the preset's kind here) the step is timed in fp32 at the workload's
+``cpu_batch``, and only if its cost, estimated from this CPU's GEMM rate
+(:mod:`attnbench.measure.gemm`), fits ``time_budget_s``; a cell over budget says so in
+``reason``, and says too when the rate was read on a busy CPU. The runner keeps the memory
+model, the max batch and the GPU's probes; this module is what it calls to time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnbench import prepare
+from attnbench.cell import Cell, Resolved
+from attnbench.env import environment
+from attnbench.measure import gemm
+from attnbench.measure.timing import StepTiming
+from attnbench.measured import Found, Memory
+from attnbench.workload import Work, random_input
+
+
+def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) -> None:
+    """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
+    memory model's encoder) fits ``time_budget_s``."""
+    workload = cell.workload
+    b = workload.cpu_batch(cell)
+    if b is None:
+        found.reason = f"time not measured: {workload.no_cpu_time}"
+        return
+    rate, busy = gemm.cpu_matmul_rate()
+    # estimated: the seconds of a step, and of the whole timing
+    step_s, timing_s = workload.cost_s(meta, cell, b, rate)
+    if timing_s > cell.time_budget_s:
+        found.reason = (
+            f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
+            f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
+        )
+        if busy:  # the estimate may be the contention's, not the cell's: say so
+            found.reason += "; machine busy: the CPU's rate was measured while contended"
+            why = "the GEMM rate that estimates the cell's cost was read on a contended CPU"
+            found.contention = {"busy": True, "why": why}
+        return
+    model = workload.build(cell, res.params, "cpu", torch.float32)
+    x = random_input(workload, cell, b, "cpu", torch.float32)
+    min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
+    work = workload.work(model, cell, x, "cpu", gpu=False)
+    cpu = torch.device("cpu")
+    ready(found, cell, model, work, cpu, profile=cell.compile)
+    if cell.compile:  # the profiler's peak of the compiled step, at the batch timed
+        found.memory = Memory("profiled", b, prepare.profiled(work, workload.grad))
+    time_at(
+        found, cell, res, work, cpu, b, "cpu", "fp32",
+        min_seconds=min_seconds,
+        # contended repeats are taken again within what is left of the budget, and for no
+        # longer than ten times the timing's own length: a busy machine slows a sweep
+        # boundedly, and says so, rather than holding it until the machine is quiet
+        patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
+    )  # fmt: skip
+
+
+def ready(
+    found: Found,
+    cell: Cell,
+    model: torch.nn.Module,
+    work: Work,
+    device: torch.device,
+    *,
+    profile: bool,
+) -> None:
+    """Get the step ready to time (:mod:`attnbench.prepare`): per-length structures built,
+    then, where compiled code runs, the step compiled; with ``profile`` (a compiled cell on a
+    CPU), the eager step's profiled peak first. Each figure is kept as its step returns, so
+    that a failure midway leaves the figures before it in the row."""
+    found.mask_build_s = prepare.per_length(cell, model, device)
+    if not prepare.runs_compiled(cell):
+        return
+    if profile:
+        found.eager_peak_bytes = prepare.eager_peak(work, cell.workload.grad)
+    found.compiled = prepare.compile_step(cell, model, work, device)
+
+
+def time_at(
+    found: Found,
+    cell: Cell,
+    res: Resolved,
+    work: Work,
+    device: torch.device,
+    b: int,
+    where: str,
+    dtype: str,
+    **timing: Any,
+) -> None:
+    """Time the step at batch b (``where``: ``cuda`` or ``cpu``, in ``dtype``), then keep
+    what the workload's step found of its own (decode: the prefill, the bandwidth)."""
+    timings, found.recompiled = prepare.time_step(
+        work,
+        device,
+        compiled_code=found.compiled is not None,
+        grad=cell.workload.grad,
+        min_repeats=cell.min_repeats,
+        **timing,
+    )
+    # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %
+    same_gpu = where == "cuda" and res.preset.gpu == environment()["device_name"]
+    assert found.flops is not None  # counted before anything is timed
+    found.timing = StepTiming(
+        whole=timings[-1],
+        parts=dict(zip(cell.workload.parts, timings[:-1], strict=True)),
+        batch=b,
+        device=where,
+        dtype=dtype,
+        flops=found.flops.per_sequence * b,
+        peak_flops=res.preset.peak_flops.get(dtype) if same_gpu else None,
+    )
+    if (share := timings[-1].contention) is not None:
+        found.contention = share.as_dict()
+    found.workload = {**found.workload, **work.row_fields()}
