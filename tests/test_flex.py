@@ -23,7 +23,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import attnbench
-from attnbench.attention import flex
+from attnbench.attention import block_masks, flex
 from attnbench.attention.flex import FlexConfig
 
 D, H, N, B = 32, 4, 200, 2
@@ -147,7 +147,7 @@ def test_eager_flex_in_float64_with_its_block_masks_is_exact(
     with torch.inference_mode():
         for mask in (None, padded):
             q, k, v = m64.qkv_heads(x.double())
-            block_mask = m.block_mask(N, x.device, mask)
+            block_mask = block_masks.block_mask(N, m.cfg, x.device, mask)
             got = flex_attention(
                 q, k, v, block_mask=block_mask, scale=m.scale, enable_gqa=kv_heads is not None
             )
@@ -177,9 +177,9 @@ def test_padded_block_mask_is_the_exact_ones_blocks_or_more() -> None:
         padded[2, : n // 2 + 3] = True
         for pattern, window, causal in PATTERNS:
             cfg = FlexConfig(pattern, window, causal)
-            allowed = flex.mask_mod(cfg, "cpu")
+            allowed = block_masks.mask_mod(cfg, "cpu")
             base = create_block_mask(allowed, None, None, n, n, device="cpu")
-            got = flex.padded_block_mask(base, allowed, padded)
+            got = block_masks.padded_block_mask(base, allowed, padded)
 
             def exact(b, h, q, kv, allowed=allowed, padded=padded):
                 return allowed(b, h, q, kv) & ~padded[b, kv]
@@ -215,7 +215,7 @@ def test_attention_flops_count_the_blocks_a_real_block_mask_computes(pattern, wi
             window=window,
             causal=causal,
         )
-        real = create_block_mask(flex.mask_mod(cfg, "cpu"), None, None, n, n, device="cpu")
+        real = create_block_mask(block_masks.mask_mod(cfg, "cpu"), None, None, n, n, device="cpu")
         assert m.attention_flops(3, n) == 4 * 3 * D * _blocks_computed(real, n), (n, cfg)
         assert m.dense_attention_flops(3, n) == 4 * 3 * n * n * D
         assert m.attention_flops(3, n) <= m.dense_attention_flops(3, n)
@@ -280,10 +280,10 @@ def test_a_mask_first_built_by_a_forward_serves_a_training_step() -> None:
     layer = attnbench.create("flex", d_model=D, n_heads=H, max_seq_len=n, pattern="window")
     with torch.inference_mode():
         assert layer.prepare(n, "cpu") > 0.0
-    mask = flex._block_masks[(n, *layer.cfg.key(), "cpu")]
+    mask = block_masks._block_masks[(n, *layer.cfg.key(), "cpu")]
     tensors = [t for t in mask.as_tuple() if isinstance(t, torch.Tensor)]
     assert tensors and not any(t.is_inference() for t in tensors)
-    bounds = flex.mask_mod(layer.cfg, "cpu").__closure__
+    bounds = block_masks.mask_mod(layer.cfg, "cpu").__closure__
     assert not any(
         c.cell_contents.is_inference()
         for c in bounds or ()
@@ -297,13 +297,13 @@ def test_on_meta_nothing_is_built_and_no_n_by_n_is_made() -> None:
         model = attnbench.build_model(
             "flex", layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=n, kv_heads=2
         )
-    cached = dict(flex._block_masks)
+    cached = dict(block_masks._block_masks)
     assert model.prepare(n, "meta") == 0.0
     x = torch.empty(3, n, D, device="meta")
     with torch.inference_mode():
         assert model(x).shape == (3, n, D)
         assert model(x, torch.zeros(3, n, dtype=torch.bool, device="meta")).shape == (3, n, D)
-    assert flex._block_masks == cached
+    assert block_masks._block_masks == cached
 
 
 # -- what it refuses, in one line ----------------------------------------------------------------

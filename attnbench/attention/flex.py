@@ -9,8 +9,9 @@ only partly allowed. ``pattern``: ``full`` (every key; with ``causal=true`` the 
 A block mask depends only on (n, pattern, window, causal, device): built once
 (:meth:`FlexAttention.prepare`, timed apart: the runner records it as the mask build) and
 shared by every layer and call. Key padding (True = padded) joins through the ``mask_mod``,
-in a block mask with one batch entry per sequence made for that call. Grouped-query heads go
-to the kernel with ``enable_gqa=True``.
+in a block mask with one batch entry per sequence made for that call (the masks, their
+caches and the count of computed blocks: :mod:`attnbench.attention.block_masks`).
+Grouped-query heads go to the kernel with ``enable_gqa=True``.
 
 **It is only fast compiled, so it always compiles its kernel**: ``torch.compile(
 flex_attention, dynamic=False)``, made once per process, whatever the cell's ``compile``
@@ -39,35 +40,27 @@ blocks, not pairs) is not modeled.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from attnbench.attention.base import MultiHeadAttention, declare, indexed_device
+from attnbench.attention import block_masks
+from attnbench.attention.base import MultiHeadAttention, declare
+from attnbench.attention.block_masks import BLOCK, computed_blocks
 from attnbench.attention.cache import kv_elements
 from attnbench.validators import check_bool, check_choice, check_int
 
 PATTERNS = ("full", "causal", "window")
-BLOCK = 128  # create_block_mask's BLOCK_SIZE: the kernel's unit of sparsity
 NO_CPU_BACKWARD = "FlexAttention has no backward on CPU in torch 2.13"
 RECOMPILE_LIMIT = 64  # compiled shapes per process (Dynamo's default is 8)
 CPU_MIN_LEN = 64  # a shorter sequence runs on the CPU padded to this (FlexAttention.attend)
 
-UNBOUNDED = 2**31 - 1  # an i − j bound no sequence reaches
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-
 _kernel: Callable[..., Tensor] | None = None  # torch.compile(flex_attention), made on first use
-# (n, pattern, window, causal, device) -> the block mask, shared by every layer
-_block_masks: dict[tuple[Any, ...], BlockMask] = {}
-_mask_mods: dict[tuple[Any, ...], MaskMod] = {}  # (pattern, window, causal, device) -> mask_mod
 
 
 def kernel() -> Callable[..., Tensor]:
@@ -145,102 +138,6 @@ class FlexConfig:
         return pattern, self.window if pattern == "window" else None, self.is_causal
 
 
-@contextmanager
-def _shareable() -> Iterator[None]:
-    """Where the cached masks are built: outside ``inference_mode``, whose tensors a
-    training step cannot save for backward, so that a mask first built by a forward (an
-    inference cell, a probe) serves a later training step too (on CUDA the first training
-    cell after an inference one failed so); ``no_grad``, as a mask is no parameter."""
-    with torch.inference_mode(False), torch.no_grad():
-        yield
-
-
-def mask_mod(cfg: FlexConfig, device: torch.device | str) -> MaskMod:
-    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: True where query i sees key j, i.e.
-    lo ≤ i − j ≤ hi. The bounds are tensors, not constants: the compiled kernel takes them
-    as inputs, so every pattern and window at one shape runs one compiled graph (a sweep over
-    windows compiles once)."""
-    device = indexed_device(device)
-    key = (*cfg.key(), str(device))
-    if key not in _mask_mods:
-        lo, hi = (max(-UNBOUNDED, min(UNBOUNDED, v)) for v in cfg.span())
-        with _shareable():
-            bounds = torch.tensor([lo, hi], dtype=torch.int64, device=device)
-        low, high = bounds[0], bounds[1]
-
-        def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            d = q_idx - kv_idx
-            return (d >= low) & (d <= high)
-
-        _mask_mods[key] = allowed
-    return _mask_mods[key]
-
-
-def computed_blocks(n: int, cfg: FlexConfig, block: int = BLOCK) -> list[tuple[int, int]]:
-    """For each query block t, the (first, last) key position of the key blocks the block
-    mask computes for it (full or partial ones; contiguous for these patterns), with no
-    mask built: block (t, s) is computed when some i − j in it lies in :meth:`FlexConfig.span`."""
-    lo, hi = cfg.span()
-    blocks = -(-n // block)
-    out = []
-    for t in range(blocks):
-        r0, r1 = t * block, min(n, (t + 1) * block) - 1
-        # key block s (columns c0..c1) is computed iff r0 − c1 ≤ hi and r1 − c0 ≥ lo
-        first = 0 if hi == float("inf") else max(0, int(r0 - hi) // block)
-        last = blocks - 1 if lo == float("-inf") else min(blocks - 1, int(r1 - lo) // block)
-        out.append((first * block, min(n, (last + 1) * block) - 1))
-    return out
-
-
-def _dense(num: Tensor, indices: Tensor) -> Tensor:
-    """(…, nq, nkv) bool: the blocks listed by a block mask's ``num`` (…, nq) and ``indices``
-    (…, nq, nkv) (the first num of each row's indices)."""
-    listed = torch.arange(indices.shape[-1], device=num.device) < num[..., None]
-    dense = torch.zeros(indices.shape, dtype=torch.bool, device=num.device)
-    return dense.scatter_(-1, indices.long(), listed)
-
-
-def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
-    """A block mask's (num, indices) from a dense (…, nq, nkv) bool of blocks: each row's
-    listed blocks first, in order."""
-    num = dense.sum(dim=-1, dtype=torch.int32)
-    indices = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
-    return num, indices.to(torch.int32)
-
-
-def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tensor) -> BlockMask:
-    """The block mask of ``base``'s pattern with the padded keys (``key_padding_mask``
-    (b, n), True = padded) hidden too, one batch entry per sequence: its ``mask_mod`` is
-    ``allowed`` and not padded, and its blocks are derived from ``base``'s without evaluating
-    the mask over all n × n pairs (``create_block_mask`` would, for every call): a block is
-    computed when ``base`` computes it and one of its keys is real, and full when ``base``'s is
-    full and none of its keys is padded."""
-    b, n = key_padding_mask.shape
-    size = base.BLOCK_SIZE[1]
-    blocks = -(-n // size)
-    padded = F.pad(key_padding_mask, (0, blocks * size - n), value=True).view(b, blocks, size)
-    real = F.pad(~key_padding_mask, (0, blocks * size - n), value=False).view(b, blocks, size)
-    some_real, all_real = real.any(dim=-1), ~padded.any(dim=-1)  # (b, nkv)
-    computed = _dense(base.kv_num_blocks, base.kv_indices)  # (1, 1, nq, nkv) partial
-    full = torch.zeros_like(computed)
-    if base.full_kv_num_blocks is not None:
-        full = _dense(base.full_kv_num_blocks, base.full_kv_indices)
-    computed = (computed | full) & some_real[:, None, None, :]  # (b, 1, nq, nkv)
-    full = full & all_real[:, None, None, :]
-    pad = key_padding_mask
-
-    def unpadded(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return allowed(b, h, q_idx, kv_idx) & ~pad[b, kv_idx]
-
-    return BlockMask.from_kv_blocks(
-        *_ordered(computed & ~full),
-        *_ordered(full),
-        BLOCK_SIZE=base.BLOCK_SIZE,
-        mask_mod=unpadded,
-        seq_lengths=(n, n),
-    )
-
-
 @declare(
     "flex",
     config=FlexConfig,
@@ -259,31 +156,10 @@ def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tenso
 )
 class FlexAttention(MultiHeadAttention):
     def prepare(self, n: int, device: torch.device | str) -> float:
-        """Build and cache the block mask at length n: the seconds it took, 0.0 when it was
-        cached already (by this layer or another) and on meta (where none is built)."""
-        device = indexed_device(device)
-        if device.type == "meta":
-            return 0.0
-        key = (n, *self.cfg.key(), str(device))
-        if key in _block_masks:
-            return 0.0
-        start = time.perf_counter()
-        with _shareable():
-            _block_masks[key] = create_block_mask(
-                mask_mod(self.cfg, device), None, None, n, n, device=device
-            )
-        return time.perf_counter() - start
-
-    def block_mask(
-        self, n: int, device: torch.device, key_padding_mask: Tensor | None
-    ) -> BlockMask:
-        """The block mask of one call: the cached one, or with padding one for this batch
-        (:func:`padded_block_mask`)."""
-        self.prepare(n, device)
-        cached = _block_masks[(n, *self.cfg.key(), str(indexed_device(device)))]
-        if key_padding_mask is None:
-            return cached
-        return padded_block_mask(cached, mask_mod(self.cfg, device), key_padding_mask)
+        """Build and cache the block mask at length n (:func:`block_masks.prepare`): the
+        seconds it took, 0.0 when it was cached already (by this layer or another) and on
+        meta (where none is built)."""
+        return block_masks.prepare(n, self.cfg, device)
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         if x.device.type == "cpu" and x.dtype == torch.float64:
@@ -308,7 +184,7 @@ class FlexAttention(MultiHeadAttention):
             real = torch.zeros(x.shape[0], n, dtype=torch.bool, device=x.device)
             padding = real if key_padding_mask is None else key_padding_mask
             key_padding_mask = F.pad(padding, (0, grow), value=True)
-        mask = self.block_mask(q.shape[-2], x.device, key_padding_mask)
+        mask = block_masks.block_mask(q.shape[-2], self.cfg, x.device, key_padding_mask)
         out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :n, :]
         return self.merge_heads(out)  # (b, n, d)
 
