@@ -6,14 +6,15 @@ Per head, with a state S ∈ R^{dk×dv}, a write strength β_t ∈ (0, 1) and a 
     S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,    o_t = S_tᵀ q_t
 
 (DeltaNet: Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over
-Sequence Length", eq. 1 with α = 1; Gated DeltaNet: Yang et al. 2025, "Gated Delta Networks",
-eq. 10. The papers keep S as dv × dk and multiply on the right; this is its transpose, so that
+Sequence Length", with α = 1; Gated DeltaNet: Yang et al. 2025, "Gated Delta Networks"). The
+papers keep S as dv × dk and multiply on the right; this is its transpose, so that
 the state reads (b, h, dk, dv) as q, k and v read (b, h, n, d)). α_t arrives as its log,
 g_t = log α_t ≤ 0; ``g=None`` is α = 1, DeltaNet. The core does not normalise keys: the layer
 does (L2, as both papers). Along k_t the transition scales by 1 − β_t‖k_t‖², so the state stays
-bounded only while β_t‖k_t‖² ≤ 2; with unit keys and β ∈ (0, 1) it is a contraction.
+bounded only while β_t‖k_t‖² ≤ 2; with unit keys and β ∈ (0, 1) the transition has norm 1
+(1 − β along k, 1 across it): it never amplifies the state.
 
-The chunked form (the papers' section 3 and 3.3, the WY representation by the UT transform).
+The chunked form (the papers' chunkwise algorithm: the WY representation by the UT transform).
 Within a chunk of c positions r = 1..c starting from S_0, with γ_r = Σ_{i≤r} g_i, Γ_r = e^{γ_r}
 and the decay ratios D_ri = e^{γ_r − γ_i} (r ≥ i), unrolling gives S_r = Γ_r S_0 +
 Σ_{i≤r} D_ri k_i u_iᵀ with pseudo-values u_r = β_r (v_r − Γ_r S_0ᵀk_r − Σ_{i<r} D_ri (k_rᵀk_i) u_i),
