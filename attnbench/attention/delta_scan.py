@@ -8,7 +8,7 @@ Per head, with a state S ∈ R^{dk×dv}, a write strength β_t ∈ (0, 1) and a 
 (DeltaNet: Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over
 Sequence Length", with α = 1; Gated DeltaNet: Yang et al. 2025, "Gated Delta Networks"). The
 papers keep S as dv × dk and multiply on the right; this is its transpose, so that
-the state reads (b, h, dk, dv) as q, k and v read (b, h, n, d)). α_t arrives as its log,
+the state reads (b, h, dk, dv) as q, k and v read (b, h, n, d). α_t arrives as its log,
 g_t = log α_t ≤ 0; ``g=None`` is α = 1, DeltaNet. The core does not normalise keys: the layer
 does (L2, as both papers). Along k_t the transition scales by 1 − β_t‖k_t‖², so the state stays
 bounded only while β_t‖k_t‖² ≤ 2; with unit keys and β ∈ (0, 1) the transition has norm 1
