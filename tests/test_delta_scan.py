@@ -292,7 +292,7 @@ def test_a_padded_decode_step_keeps_the_state_and_outputs_zero() -> None:
 @pytest.mark.parametrize("chunk", [0, -8, 2.5, True, "8", None])
 def test_a_bad_chunk_is_refused_naming_it(chunk: object) -> None:
     args, _ = core_args(inputs(4, gated=False))
-    with pytest.raises(ValueError, match=r"^chunk: must be an integer >= 1; got "):
+    with pytest.raises(ValueError, match=r"^chunk: must be an integer >= 1, got "):
         delta_chunked(*args, chunk=chunk)  # type: ignore[arg-type]
 
 

@@ -52,6 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.validators import check_int
+
 DEFAULT_CHUNK = 64
 
 
@@ -146,12 +148,6 @@ def delta_step(
     return (s.mT @ q_t[..., None])[..., 0], s
 
 
-def _check_chunk(chunk: object) -> int:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk: must be an integer >= 1; got {chunk!r}")
-    return chunk
-
-
 def _chunks(t: Tensor, c: int, pad: int) -> Tensor:
     """(b, h, n, ·) or (b, h, n) -> (b, h, N, c, ·) or (b, h, N, c), zero-padded to N·c."""
     if t.dim() == 3:
@@ -198,7 +194,7 @@ def delta_chunked(
     """The chunked form (module docstring), equal to :func:`delta_reference` to rounding:
     same arguments, plus ``chunk`` (an integer ≥ 1; the last chunk may be shorter, a chunk
     past n is one chunk of n). Returns o (b, h, n, dv) and S_n (b, h, dk, dv)."""
-    chunk = _check_chunk(chunk)
+    chunk = check_int("chunk", chunk)
     real = None if mask is None else mask[:, None, :]
     q, k, v, beta, g = _clean(real, q, k, v, beta, g)
     s = _state(initial_state, q, v)
