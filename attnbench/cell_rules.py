@@ -91,7 +91,8 @@ def check_k(attention: str, n: int, k: int | None, params: Mapping[str, Any] = (
 def left_out(cell: Cell) -> str | None:
     """Why a sweep leaves this cell out, or None: a fixed-length mechanism at ``k >= n`` (``k``
     or its budget set among its parameters) projects nothing away (Linformer's k < n, as in
-    the paper's Table 3), a mechanism with no causal form has no ``causal=true`` cell, one
+    the paper's Table 3), a mechanism with no causal form has no ``causal=true`` cell, a
+    causal-only one (the recurrent mixers) no ``causal=false`` cell, one
     without grouped-query heads no ``kv_heads`` cell, and one the workload refuses (decode:
     no incremental form) no cell of that mode.
     Performer's number of features is free. A single cell at k = n is still measured; a
@@ -102,6 +103,8 @@ def left_out(cell: Cell) -> str | None:
         return f"k={k} >= n={n}"
     if dict(cell.params).get("causal") and not info.causal:
         return "has no causal form"
+    if not dict(cell.params).get("causal") and info.causal_only:
+        return "is causal only"
     if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
         return "has no grouped-query form"
     if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
@@ -134,9 +137,14 @@ def check_settings(cell: Cell) -> None:
 
 def check_causal(cell: Cell) -> None:
     """``causal=true`` for a mechanism that cannot mask the future is one line naming the
-    ones that can, not the mechanism's own error (or an unknown-parameter one)."""
+    ones that can, not the mechanism's own error (or an unknown-parameter one);
+    ``causal=false`` for a causal-only mechanism is one line with the reason."""
     causal = dict(cell.params).get("causal", False)
     check_bool("causal", causal)
+    if not causal and (why := registry.info(cell.attention).causal_only):
+        raise ValueError(
+            f"causal: attention={cell.attention} is causal only ({why}); set causal=true"
+        )
     if causal and not registry.info(cell.attention).causal:
         can = [m for m in registry.names() if registry.info(m).causal]
         raise ValueError(

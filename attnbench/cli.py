@@ -25,6 +25,30 @@ def decode_cell(why: str | None) -> str:
     return "yes" if why is None else re.split(r"[:;(]", why, maxsplit=1)[0].strip()
 
 
+WEIGHTS_N = 4096  # the length a fixed-length mechanism's weights (Linformer's E, F) are sized for
+
+
+def layer_weights(name: str) -> str:
+    """Parameters of one layer of ``name`` at its defaults, in the base model's shape
+    (conf/model/base.yaml) and n = :data:`WEIGHTS_N`, counted on meta; vanilla's are
+    4·d·(d + 1). ``-`` where the layer cannot be built here."""
+    import torch
+    from omegaconf import OmegaConf
+
+    import conf
+    from attnbench import registry
+
+    base = OmegaConf.load(Path(conf.__file__).parent / "model" / "base.yaml")
+    try:
+        with torch.device("meta"):
+            layer = registry.create(
+                name, d_model=base.d_model, n_heads=base.n_heads, max_seq_len=WEIGHTS_N
+            )
+    except Exception:  # a mechanism whose package is absent: its row says so already
+        return "-"
+    return f"{sum(p.numel() for p in layer.parameters()) / 1e6:.2f}M"
+
+
 def mechanism_rows() -> list[tuple[str, ...]]:
     """One row per mechanism from ``info()``: the source of README's table and ``list``."""
     from attnbench import registry  # loads torch: not for --help
@@ -36,7 +60,7 @@ def mechanism_rows() -> list[tuple[str, ...]]:
             (
                 name,
                 i.summary,
-                "yes" if i.causal else "no",
+                "only" if i.causal_only else "yes" if i.causal else "no",
                 "yes" if i.padding_mask else "no",
                 ", ".join(i.devices),
                 ", ".join(i.dtypes),
@@ -44,6 +68,7 @@ def mechanism_rows() -> list[tuple[str, ...]]:
                 decode_cell(i.cannot_decode),
                 "yes" if i.gqa else "no",
                 "yes" if i.compiles else "no",
+                layer_weights(name),
                 i.limits or "-",
             )
         )
@@ -61,6 +86,7 @@ HEADERS = (
     "decode",
     "gqa",
     "compiles",
+    "weights/layer",
     "limits",
 )
 

@@ -83,6 +83,7 @@ class Found:
     threads: tuple[int, int] | None = None  # torch's threads and the CPUs given, when set
     quality: dict[str, Any] | None = None
     flops: Flops | None = None
+    attention_params: int | None = None  # the model's attention weights (model.attention_params)
     max_batch: MaxBatch | None = None
     memory: Memory | None = None
     mask_build_s: float | None = None
@@ -109,6 +110,8 @@ def assemble(cell: Cell, res: Resolved, env: dict[str, Any], found: Found) -> Ro
         fields.update(flops=flops.forward, flops_backward=flops.backward)
         if flops.dense is not None:
             fields["flops_dense"] = flops.dense
+    if found.attention_params is not None:
+        fields["attention_params"] = found.attention_params
     fields.update(_memory_fields(found.memory, found.max_batch))
     if found.mask_build_s is not None:
         fields["mask_build_s"] = found.mask_build_s

@@ -124,6 +124,14 @@ class Encoder(nn.Module):
         """:meth:`context_elements` in a dtype of ``itemsize`` bytes."""
         return sum(self.layer_context_bytes(n, itemsize))
 
+    def attention_params(self) -> int:
+        """Parameters of every layer's attention (the four projections and the mechanism's
+        own weights: gates, decays, convolutions, norms, Linformer's E and F), a weight
+        shared by several layers counted once: what a reader weighs a mechanism's cost
+        against, beside vanilla's 4·d·(d + 1) per layer. Countable on meta."""
+        seen = {id(p): p for layer in self.layers for p in layer.attn.parameters()}
+        return sum(p.numel() for p in seen.values())
+
     def step_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one decode step (one token of b sequences seeing n tokens)."""
         return sum(layer.attn.step_flops(b, n) + layer.ffn_flops(b, 1) for layer in self.layers)

@@ -21,13 +21,18 @@ from typing import Any
 from torch import nn
 
 from attnbench.attention import (
+    deltanet,
     flex,
+    gated_deltanet,
+    gla,
     linear,
     linformer,
     local,
+    mamba2,
     nystromformer,
     performer,
     reformer,
+    retnet,
     sdpa,
     vanilla,
     xformers,
@@ -65,6 +70,8 @@ class Info:
     # (parameter, value): the budget is used only when that parameter has that value
     # (FlexAttention's window, by pattern=window alone), or None: always
     budget_when: tuple[str, Any] | None = None
+    # why a non-causal cell is refused (the mechanism is causal by construction), or None
+    causal_only: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ def register(
     compiles: bool = False,
     no_cpu_backward: str | None = None,
     budget_when: tuple[str, Any] | None = None,
+    causal_only: str | None = None,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -111,6 +119,8 @@ def register(
     methods of the incremental form.
     """
     _check_registration(name, config, budget, budget_when, devices, dtypes)
+    if causal_only is not None and not causal:
+        raise ValueError(f"register({name!r}): causal_only, but causal=False")
 
     def decorate(cls: type[MultiHeadAttention]) -> type[MultiHeadAttention]:
         _check_class(name, cls, causal, cannot_decode)
@@ -122,7 +132,7 @@ def register(
             name, summary, causal, padding_mask, tuple(devices), tuple(dtypes), fixed_max_len,
             budget, defaults, unavailable=None, cannot_train=cannot_train, limits=limits,
             cannot_decode=cannot_decode, gqa=gqa, compiles=compiles,
-            no_cpu_backward=no_cpu_backward, budget_when=budget_when,
+            no_cpu_backward=no_cpu_backward, budget_when=budget_when, causal_only=causal_only,
         )  # fmt: skip
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls
@@ -286,5 +296,5 @@ def _register_builtin(module: ModuleType) -> str:
 BUILTINS = tuple(
     _register_builtin(module)
     for module in (vanilla, sdpa, xformers, linformer, performer, nystromformer, linear, local,
-                   reformer, flex)
+                   reformer, flex, retnet, gla, mamba2, deltanet, gated_deltanet)
 )  # fmt: skip

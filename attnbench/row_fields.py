@@ -174,6 +174,9 @@ FIELDS: tuple[Field, ...] = (
     _f("flops_dense", int | None, count, "FLOP", "time", "where the kernel skips blocks (flex):"
        " the forward's FLOPs per sequence as dense attention computes them; `flops` is what"
        " the block-sparse kernel computes"),
+    _f("attention_params", int | None, count, "", "time", "the model's attention weights,"
+       " every layer (projections and the mechanism's own: gates, decays, convolutions,"
+       " norms; a weight shared by layers counted once)"),
     _f("compiled", str | None, text, "", "time", "what ran compiled: `layers` (compile=true),"
        " `kernel` (a mechanism that compiles its own kernel whatever compile says: flex), or"
        " null (eager)"),

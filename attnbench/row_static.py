@@ -54,6 +54,7 @@ class Row(_Record):
     flops: int | None
     flops_backward: int | None
     flops_dense: int | None
+    attention_params: int | None
     compiled: str | None
     compile_s: float | None
     compilations: int | None

@@ -156,6 +156,7 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     # flex: the kernel computes whole blocks only; dense attention's count beside it
     dense = modeled.model.dense_flops(1, cell.n) if registry.info(cell.attention).compiles else None
     found.flops = Flops(forward, backward, dense)
+    found.attention_params = modeled.model.attention_params()
     found.workload = cell.workload.describe(modeled.model, cell)
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak

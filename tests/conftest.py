@@ -30,9 +30,15 @@ def mechanism_variants(*linformer: tuple[tuple[str, object], ...]) -> list[tuple
     each sharing, and Linformer with each of ``linformer``'s parameter sets: what the
     memory-model tests hold against the profiler."""
     sharings = [(("sharing", s),) for s in ("layerwise", "headwise", "kv", "none")]
-    return [(name, ()) for name in runnable_here() if name != "linformer"] + [
+    return [(name, own_defaults(name)) for name in runnable_here() if name != "linformer"] + [
         ("linformer", params) for params in (*sharings, *linformer)
     ]
+
+
+def own_defaults(name: str) -> tuple[tuple[str, object], ...]:
+    """The parameters a cell of ``name`` needs at its defaults: ``causal=true`` for a
+    causal-only mechanism (a cell without it is refused), none otherwise."""
+    return (("causal", True),) if attnbench.info(name).causal_only else ()
 
 
 def param_ids(v: object) -> str:

@@ -60,6 +60,14 @@ def hand(name: str, params: dict[str, Any], n: int) -> int:
         return 2 * m * D + min(params["conv_kernel"], n) * D
     if name == "reformer":  # every key and value
         return 2 * D * n
+    window = max(params.get("conv", 4) - 1, 0)  # the short convolution's last K − 1 inputs
+    if name in ("retnet", "gla"):  # S (d_h × d_h) per head, no convolution
+        return H * DH * DH
+    if name == "mamba2":  # S (N × d_h) per head; the window of x, B and C
+        n_state, groups = params.get("d_state", 64), params.get("groups", 1)
+        return H * n_state * DH + window * (D + 2 * groups * n_state)
+    if name in ("deltanet", "gated_deltanet"):  # S (d_h × d_h) per head; the window of q, k, v
+        return H * DH * DH + window * 3 * D
     raise AssertionError(f"{name}: no hand count; add one for a new mechanism")
 
 
@@ -89,6 +97,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("flex", {"pattern": "causal", "kv_heads": 2}),
     ("flex", {"pattern": "window", "window": W}),
     ("flex", {"pattern": "window", "window": W, "causal": True, "kv_heads": 1}),
+    ("retnet", {"causal": True}),
+    ("gla", {"causal": True}),
+    ("mamba2", {"causal": True}),
+    ("mamba2", {"causal": True, "d_state": 8, "groups": 2, "conv": 0}),
+    ("mamba2", {"causal": True, "d_state": 4, "conv": 2}),
+    ("deltanet", {"causal": True}),
+    ("deltanet", {"causal": True, "conv": 0}),
+    ("gated_deltanet", {"causal": True, "conv": 3}),
 ]
 DECODERS = [
     (name, p)

@@ -47,6 +47,12 @@ def _variants() -> list[tuple[str, dict]]:
         ("local", {"window": 16}),
         ("local", {"window": 16, "causal": True}),
         ("reformer", {"bucket_size": 8, "n_hashes": 2}),
+        ("retnet", {"chunk": 16}),
+        ("gla", {"chunk": 16}),
+        ("gla", {"chunk": 12}),  # sub-blocks of 8 padded to 16, the last chunk short
+        ("mamba2", {"chunk": 16, "d_state": 8, "groups": 2}),
+        ("deltanet", {"chunk": 16}),
+        ("gated_deltanet", {"chunk": 24}),
     ]
     out += [
         ("linformer", {"k": 8, "sharing": s, "projection": p}) for s in SHARING for p in PROJECTIONS

@@ -214,3 +214,26 @@ def delta_chunked(
         outs.append(q_j @ s + p_j @ u)
         s = (s if d_j is None else d_j * s) + k_j.mT @ u
     return torch.stack(outs, dim=2).reshape(b, h, -1, dv)[:, :, :n], s
+
+
+def chunked_flops(n: int, dk: int, dv: int, chunk: int) -> int:
+    """Matmul FLOPs of :func:`delta_chunked` for one (batch, head), as FlopCounterMode counts
+    them, with c = min(chunk, n) and N = ⌈n / c⌉ chunks (the last padded to c): per chunk
+    K Kᵀ, Q Kᵀ and T·(ΓK) at 2·c²·dk each, T V and P U at 2·c²·dv each, and the three
+    state matmuls W S, Q S and Kᵀ U at 2·c·dk·dv each. The triangular solve that makes T is
+    no matmul (FlopCounterMode does not count it): about c³ more per chunk."""
+    c = min(chunk, n)
+    chunks = -(-n // c)
+    return chunks * (2 * c * c * (3 * dk + 2 * dv) + 6 * c * dk * dv)
+
+
+def solve_backward_flops(n: int, chunk: int) -> int:
+    """The one matmul in the triangular solve's backward, per (batch, head): the gradient of
+    its matrix, −G_B Tᵀ, 2·c³ per chunk (the backward beyond twice the forward's matmuls)."""
+    c = min(chunk, n)
+    return -(-n // c) * 2 * c**3
+
+
+def step_flops(dk: int, dv: int) -> int:
+    """Matmul FLOPs of :func:`delta_step` for one (sequence, head): Sᵀk and Sᵀq, 2·dk·dv each."""
+    return 4 * dk * dv

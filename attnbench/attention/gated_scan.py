@@ -255,3 +255,29 @@ def _intra_per_dim(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
     scores = (cut(q).unsqueeze(-2) * cut(k).unsqueeze(-3) * _segments(cut(g))).sum(-1)
     out = out + scores @ cut(v)  # the diagonal sub-blocks, (…, size / s, s, dv)
     return out.flatten(-3, -2)[..., :c, :]
+
+
+def chunked_flops(n: int, dk: int, dv: int, chunk: int, per_dim: bool) -> int:
+    """Matmul FLOPs of :func:`gated_chunked` for one (batch, head), as FlopCounterMode counts
+    them. Per chunk of s positions: reading and writing the carried state, 2·s·dk·dv each
+    (every chunk, the first included); the intra-chunk term, for a scalar decay (Q Kᵀ)V at
+    2·s²·(dk + dv), for a decay per key dimension the sub-block matmuls at 2·z²·(dk + dv)
+    plus the diagonal sub-blocks' scores times V at 2·z·u·dv, with u = min(:data:`SUB`, s)
+    and z = s rounded up to a multiple of u."""
+    total = 0
+    for start in range(0, n, chunk):
+        s = min(chunk, n - start)
+        if per_dim:
+            u = min(SUB, s)
+            z = -(-s // u) * u
+            total += 2 * z * z * (dk + dv) + 2 * z * u * dv
+        else:
+            total += 2 * s * s * (dk + dv)
+        total += 4 * s * dk * dv
+    return total
+
+
+def step_flops(dk: int, dv: int) -> int:
+    """Matmul FLOPs of :func:`gated_step` for one (sequence, head): the read qᵀS, 2·dk·dv
+    (the update is elementwise)."""
+    return 2 * dk * dv

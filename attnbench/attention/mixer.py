@@ -1,0 +1,243 @@
+"""What the five recurrent mixers (``retnet``, ``gla``, ``mamba2``, ``deltanet``,
+``gated_deltanet``) share as layers: the causal-only rule, the short causal convolution, the
+normalised and gated output, the decode state, and the dispatch of a call to its core's
+chunked form (a forward, a training step, a prefill) or its decode step. Not a mechanism;
+registers nothing. The recurrences themselves are :mod:`attnbench.attention.gated_scan` and
+:mod:`attnbench.attention.delta_scan`.
+
+Choices every mixer makes alike, and why:
+
+* Heads of d_model / n_heads for queries, keys and values, as every other mechanism here:
+  the projections ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` keep their shapes, so a
+  row's cost difference is the mixer's, not a wider layer's. A mixer's own weights (gates,
+  decays, convolution, norms) are parameters of its own, counted in its row.
+* FLOPs are matmul FLOPs, as FlopCounterMode counts them and as every mechanism here counts
+  them: the linear layers and the cores' matmuls. The short convolution is K multiply-adds
+  per channel and token, written as K shifted products rather than ``conv1d``: elementwise
+  work, counted by no instrument as softmax's exp is not (FlopCounterMode counts a depthwise
+  conv1d's weight gradient as if it were dense, C times too many).
+* Padding: a padded token's input is replaced by 0 (``torch.where``: a NaN there reaches
+  nothing), its convolution input too, and the cores carry the state across it unchanged.
+  attnbench pads prompts on the left, so a padded prompt equals the prompt cut short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.delta_scan import delta_chunked, delta_step
+from attnbench.attention.gated_scan import gated_chunked, gated_step
+from attnbench.validators import check_bool, check_int
+
+# why a non-causal cell of a mixer is refused: the registry's causal_only reason
+CAUSAL_ONLY = "a recurrence over positions in order, so no output can see a later one"
+DEFAULT_CONV = 4  # the short convolution's kernel in Mamba-2, DeltaNet and Gated DeltaNet
+NORM_EPS = 1e-6
+
+
+def wide(t: Tensor) -> Tensor:
+    """t in the accumulation dtype: fp32 at least, fp64 stays fp64 (gates and decays are
+    computed there whatever the layer's dtype: exp and softplus of fp16 lose the decay)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def check_mixer(name: str, causal: object, chunk: object, conv: object = 0) -> None:
+    """The settings every mixer's config shares: ``causal`` must be true (see
+    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) >= 0."""
+    check_bool("causal", causal)
+    if not causal:
+        raise ValueError(f"causal: {name} is causal only ({CAUSAL_ONLY}); got false")
+    check_int("chunk", chunk)
+    check_int("conv", conv, low=0)
+
+
+def check_groups(groups: int, n_heads: int) -> int:
+    """``groups`` (Mamba-2's B and C groups) divides the heads: each group serves a whole
+    set of heads, as grouped-query attention's key/value heads do."""
+    check_int("groups", groups)
+    if n_heads % groups:
+        allowed = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+        raise ValueError(
+            f"groups: must divide n_heads={n_heads} (one of {', '.join(map(str, allowed))}), "
+            f"got {groups}"
+        )
+    return groups
+
+
+@dataclass
+class MixerState:
+    """One layer's decode state: S (b, h, dk, dv) and the convolution's window, the last K − 1
+    inputs (b, K − 1, C), or None without a convolution. Its size is fixed whatever the
+    context: :meth:`RecurrentMixer.context_elements`."""
+
+    s: Tensor
+    conv: Tensor | None
+
+    def slot(self, i: int) -> MixerState:
+        """Sequence i's state as an empty one of its own (views of this one's tensors)."""
+        self.s[i].zero_()
+        if self.conv is not None:
+            self.conv[i].zero_()
+        return MixerState(self.s[i : i + 1], None if self.conv is None else self.conv[i : i + 1])
+
+    def seek(self, length: int) -> None:
+        """A recurrent state has no position: nothing to set."""
+
+    def admit(self, part: MixerState) -> None:
+        """After every slot was filled: nothing to take, a recurrent state has no position."""
+
+
+def short_conv(x: Tensor, weight: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The depthwise causal convolution, y_t = Σ_j weight[:, j] ⊙ x_{t−K+1+j}, as K shifted
+    products: x (b, n, C), weight (C, K), ``window`` the K − 1 inputs before x (b, K − 1, C),
+    None for zeros. Returns y (b, n, C) and the window after x (a view: copy it to keep it)."""
+    b, n, c = x.shape
+    k = weight.shape[1]
+    before = x.new_zeros(b, k - 1, c) if window is None else window.to(x.dtype)
+    full = torch.cat([before, x], dim=1)  # (b, K − 1 + n, C)
+    y = full[:, :n] * weight[:, 0]
+    for j in range(1, k):
+        y = y + full[:, j : j + n] * weight[:, j]
+    return y, full[:, full.shape[1] - (k - 1) :]
+
+
+class RecurrentMixer(MultiHeadAttention):
+    """Base of the five mixers: a subclass builds its own weights, sets :attr:`conv_channels`
+    (the channels its short convolution sees, 0 without one) and :attr:`state_shape`
+    (dk, dv), and implements :meth:`mix`."""
+
+    conv_channels: int = 0
+    state_shape: tuple[int, int] = (0, 0)
+
+    @property
+    def kernel(self) -> int:
+        """The short convolution's kernel K, ``cfg.conv``; 0 for a mixer without one."""
+        return getattr(self.cfg, "conv", 0)
+
+    def conv_weights(self, channels: int) -> None:
+        """The short convolution's (channels, K) weights, initialised as ``conv1d``'s, or
+        none when the kernel is 0."""
+        self.conv_channels = channels if self.kernel else 0
+        if self.conv_channels:
+            bound = 1.0 / self.kernel**0.5  # conv1d's default for a depthwise kernel
+            self.conv = nn.Parameter(torch.empty(channels, self.kernel).uniform_(-bound, bound))
+
+    def convolve(self, u: Tensor, real: Tensor | None, state: MixerState | None) -> Tensor:
+        """SiLU of the short convolution of u (b, n, C), padded inputs zeroed first; a
+        decode state's window is read and then advanced. Without a convolution: SiLU alone."""
+        if real is not None:
+            u = torch.where(real[..., None], u, 0.0)
+        if self.conv_channels:
+            u, window = short_conv(u, self.conv, None if state is None else state.conv)
+            if state is not None and state.conv is not None:
+                state.conv.copy_(window)
+        return F.silu(u)
+
+    def inputs(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """x with padded tokens replaced by 0, and ``real`` (b, n), True at a real token."""
+        if mask is None:
+            return x, None
+        real = ~mask
+        return torch.where(real[..., None], x, 0.0), real
+
+    def gated(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, real: Tensor | None,
+        state: MixerState | None, scale: float,
+    ) -> Tensor:  # fmt: skip
+        """The gated recurrence over (b, h, n, ·) inputs: chunked from zeros (a forward, a
+        training step), chunked from the decode state (a prefill), or one step (decode)."""
+        if state is None:
+            return gated_chunked(q, k, v, g, chunk=self.cfg.chunk, scale=scale, mask=real)[0]
+        if q.shape[-2] == 1:
+            row = None if real is None else real[:, 0]
+            o, s = gated_step(*(t[..., 0, :] for t in (q, k, v, g)), state.s, scale=scale, mask=row)
+            o = o[..., None, :]
+        else:
+            o, s = gated_chunked(
+                q, k, v, g, chunk=self.cfg.chunk, scale=scale, mask=real, initial_state=state.s
+            )
+        state.s.copy_(s)
+        return o
+
+    def delta(
+        self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+        real: Tensor | None, state: MixerState | None,
+    ) -> Tensor:  # fmt: skip
+        """The delta rule over (b, h, n, ·) inputs, beta and g (b, h, n): dispatched as
+        :meth:`gated`."""
+        if state is None:
+            return delta_chunked(q, k, v, beta, g, chunk=self.cfg.chunk, mask=real)[0]
+        if q.shape[-2] == 1:
+            row = None if real is None else real[:, 0]
+            g_t = None if g is None else g[..., 0]
+            o, s = delta_step(
+                *(t[..., 0, :] for t in (q, k, v)), beta[..., 0], g_t, state.s, mask=row
+            )
+            o = o[..., None, :]
+        else:
+            o, s = delta_chunked(
+                q, k, v, beta, g, chunk=self.cfg.chunk, mask=real, initial_state=state.s
+            )
+        state.s.copy_(s)
+        return o
+
+    def normed(self, o: Tensor, weight: Tensor, gate: Tensor | None, like: Tensor) -> Tensor:
+        """RMSNorm of each head's output o (b, h, n, dv) with ``weight`` (dv), times SiLU of
+        ``gate`` (b, n, d) when given, as (b, n, d) in ``like``'s dtype."""
+        o = F.rms_norm(o, (o.shape[-1],), weight.to(o.dtype), NORM_EPS)
+        o = self.merge_heads(o)
+        if gate is not None:
+            o = o * F.silu(gate.to(o.dtype))
+        return o.to(like.dtype)
+
+    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
+        """(b, n, d) -> (b, n, d) before ``out_proj``, from the state's tokens on when a
+        decode state is given (updated in place), from none otherwise."""
+        raise NotImplementedError
+
+    def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        return self.mix(x, key_padding_mask, None)
+
+    def extend_attend(
+        self, x: Tensor, state: MixerState, key_padding_mask: Tensor | None
+    ) -> Tensor:
+        return self.mix(x, key_padding_mask, state)
+
+    def new_state(
+        self, b: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> MixerState:
+        dk, dv = self.state_shape
+        s = torch.zeros(b, self.n_heads, dk, dv, dtype=dtype, device=device)
+        conv = None
+        if self.conv_channels:
+            conv = torch.zeros(b, self.kernel - 1, self.conv_channels, dtype=dtype, device=device)
+        return MixerState(s, conv)
+
+    def context_elements(self, n: int) -> int:
+        """S per head, h·dk·dv, and the convolution's window, (K − 1)·C: whatever n."""
+        dk, dv = self.state_shape
+        window = (self.kernel - 1) * self.conv_channels if self.conv_channels else 0
+        return self.n_heads * dk * dv + window
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        """The state is the context memory, nothing else."""
+        return self.context_bytes(n, itemsize)
+
+    def linear_flops_per_token(self) -> int:
+        """2·in·out for every linear layer: each sees every token once."""
+        return sum(
+            2 * m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear)
+        )
+
+    def flops(self, b: int, n: int) -> int:
+        """Every linear layer (the four projections and the mixer's own) plus the core's
+        :meth:`attention_flops`."""
+        return b * n * self.linear_flops_per_token() + self.attention_flops(b, n)
+
+    def step_flops(self, b: int, n: int) -> int:
+        return b * self.linear_flops_per_token() + self.step_attention_flops(b, n)

@@ -1,0 +1,72 @@
+"""Retention (Sun et al. 2023, "Retentive Network"), our own implementation: the gated
+recurrence of :mod:`attnbench.attention.gated_scan` with one fixed decay per head.
+
+Per head, S_t = γ S_{t−1} + k_t v_tᵀ and o_t = S_tᵀ q_t (the paper's eq. 1–2, S stored as
+dk × dv), with the paper's multi-scale decays γ_h = 1 − 2^{−5−h}, h = 0 … heads − 1: every
+head forgets at its own fixed rate, the slowest near 1 − 2^{−16}. The output is
+GroupNorm'd per head (here RMSNorm with a weight, as flash-linear-attention's layer) and gated
+by swish(X W_G) before ``out_proj`` (the paper's eq. 8).
+
+Kept: the decays, the k scaling by 1/√dk (here applied to q, the same product), the per-head
+norm and the swish gate (``g_proj``, d × d: RetNet carries 5·d² projection weights where the
+Transformer carries 4·d²). Dropped, and why: xPos (no mechanism here carries a position
+encoding inside the layer, and rotating q and k is elementwise work that changes no cost
+measured here); the doubled value dimension (v_proj keeps d × d, as every mechanism's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnbench.attention import gated_scan
+from attnbench.attention.base import declare
+from attnbench.attention.mixer import CAUSAL_ONLY, MixerState, RecurrentMixer, check_mixer
+
+
+@dataclass
+class RetNetConfig:
+    """``chunk``: positions per chunk of the chunked form (the recurrence carries the state
+    across chunks); 64 as flash-linear-attention's kernels. ``causal`` must stay true."""
+
+    causal: bool = True
+    chunk: int = gated_scan.DEFAULT_CHUNK
+
+    def __post_init__(self) -> None:
+        check_mixer("retnet", self.causal, self.chunk)
+
+
+@declare(
+    "retnet",
+    config=RetNetConfig,
+    causal=True,
+    causal_only=CAUSAL_ONLY,
+    padding_mask=True,
+    budget=None,
+    cannot_decode=None,
+    summary="retention (RetNet): a fixed decay per head, chunked recurrence, O(n·d²)",
+)
+class RetNet(RecurrentMixer):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        h, dh = self.n_heads, self.head_dim
+        self.state_shape = (dh, dh)
+        self.g_proj = nn.Linear(self.d_model, self.d_model)
+        self.norm = nn.Parameter(torch.ones(dh))
+        gammas = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))
+        self.register_buffer("log_decay", gammas.log().float().view(1, h, 1, 1))
+
+    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
+        x, real = self.inputs(x, mask)
+        q, k, v = self.qkv_heads(x)
+        o = self.gated(q, k, v, self.log_decay, real, state, self.scale)
+        return self.normed(o, self.norm, self.g_proj(x), x)
+
+    def attention_flops(self, b: int, n: int) -> int:
+        dh = self.head_dim
+        return b * self.n_heads * gated_scan.chunked_flops(n, dh, dh, self.cfg.chunk, False)
+
+    def step_attention_flops(self, b: int, n: int) -> int:
+        return b * self.n_heads * gated_scan.step_flops(self.head_dim, self.head_dim)
