@@ -237,3 +237,12 @@ def solve_backward_flops(n: int, chunk: int) -> int:
 def step_flops(dk: int, dv: int) -> int:
     """Matmul FLOPs of :func:`delta_step` for one (sequence, head): Sᵀk and Sᵀq, 2·dk·dv each."""
     return 4 * dk * dv
+
+
+def skipped_backward_flops(n: int, dk: int, dv: int, chunk: int) -> int:
+    """What a backward of :func:`delta_chunked` from a zero state does not compute of twice
+    its forward matmuls, per (batch, head), c = min(chunk, n): the first chunk's W S and Q S
+    need no gradient of the zero state (2·c·dk·dv each), and the last chunk's write Kᵀ U
+    reaches no output (2·2·c·dk·dv)."""
+    c = min(chunk, n)
+    return 8 * c * dk * dv

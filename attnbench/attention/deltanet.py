@@ -87,10 +87,12 @@ class DeltaNet(RecurrentMixer):
         dh = self.head_dim
         return b * self.n_heads * delta_scan.chunked_flops(n, dh, dh, self.cfg.chunk)
 
-    def flops_backward(self, b: int, n: int) -> int:
-        """Twice the forward's matmuls plus the triangular solve's one matmul in its backward."""
-        solve = b * self.n_heads * delta_scan.solve_backward_flops(n, self.cfg.chunk)
-        return 2 * self.flops(b, n) + solve
+    def core_backward_flops(self, n: int) -> int:
+        """The triangular solve's one backward matmul, less what a backward from a zero
+        state skips."""
+        dh, chunk = self.head_dim, self.cfg.chunk
+        skipped = delta_scan.skipped_backward_flops(n, dh, dh, chunk)
+        return delta_scan.solve_backward_flops(n, chunk) - skipped
 
     def step_attention_flops(self, b: int, n: int) -> int:
         return b * self.n_heads * delta_scan.step_flops(self.head_dim, self.head_dim)

@@ -281,3 +281,12 @@ def step_flops(dk: int, dv: int) -> int:
     """Matmul FLOPs of :func:`gated_step` for one (sequence, head): the read qᵀS, 2·dk·dv
     (the update is elementwise)."""
     return 2 * dk * dv
+
+
+def skipped_backward_flops(n: int, dk: int, dv: int, chunk: int) -> int:
+    """What a backward of :func:`gated_chunked` from a zero state does not compute of twice
+    its forward, per (batch, head): the first chunk's read of the zero state needs no
+    gradient of the state (one matmul of its two, 2·s·dk·dv), and the last chunk's write
+    reaches no output (neither, 2·2·s·dk·dv)."""
+    first, last = min(chunk, n), n - (n - 1) // chunk * chunk
+    return 2 * first * dk * dv + 4 * last * dk * dv

@@ -72,5 +72,9 @@ class GLA(RecurrentMixer):
         dh = self.head_dim
         return b * self.n_heads * gated_scan.chunked_flops(n, dh, dh, self.cfg.chunk, True)
 
+    def core_backward_flops(self, n: int) -> int:
+        dh = self.head_dim
+        return -gated_scan.skipped_backward_flops(n, dh, dh, self.cfg.chunk)
+
     def step_attention_flops(self, b: int, n: int) -> int:
         return b * self.n_heads * gated_scan.step_flops(self.head_dim, self.head_dim)

@@ -114,5 +114,8 @@ class Mamba2(RecurrentMixer):
         dk, dv = self.state_shape
         return b * self.n_heads * gated_scan.chunked_flops(n, dk, dv, self.cfg.chunk, False)
 
+    def core_backward_flops(self, n: int) -> int:
+        return -gated_scan.skipped_backward_flops(n, *self.state_shape, self.cfg.chunk)
+
     def step_attention_flops(self, b: int, n: int) -> int:
         return b * self.n_heads * gated_scan.step_flops(*self.state_shape)

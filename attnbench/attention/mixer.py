@@ -239,5 +239,14 @@ class RecurrentMixer(MultiHeadAttention):
         :meth:`attention_flops`."""
         return b * n * self.linear_flops_per_token() + self.attention_flops(b, n)
 
+    def flops_backward(self, b: int, n: int) -> int:
+        """Twice the forward's matmuls, plus what the core's backward adds or skips per
+        (sequence, head): :meth:`core_backward_flops`."""
+        return 2 * self.flops(b, n) + b * self.n_heads * self.core_backward_flops(n)
+
+    def core_backward_flops(self, n: int) -> int:
+        """The core's backward less twice its forward's matmuls, per (sequence, head)."""
+        raise NotImplementedError
+
     def step_flops(self, b: int, n: int) -> int:
         return b * self.linear_flops_per_token() + self.step_attention_flops(b, n)
