@@ -131,7 +131,7 @@ BAD = [
     ("mamba2", {"d_state": 0}, r"^d_state: must be an integer >= 1, got 0$"),
     ("deltanet", {"conv": -1}, r"^conv: must be an integer >= 0, got -1$"),
     ("gated_deltanet", {"causal": False}, r"^causal: gated_deltanet is causal only \("),
-    ("retnet", {"conv": 4}, r"^retnet: unknown parameter 'conv'; allowed: causal, chunk$"),
+    ("retnet", {"conv": 4}, r"^retnet: unknown parameter 'conv'; allowed: causal, chunk, kernel$"),
 ]
 
 
@@ -152,3 +152,82 @@ def test_refusals_through_the_cli_exit_2_and_write_nothing(tmp_path: Path, cli_i
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_kernel_fla_is_refused_where_it_cannot_run(name: str) -> None:
+    """No CUDA here (or no package): one line naming the key and the reason."""
+    with pytest.raises(ValueError, match=r"^kernel: fla cannot run here: .*; use kernel=torch$"):
+        attnbench.create(name, d_model=D, n_heads=H, max_seq_len=64, kernel="fla")
+
+
+FLA_CALLS = {  # mechanism -> (fla.ops package, the chunked op, the decode step's op)
+    "retnet": ("simple_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"),
+    "gla": ("gla", "chunk_gla", "fused_recurrent_gla"),
+    "mamba2": ("simple_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"),
+    "deltanet": ("delta_rule", "chunk_delta_rule", "fused_recurrent_delta_rule"),
+    "gated_deltanet": ("gated_delta_rule", "chunk_gated_delta_rule",
+                       "fused_recurrent_gated_delta_rule"),
+}  # fmt: skip
+
+
+def _fake_fla(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """A stand-in ``fla.ops`` whose ops record their name and compute the recurrence with
+    our references in their layout ((b, n, h, ·), keyword gates), and kernel=fla let run on
+    a CPU: the dispatch, the layouts and the padding, without their Triton kernels."""
+    import sys
+    import types
+
+    from attnbench.attention import fla_kernels
+
+    def ours(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.transpose(1, 2)
+
+    def op(name: str):
+        def run(q, k, v, *, scale, initial_state, output_final_state, g=None, gk=None,
+                beta=None):  # fmt: skip
+            calls.append(name)
+            assert output_final_state and all(t.is_contiguous() for t in (q, k, v))
+            q, k, v = (ours(t) for t in (q, k, v))
+            gate = ours(gk if gk is not None else g)
+            if beta is not None:
+                o, s = delta_reference(q * scale, k, v, ours(beta), gate,
+                                       initial_state=initial_state)  # fmt: skip
+            else:
+                gate = gate if gate.dim() == 4 else gate[..., None]
+                o, s = gated_reference(q, k, v, gate, scale=scale, initial_state=initial_state)
+            return o.transpose(1, 2), s
+
+        return run
+
+    for package, *names in FLA_CALLS.values():
+        module = types.ModuleType(f"fla.ops.{package}")
+        for name in names:
+            setattr(module, name, op(name))
+        monkeypatch.setitem(sys.modules, f"fla.ops.{package}", module)
+    monkeypatch.setattr(fla_kernels, "why_unavailable", lambda: None)
+    monkeypatch.setattr(fla_kernels, "_device", lambda q: None)
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_kernel_fla_dispatches_each_form_to_its_op(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A padded forward runs fla's chunked op and a decode step its fused recurrent one, on
+    their layout, and both give our layer's outputs (float64, the stand-in ops computing
+    with our references)."""
+    calls: list[str] = []
+    _fake_fla(monkeypatch, calls)
+    x = torch.randn(2, 20, D, dtype=torch.float64)
+    mask = torch.zeros(2, 20, dtype=torch.bool)
+    mask[0, :3] = True
+    ours, theirs = _layer(name), _layer(name, kernel="fla")
+    assert (ours(x, mask) - theirs(x, mask))[~mask].abs().max() < 1e-11
+    _, chunked, step = FLA_CALLS[name]
+    assert calls == [chunked]
+    states = [m.new_state(2, 21, torch.float64, torch.device("cpu")) for m in (ours, theirs)]
+    outs = [m.extend(x[:, :1], s) for m, s in zip((ours, theirs), states, strict=True)]
+    assert (outs[0] - outs[1]).abs().max() < 1e-11
+    assert calls == [chunked, step]
+    with pytest.raises(ValueError, match=r"^chunk: kernel=fla runs flash-linear-attention's"):
+        attnbench.create(name, d_model=D, n_heads=H, max_seq_len=64, kernel="fla", chunk=32)

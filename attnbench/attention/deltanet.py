@@ -36,14 +36,16 @@ from attnbench.attention.mixer import (
 @dataclass
 class DeltaNetConfig:
     """``conv``: the short convolution's kernel (4; 0 for none); ``chunk``: positions per
-    chunk of the WY form (64). ``causal`` must stay true."""
+    chunk of the WY form (64). ``causal`` must stay true; ``kernel``: torch (ours) or fla
+    (flash-linear-attention's Triton kernels, CUDA only)."""
 
     causal: bool = True
     chunk: int = delta_scan.DEFAULT_CHUNK
+    kernel: str = "torch"
     conv: int = DEFAULT_CONV
 
     def __post_init__(self) -> None:
-        check_mixer(self.name(), self.causal, self.chunk, self.conv)
+        check_mixer(self.name(), self.causal, self.chunk, self.kernel, self.conv)
 
     def name(self) -> str:
         return "deltanet"

@@ -28,7 +28,8 @@ from attnbench.attention.mixer import CAUSAL_ONLY, wide
 
 @dataclass
 class GatedDeltaNetConfig(DeltaNetConfig):
-    """As DeltaNet's: ``conv`` (4; 0 for none), ``chunk`` (64); ``causal`` must stay true."""
+    """As DeltaNet's: ``conv`` (4; 0 for none), ``chunk`` (64); ``causal`` must stay true;
+    ``kernel``: torch (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
 
     def name(self) -> str:
         return "gated_deltanet"

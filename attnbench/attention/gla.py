@@ -32,13 +32,15 @@ GATE_TEMPERATURE = 16.0  # τ: α = σ(·)^{1/τ}, decays near 1 (the paper's)
 @dataclass
 class GLAConfig:
     """``chunk``: positions per chunk of the chunked form (64: flash-linear-attention's).
-    ``causal`` must stay true."""
+    ``causal`` must stay true; ``kernel``: torch (ours) or fla
+    (flash-linear-attention's Triton kernels, CUDA only)."""
 
     causal: bool = True
     chunk: int = gated_scan.DEFAULT_CHUNK
+    kernel: str = "torch"
 
     def __post_init__(self) -> None:
-        check_mixer("gla", self.causal, self.chunk)
+        check_mixer("gla", self.causal, self.chunk, self.kernel)
 
 
 @declare(

@@ -48,16 +48,18 @@ from attnbench.validators import check_int
 class Mamba2Config:
     """``d_state``: N, the state per channel (64); ``groups``: the groups of heads that share
     B and C (1, must divide the heads); ``conv``: the short convolution's kernel (4; 0 for
-    none); ``chunk``: positions per chunk (64). ``causal`` must stay true."""
+    none); ``chunk``: positions per chunk (64). ``causal`` must stay true; ``kernel``: torch
+    (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
 
     causal: bool = True
     chunk: int = gated_scan.DEFAULT_CHUNK
+    kernel: str = "torch"
     d_state: int = 64
     groups: int = 1
     conv: int = DEFAULT_CONV
 
     def __post_init__(self) -> None:
-        check_mixer("mamba2", self.causal, self.chunk, self.conv)
+        check_mixer("mamba2", self.causal, self.chunk, self.kernel, self.conv)
         check_int("d_state", self.d_state)
         check_int("groups", self.groups)
 

@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnbench.attention import fla_kernels
 from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.delta_scan import delta_chunked, delta_step
 from attnbench.attention.gated_scan import gated_chunked, gated_step
-from attnbench.validators import check_bool, check_int
+from attnbench.validators import check_bool, check_choice, check_int
 
 # why a non-causal cell of a mixer is refused: the registry's causal_only reason
 CAUSAL_ONLY = "a recurrence over positions in order, so no output can see a later one"
@@ -46,14 +47,28 @@ def wide(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def check_mixer(name: str, causal: object, chunk: object, conv: object = 0) -> None:
+KERNELS = ("torch", "fla")  # our chunked cores, or flash-linear-attention's (CUDA)
+
+
+def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: object = 0) -> None:
     """The settings every mixer's config shares: ``causal`` must be true (see
-    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) >= 0."""
+    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) >= 0,
+    ``kernel`` one of :data:`KERNELS`, ``fla`` only where it can run (CUDA, the package
+    installed) and at its own chunk of 64."""
     check_bool("causal", causal)
     if not causal:
         raise ValueError(f"causal: {name} is causal only ({CAUSAL_ONLY}); got false")
     check_int("chunk", chunk)
     check_int("conv", conv, low=0)
+    check_choice("kernel", kernel, KERNELS)
+    if kernel == "fla":
+        if why := fla_kernels.why_unavailable():
+            raise ValueError(f"kernel: fla cannot run here: {why}; use kernel=torch")
+        if chunk != fla_kernels.CHUNK:
+            raise ValueError(
+                f"chunk: kernel=fla runs flash-linear-attention's chunk of {fla_kernels.CHUNK}, "
+                f"got {chunk}"
+            )
 
 
 def check_groups(groups: int, n_heads: int) -> int:
@@ -150,7 +165,14 @@ class RecurrentMixer(MultiHeadAttention):
         state: MixerState | None, scale: float,
     ) -> Tensor:  # fmt: skip
         """The gated recurrence over (b, h, n, ·) inputs: chunked from zeros (a forward, a
-        training step), chunked from the decode state (a prefill), or one step (decode)."""
+        training step), chunked from the decode state (a prefill), or one step (decode); on
+        flash-linear-attention's kernels with ``kernel=fla`` (the modeled peak on meta is
+        ours: theirs cannot trace there)."""
+        if self.cfg.kernel == "fla" and q.device.type != "meta":
+            o, s = fla_kernels.gated(q, k, v, g, scale, real, None if state is None else state.s)
+            if state is not None:
+                state.s.copy_(s)
+            return o
         if state is None:
             return gated_chunked(q, k, v, g, chunk=self.cfg.chunk, scale=scale, mask=real)[0]
         if q.shape[-2] == 1:
@@ -170,6 +192,11 @@ class RecurrentMixer(MultiHeadAttention):
     ) -> Tensor:  # fmt: skip
         """The delta rule over (b, h, n, ·) inputs, beta and g (b, h, n): dispatched as
         :meth:`gated`."""
+        if self.cfg.kernel == "fla" and q.device.type != "meta":
+            o, s = fla_kernels.delta(q, k, v, beta, g, real, None if state is None else state.s)
+            if state is not None:
+                state.s.copy_(s)
+            return o
         if state is None:
             return delta_chunked(q, k, v, beta, g, chunk=self.cfg.chunk, mask=real)[0]
         if q.shape[-2] == 1:

@@ -29,13 +29,15 @@ from attnbench.attention.mixer import CAUSAL_ONLY, MixerState, RecurrentMixer, c
 @dataclass
 class RetNetConfig:
     """``chunk``: positions per chunk of the chunked form (the recurrence carries the state
-    across chunks); 64 as flash-linear-attention's kernels. ``causal`` must stay true."""
+    across chunks); 64 as flash-linear-attention's kernels. ``causal`` must stay true;
+    ``kernel``: torch (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
 
     causal: bool = True
     chunk: int = gated_scan.DEFAULT_CHUNK
+    kernel: str = "torch"
 
     def __post_init__(self) -> None:
-        check_mixer("retnet", self.causal, self.chunk)
+        check_mixer("retnet", self.causal, self.chunk, self.kernel)
 
 
 @declare(
