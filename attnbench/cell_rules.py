@@ -15,6 +15,7 @@ import torch
 from attnbench import registry
 from attnbench.attention.base import check_kv_heads
 from attnbench.measure import presets
+from attnbench.quality import tasks
 from attnbench.settings import CELL_FIELDS, resolve
 from attnbench.validators import check_bool, check_int
 from attnbench.workload import DEFAULT as DEFAULT_MODE
@@ -103,7 +104,7 @@ def left_out(cell: Cell) -> str | None:
         return f"k={k} >= n={n}"
     if dict(cell.params).get("causal") and not info.causal:
         return "has no causal form"
-    if not dict(cell.params).get("causal") and info.causal_only:
+    if info.causal_only and not runs_causally(cell):
         return "is causal only"
     if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
         return "has no grouped-query form"
@@ -135,13 +136,21 @@ def check_settings(cell: Cell) -> None:
         declared[name].validate(value)
 
 
+def runs_causally(cell: Cell) -> bool:
+    """Whether the cell's mechanism runs causally: ``causal=true``, or a quality task that
+    trains every mechanism with a causal form causally (MQAR)."""
+    if dict(cell.params).get("causal"):
+        return True
+    return cell.task != "cost" and tasks.REGISTRY[cell.task].trains_causally
+
+
 def check_causal(cell: Cell) -> None:
     """``causal=true`` for a mechanism that cannot mask the future is one line naming the
     ones that can, not the mechanism's own error (or an unknown-parameter one);
     ``causal=false`` for a causal-only mechanism is one line with the reason."""
     causal = dict(cell.params).get("causal", False)
     check_bool("causal", causal)
-    if not causal and (why := registry.info(cell.attention).causal_only):
+    if (why := registry.info(cell.attention).causal_only) and not runs_causally(cell):
         raise ValueError(
             f"causal: attention={cell.attention} is causal only ({why}); set causal=true"
         )

@@ -67,6 +67,22 @@ ZOO = tuple(
     for params in ((), (("causal", True),))
     if not (name == "nystromformer" and params) and not (name == "vanilla" and not params)
 )
+MIXER_NAMES = ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
+
+
+def mixers() -> tuple:
+    """The recurrent mixers, causal, inference: our chunked cores, and beside each
+    flash-linear-attention's kernels (kernel=fla) where they can run here: ours against theirs."""
+    from attnbench.attention import fla_kernels
+
+    kernels = ("torch",) if fla_kernels.why_unavailable() else ("torch", "fla")
+    return tuple(
+        (name, None, (("causal", True), ("kernel", kernel)))
+        for name in MIXER_NAMES
+        for kernel in kernels
+    )
+
+
 TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
 # serving: (mechanism, grouped-query heads): kv_heads = n_heads / 4 where True (3 of 12, as
 # +sweep=serving), each at every n of NS_DECODE, causal, its decode steps timed
@@ -76,6 +92,7 @@ DECODE = (
     ("sdpa", False),
     ("linear", False),
     ("local", False),
+    *((name, False) for name in MIXER_NAMES),
 )
 NS_DECODE = (2048,)
 # compiled: (mechanism, params, mode, compile) at NS_COMPILED
@@ -113,6 +130,7 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
     return (
         cells(ns, shape, device, dtype)
         + cells(ns, shape, device, dtype, ZOO)
+        + cells(ns, shape, device, dtype, mixers())
         + cells(ns_train, shape, device, dtype, mode="train")
         + cells(
             ns_train[1:2], shape, device, dtype, mode="train", mode_settings={"checkpoint": True}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a CUDA machine: real vs modeled max batch, probes and time ratios under the 16 GB
 # V100 ceiling, and serving (mode=decode: the max batch, time per token, achieved bandwidth
-# against the GPU's copy bandwidth) for vanilla, vanilla kv_heads=3, sdpa, linear and local
-# (see scripts/gpu_check.py). Options pass through: --decode-only runs the serving cells
+# against the GPU's copy bandwidth) for vanilla, vanilla kv_heads=3, sdpa, linear, local and
+# the recurrent mixers; the mixers' forward on our cores and, where flash-linear-attention is
+# installed, on its kernels (kernel=fla) beside them (see scripts/gpu_check.py). Options pass through: --decode-only runs the serving cells
 # alone, --decode-device PRESET sets their ceiling (default h100_80gb; v100_16gb on a
 # GPU with less than 80 GB).
 # Commit results/gpu_check/ afterwards.

@@ -122,6 +122,10 @@ def test_a_non_causal_cell_is_refused_and_left_out_of_sweeps(name: str) -> None:
     assert left_out(_cell(name)) == "is causal only"
     assert left_out(_cell(name, causal=True)) is None
     validate(_cell(name, causal=True))
+    # MQAR trains every mechanism with a causal form causally, whatever causal says
+    recall = Cell(name, n=64, k=None, dtype="fp32", device="cpu", task="mqar")
+    assert left_out(recall) is None
+    validate(recall)
 
 
 BAD = [

@@ -39,6 +39,9 @@ class Task:
     # the task's own rules and run, each given the cell and its resolved settings
     check: Callable[[Cell, dict[str, Any]], None]
     run: Callable[[Cell, dict[str, Any]], dict[str, Any]]
+    # True: the task trains every mechanism with a causal form causally whatever the cell's
+    # ``causal`` says (MQAR, as Zoology's language models), so a causal-only one is not refused
+    trains_causally: bool = False
 
     def __post_init__(self) -> None:
         owned = tuple(s.owned(f"task={self.name}", f"quality.{self.name}.") for s in self.settings)
@@ -213,6 +216,7 @@ BUILTIN_TASKS: dict[str, Task] = {
             ),
             _check_mqar,
             runs.mqar,
+            trains_causally=True,
         ),
     )
 }
