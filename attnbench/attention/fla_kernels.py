@@ -5,11 +5,14 @@ The layer stays ours (projections, gates, convolution, norms); only the core is 
 same inputs: the gated recurrence as ``chunk_gla`` (a decay per key dimension) or
 ``chunk_simple_gla`` (a scalar per head: RetNet, Mamba-2), the delta rule as
 ``chunk_delta_rule`` / ``chunk_gated_delta_rule``, and a decode step as their
-``fused_recurrent_*``. Their layout is (batch, time, heads, dim) and their state (batch,
-heads, dk, dv), ours transposed. Their kernels fix the chunk at 64 and take no padding mask,
-so padded positions are zeroed here first (q, k, v, β and the log-decay: the state carried
-unchanged, as our cores do). fla is imported only when a kernel is called, so that asking
-whether it can run (:func:`why_unavailable`) imports nothing.
+``fused_recurrent_*``. Their layout is (batch, time, heads, dim), ours (batch, heads, time,
+dim) transposed; their state (batch, heads, dk, dv) is ours. Their kernels fix the chunk at
+64 and take no padding mask, so padded positions are zeroed here first (q, k, v, β and the
+log-decay: the state carried unchanged, as our cores do). q, k and v go in the layer's dtype
+(a layer's gates and normalised keys are fp32, its values fp16 in an fp16 cell: their kernels
+want one), the decays, β and the state in at least fp32 (cast back by the caller's copy).
+fla is imported only when a kernel is called, so that asking whether it can run
+(:func:`why_unavailable`) imports nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ def _op(package: str, name: str):
     return getattr(importlib.import_module(f"fla.ops.{package}"), name)
 
 
-def _theirs(real: Tensor | None, *ts: Tensor | None) -> list[Tensor | None]:
+def _theirs(
+    real: Tensor | None, dtypes: tuple[torch.dtype, ...], *ts: Tensor | None
+) -> list[Tensor | None]:
     """(b, h, n, ·) or (b, h, n) as their (b, n, h, ·) / (b, n, h), contiguous, 0 where
-    ``real`` (b, n) is False."""
+    ``real`` (b, n) is False, each in its dtype of ``dtypes``."""
     out = []
-    for t in ts:
+    for t, dtype in zip(ts, dtypes, strict=True):
         if t is not None:
+            t = t.to(dtype)
             if real is not None:
                 keep = real[:, None, :, None] if t.dim() == 4 else real[:, None, :]
                 t = torch.where(keep, t, 0.0)
@@ -62,7 +68,7 @@ def _device(q: Tensor) -> None:
 
 def gated(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, real: Tensor | None,
-    state: Tensor | None,
+    state: Tensor | None, dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The gated recurrence of :func:`attnbench.attention.gated_scan.gated_chunked` (or its
     step, for one token with a state): q, k (b, h, n, dk), v (b, h, n, dv), g broadcastable
@@ -72,8 +78,10 @@ def gated(
     per_dim = g.shape[-1] > 1
     g = g.expand(b, h, n, dk if per_dim else 1)
     g = g if per_dim else g[..., 0]
-    q, k, v, g = _theirs(real, q, k, v, g)
+    wide = torch.promote_types(dtype, torch.float32)
+    q, k, v, g = _theirs(real, (dtype, dtype, dtype, wide), q, k, v, g)
     step = state is not None and n == 1
+    state = None if state is None else state.to(wide)
     kw = {"scale": scale, "initial_state": state, "output_final_state": True}
     if per_dim:
         if step:
@@ -88,14 +96,16 @@ def gated(
 
 def delta(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, real: Tensor | None,
-    state: Tensor | None,
+    state: Tensor | None, dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The delta rule of :func:`attnbench.attention.delta_scan.delta_chunked` (or its step):
     q (already scaled), k (L2-normalised), v (b, h, n, ·), beta and g (b, h, n), g None for
     DeltaNet -> (o (b, h, n, dv), the final state)."""
     _device(q)
     step = state is not None and q.shape[2] == 1
-    q, k, v, beta, g = _theirs(real, q, k, v, beta, g)
+    wide = torch.promote_types(dtype, torch.float32)
+    q, k, v, beta, g = _theirs(real, (dtype, dtype, dtype, wide, wide), q, k, v, beta, g)
+    state = None if state is None else state.to(wide)
     kw = {"scale": 1.0, "initial_state": state, "output_final_state": True}
     if g is None:
         name = "fused_recurrent_delta_rule" if step else "chunk_delta_rule"

@@ -9,7 +9,8 @@ q, k and v, L2-normalised q and k, and the output RMSNorm(o) ⊙ SiLU(x W_G) per
 ``out_proj`` (the paper's gated output).
 
 Kept: all of the above. Dropped: the paper's wider value heads (expand_v = 2) and fewer,
-larger heads: heads are the model's, so its state is h·dk·dv = d²/h numbers, as DeltaNet's.
+larger heads: heads are the model's, so its state is h·dk·dv = d²/h numbers plus the
+convolution's window, (K − 1)·3d, as DeltaNet's.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ registers nothing. The recurrences themselves are :mod:`attnbench.attention.gate
 Choices every mixer makes alike, and why:
 
 * Heads of d_model / n_heads for queries, keys and values, as every other mechanism here:
-  the projections ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` keep their shapes, so a
-  row's cost difference is the mixer's, not a wider layer's. A mixer's own weights (gates,
-  decays, convolution, norms) are parameters of its own, counted in its row.
+  the projections ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` keep their shapes (but
+  Mamba-2's C and B, ``q_proj`` and ``k_proj``, of groups·d_state: its state is N per
+  channel), so a row's cost difference is the mixer's, not a wider layer's. A mixer's own
+  weights (gates, decays, convolution, norms) are parameters of its own, counted in its row.
 * FLOPs are matmul FLOPs, as FlopCounterMode counts them and as every mechanism here counts
   them: the linear layers and the cores' matmuls. The short convolution is K multiply-adds
   per channel and token, written as K shifted products rather than ``conv1d``: elementwise
@@ -130,17 +131,17 @@ class RecurrentMixer(MultiHeadAttention):
     state_shape: tuple[int, int] = (0, 0)
 
     @property
-    def kernel(self) -> int:
-        """The short convolution's kernel K, ``cfg.conv``; 0 for a mixer without one."""
+    def conv_size(self) -> int:
+        """The short convolution's kernel size K, ``cfg.conv``; 0 for a mixer without one."""
         return getattr(self.cfg, "conv", 0)
 
     def conv_weights(self, channels: int) -> None:
         """The short convolution's (channels, K) weights, initialised as ``conv1d``'s, or
         none when the kernel is 0."""
-        self.conv_channels = channels if self.kernel else 0
+        self.conv_channels = channels if self.conv_size else 0
         if self.conv_channels:
-            bound = 1.0 / self.kernel**0.5  # conv1d's default for a depthwise kernel
-            self.conv = nn.Parameter(torch.empty(channels, self.kernel).uniform_(-bound, bound))
+            bound = 1.0 / self.conv_size**0.5  # conv1d's default for a depthwise kernel
+            self.conv = nn.Parameter(torch.empty(channels, self.conv_size).uniform_(-bound, bound))
 
     def convolve(self, u: Tensor, real: Tensor | None, state: MixerState | None) -> Tensor:
         """SiLU of the short convolution of u (b, n, C), padded inputs zeroed first; a
@@ -169,7 +170,8 @@ class RecurrentMixer(MultiHeadAttention):
         flash-linear-attention's kernels with ``kernel=fla`` (the modeled peak on meta is
         ours: theirs cannot trace there)."""
         if self.cfg.kernel == "fla" and q.device.type != "meta":
-            o, s = fla_kernels.gated(q, k, v, g, scale, real, None if state is None else state.s)
+            s_0 = None if state is None else state.s
+            o, s = fla_kernels.gated(q, k, v, g, scale, real, s_0, self.dtype)
             if state is not None:
                 state.s.copy_(s)
             return o
@@ -193,7 +195,8 @@ class RecurrentMixer(MultiHeadAttention):
         """The delta rule over (b, h, n, ·) inputs, beta and g (b, h, n): dispatched as
         :meth:`gated`."""
         if self.cfg.kernel == "fla" and q.device.type != "meta":
-            o, s = fla_kernels.delta(q, k, v, beta, g, real, None if state is None else state.s)
+            s_0 = None if state is None else state.s
+            o, s = fla_kernels.delta(q, k, v, beta, g, real, s_0, self.dtype)
             if state is not None:
                 state.s.copy_(s)
             return o
@@ -222,6 +225,11 @@ class RecurrentMixer(MultiHeadAttention):
             o = o * F.silu(gate.to(o.dtype))
         return o.to(like.dtype)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The layer's dtype (its projections'): what ``kernel=fla`` computes in."""
+        return self.out_proj.weight.dtype
+
     def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
         """(b, n, d) -> (b, n, d) before ``out_proj``, from the state's tokens on when a
         decode state is given (updated in place), from none otherwise."""
@@ -242,13 +250,14 @@ class RecurrentMixer(MultiHeadAttention):
         s = torch.zeros(b, self.n_heads, dk, dv, dtype=dtype, device=device)
         conv = None
         if self.conv_channels:
-            conv = torch.zeros(b, self.kernel - 1, self.conv_channels, dtype=dtype, device=device)
+            size = (b, self.conv_size - 1, self.conv_channels)
+            conv = torch.zeros(size, dtype=dtype, device=device)
         return MixerState(s, conv)
 
     def context_elements(self, n: int) -> int:
         """S per head, h·dk·dv, and the convolution's window, (K − 1)·C: whatever n."""
         dk, dv = self.state_shape
-        window = (self.kernel - 1) * self.conv_channels if self.conv_channels else 0
+        window = (self.conv_size - 1) * self.conv_channels if self.conv_channels else 0
         return self.n_heads * dk * dv + window
 
     def state_bytes(self, n: int, itemsize: int) -> int:
