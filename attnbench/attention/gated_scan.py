@@ -244,14 +244,20 @@ def _intra_per_dim(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
     def cut(t: Tensor) -> Tensor:  # (…, size, ·) -> (…, size / s, s, ·)
         return t.unflatten(-2, (size // s, s))
 
-    from_first = cut(g).clone()
+    blocks = cut(g)  # (…, size / s, s, dk)
+    from_first = blocks.clone()
     from_first[..., 0, :] = 0  # so that its cumulative sum is Σ_{r < t ≤ i} g_t = G_i − G_r
     q_r = cut(q) * from_first.cumsum(-2).exp()
-    positions = torch.arange(size, device=q.device)
-    firsts = positions[::s, None]  # r of each sub-block, (size / s, 1)
-    upto = torch.where((positions <= firsts).unsqueeze(-1), g.unsqueeze(-3), 0.0)
-    to_first = _decays(_after(upto), (positions < firsts).unsqueeze(-1))  # e^{G_r − G_j}, j < r
-    out = (q_r @ (k.unsqueeze(-3) * to_first).transpose(-2, -1)) @ v.unsqueeze(-3)
+    # e^{G_r − G_j} for j in an earlier sub-block m than i's, p, split at m's last position e:
+    # e^{Σ_{j<t≤e} g_t} (j's own, within m) times e^{Σ_{e<t≤r} g_t} (one per (p, m) and d:
+    # the totals of the sub-blocks between them and g_r), every exponent a segment's own sum
+    k_e = cut(k) * _after(blocks).exp()
+    between = _segments(blocks.sum(-2))  # [p, m]: e^{Σ_{m < m' ≤ p} T_m'} for p ≥ m, else 0
+    # [p, m]: e^{Σ_{m < m' < p} T_m'} for m < p (row p − 1 of between), else 0
+    upto = torch.cat([torch.zeros_like(between[..., :1, :, :]), between[..., :-1, :, :]], -3)
+    cross = upto * blocks[..., 0, :].exp().unsqueeze(-2)  # times e^{g_r}, r = p's first
+    to_first = (cross.unsqueeze(-2) * k_e.unsqueeze(-4)).flatten(-3, -2)  # (…, p, size, dk)
+    out = (q_r @ to_first.transpose(-2, -1)) @ v.unsqueeze(-3)
     scores = (cut(q).unsqueeze(-2) * cut(k).unsqueeze(-3) * _segments(cut(g))).sum(-1)
     out = out + scores @ cut(v)  # the diagonal sub-blocks, (…, size / s, s, dv)
     return out.flatten(-3, -2)[..., :c, :]
