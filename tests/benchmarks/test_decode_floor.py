@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +69,9 @@ from torch import Tensor
 
 from attnbench.attention.cache import KVCache, grouped, ungrouped
 from attnbench.attention.vanilla import softmax_attend
-from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes
 from attnbench.model import Encoder, build_model
+from tests.benchmarks.floors import memory_floor, random_fill
 
 N, D, H, LAYERS, D_FF, B = 16384, 768, 12, 12, 3072, 1
 KV_HEADS, WINDOW = 3, 256
@@ -119,17 +118,6 @@ def _model(attention: str, *, n: int = N, layers: int = LAYERS, **params: Any) -
         causal=True,
         **params,
     )
-
-
-def random_fill(states: list[Any], n: int) -> None:
-    """Every state at position n with random contents in (0, 1), no prefill run: what
-    ``DecodeWork._random_fill`` does (``seek``, then every floating tensor uniform)."""
-    gen = torch.Generator().manual_seed(2)
-    for state in states:
-        state.seek(n)
-        for value in vars(state).values():
-            if isinstance(value, Tensor) and value.is_floating_point():
-                value.uniform_(0.0, 1.0, generator=gen)
 
 
 def _filled(model: Encoder, dtype: torch.dtype, n: int = N) -> list[Any]:
@@ -206,9 +194,6 @@ def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize:
     """Time decode steps of ``model`` over ``states`` and record the step's floor."""
     n, layers = size_of(benchmark)
     context = n + WARMUP + (ROUNDS + 1) // 2  # CONTEXT, at this n
-    state_bytes = B * model.state_bytes(context, itemsize)
-    weight_bytes = module_bytes(model)
-    bandwidth = copy_bytes_per_s("cpu")
     token = [_token()]
 
     def step() -> None:
@@ -217,13 +202,7 @@ def _time_steps(benchmark, model: Encoder, states: list, variant: str, itemsize:
     benchmark.extra_info.update(
         variant=variant,
         context=context,
-        state_bytes=state_bytes,
-        weight_bytes=weight_bytes,
-        read_bytes=state_bytes + weight_bytes,
-        copy_bytes_per_s=bandwidth,
-        floor_s=(state_bytes + weight_bytes) / bandwidth,
-        load_avg=os.getloadavg(),
-        threads=torch.get_num_threads(),
+        **memory_floor(B * model.state_bytes(context, itemsize), module_bytes(model)),
         shape=_shape(n, layers),
     )
     benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
