@@ -235,3 +235,14 @@ def test_kernel_fla_dispatches_each_form_to_its_op(
     assert calls == [chunked, step]
     with pytest.raises(ValueError, match=r"^chunk: kernel=fla runs flash-linear-attention's"):
         attnbench.create(name, d_model=D, n_heads=H, max_seq_len=64, kernel="fla", chunk=32)
+
+
+def test_the_gate_times_each_mixer_in_its_causal_form() -> None:
+    """The regression suite names the mixers without causal=true, as every mechanism; the
+    gate times their only form, a forward, a backward and a decode step each."""
+    from attnbench.check.suite import load_suite
+
+    names = {c.name for c in load_suite().cells}
+    for name in MIXERS:
+        for cell in ("n=256 b=1", "n=512 b=1", "n=256 b=1 backward", "n=1024 b=1 decode"):
+            assert f"{name} (causal=True) {cell}" in names

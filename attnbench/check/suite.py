@@ -91,7 +91,7 @@ def load_suite(
     skipped: list[tuple[str, str]] = []
     for cfg in jobs:
         try:
-            cell = cell_from_cfg(cfg, multirun)  # k as a sweep keeps it
+            cell = causal_form(cell_from_cfg(cfg, multirun))  # k as a sweep keeps it
         except ValueError as e:
             raise Misuse(f"--suite {name}: {e}") from None
         if left_out(cell) is not None:
@@ -111,6 +111,18 @@ def load_suite(
         why = "; ".join(f"{c}: {w}" for c, w in skipped) or "it has no cells"
         raise Misuse(f"--suite {name}: empty suite, no cell can run here ({why})")
     return Suite(cells, skipped, settings)
+
+
+def causal_form(cell: Any) -> Any:
+    """A causal-only mechanism's cell in its causal form, its only one: the gate times every
+    mechanism of its suite, where a sweep without ``causal=true`` leaves such a cell out
+    (:func:`attnbench.cell_rules.left_out`). Any other cell as it is."""
+    from attnbench.cell_rules import runs_causally
+    from attnbench.registry import info
+
+    if not info(cell.attention).causal_only or runs_causally(cell):
+        return cell
+    return replace(cell, params=tuple(sorted((*cell.params, ("causal", True)))))
 
 
 def _settings(name: str, jobs: list[Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
