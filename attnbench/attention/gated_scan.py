@@ -190,14 +190,26 @@ def gated_chunked(
     q, k, v, g, state = _prepare(q, k, v, g, mask, initial_state, scale)
     if q.shape[-2] == 0:
         return v, state
-    intra = _intra_scalar if g.shape[-1] == 1 else _intra_per_dim
+    # a decay fixed over positions (RetNet's γ, no padding: still a stride-0 view) makes the
+    # same decays in every chunk of a size: built once per size, not once per chunk
+    fixed = g.stride(-2) == 0
+    decays: dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {}
     outs = []
     for q_c, k_c, v_c, g_c in zip(*(t.split(chunk, dim=-2) for t in (q, k, v, g)), strict=True):
-        read = g_c.cumsum(-2)  # G_i = Σ_{t ≤ i} g_t, (…, c, 1 or dk)
-        outs.append(intra(q_c, k_c, v_c, g_c) + (q_c * read.exp()) @ state)
-        written = (k_c * _after(g_c).exp()).transpose(-2, -1) @ v_c  # e^{G_last − G_j}
-        last = read[..., -1:, :].transpose(-2, -1)  # G_last, (…, 1 or dk, 1)
-        state = last.exp() * state + written  # not in place: the read above saved it
+        size = q_c.shape[-2]
+        if size not in decays or not fixed:
+            read = g_c.cumsum(-2)  # G_i = Σ_{t ≤ i} g_t, (…, c, 1 or dk)
+            last = read[..., -1:, :].transpose(-2, -1).exp()  # e^{G_last}, (…, 1 or dk, 1)
+            inner = _segments(g_c).squeeze(-1) if g.shape[-1] == 1 else None
+            decays[size] = (read.exp(), _after(g_c).exp(), last, inner)  # e^{G_last − G_j}
+        read, after, last, inner = decays[size]
+        if inner is None:
+            intra = _intra_per_dim(q_c, k_c, v_c, g_c)
+        else:
+            intra = ((q_c @ k_c.transpose(-2, -1)) * inner) @ v_c  # (Q Kᵀ ⊙ D) V
+        outs.append(intra + (q_c * read) @ state)
+        written = (k_c * after).transpose(-2, -1) @ v_c
+        state = last * state + written  # not in place: the read above saved it
     return torch.cat(outs, dim=-2), state
 
 
@@ -221,11 +233,6 @@ def _segments(g: Tensor) -> Tensor:
     later = (positions[:, None] > positions).unsqueeze(-1)  # [t, j]: t > j
     sums = torch.where(later, g.unsqueeze(-2), 0.0).cumsum(-3)  # [i, j]: Σ_{j < t ≤ i} g_t
     return _decays(sums, (positions[:, None] >= positions).unsqueeze(-1))
-
-
-def _intra_scalar(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
-    """Σ_{j ≤ i} q_i·k_j e^{G_i − G_j} v_j for a scalar decay, g (…, c, 1): (Q Kᵀ ⊙ D) V."""
-    return ((q @ k.transpose(-2, -1)) * _segments(g).squeeze(-1)) @ v
 
 
 def _intra_per_dim(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
