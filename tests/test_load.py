@@ -86,12 +86,15 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     # model's states), ListOps (8, and 10 over five seeds), the spectrum (a random model
     # and the trained one), serving (189 cells and 27 of linear with an fp32 state) and the
     # compiled run (10 mechanisms at 7 n, eager and compiled, Linformer's k=256 not at 256)
-    # and the recall run (30 MQAR cells, 2 without the short convolution, 4 more seeds)
-    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 36
+    # and the recall run (30 MQAR cells, 2 without the short convolution, 4 more seeds, 15
+    # of the recurrent mixers); +sweep=mixers (108 cells and the 25 of the chunk curve) and
+    # the mixers' serving run (135 cells, vanilla's and linear's 54 beside them)
+    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 51 + 133 + 189
     assert set(both["mode"]) == {"inference", "train", "decode"}
     tasks = both.task.value_counts().to_dict()
     assert tasks == {
-        "cost": 195 + 216 + 138, "approx": 62, "listops": 18, "spectrum": 2, "mqar": 36,
+        "cost": 195 + 216 + 138 + 133 + 189, "approx": 62, "listops": 18, "spectrum": 2,
+        "mqar": 51,
     }  # fmt: skip
     assert both["compile"].sum() == 69 and (both.compiled == "kernel").sum() == 7
     ours = both[both.run_dir == str(REFERENCE)]

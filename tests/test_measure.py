@@ -322,9 +322,11 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     assert timed.count(" - |") == 0, timed  # its time per token and bandwidths are there
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # 6 compiled cells (4 layers compiled, flex in the eager model and compiled; flex's
-    # training is the GPU's), 11 Table 3 and training cells, the zoo's 10 mechanisms at
-    # n = 64 and 128, and the 5 serving cells at batch=max and vanilla's at batch=2
-    assert len(rows) == 6 + 11 + 2 * 10 + 5 + 1 and all(r["status"] == "ok" for r in rows), rows
+    # training is the GPU's), 11 Table 3 and training cells, the zoo's 10 mechanisms and
+    # the 5 mixers (ours; fla's too where it can run) at n = 64 and 128, and the 10 serving
+    # cells at batch=max and vanilla's at batch=2
+    assert len(rows) == 6 + 11 + 2 * 10 + 2 * 5 + 10 + 1, rows
+    assert all(r["status"] == "ok" for r in rows), rows
     compiled = [(r["attention"], r["compiled"]) for r in rows[:6]]
     assert compiled == [
         ("vanilla", "layers"), ("sdpa", "layers"), ("linear", "layers"), ("local", "layers"),
@@ -332,15 +334,17 @@ def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
     ]  # fmt: skip
     assert all(r["compile_s"] > 0 and r["time_per_seq_s"] > 0 for r in rows[:6])
     served = [r for r in rows if r["mode"] == "decode"]
-    assert [(r["attention"], r["model"].get("kv_heads")) for r in served[:5]] == [
+    mixers = [(name, None) for name in ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")]
+    assert [(r["attention"], r["model"].get("kv_heads")) for r in served[:10]] == [
         ("vanilla", None),
         ("vanilla", 1),
         ("sdpa", None),
         ("linear", None),
         ("local", None),
+        *mixers,
     ]
-    assert all(r["params"]["causal"] and r["predicted_max_batch"] > 0 for r in served[:5])
-    assert served[5]["decode"]["bytes_per_s"] > 0 and served[5]["decode"]["copy_bytes_per_s"] > 0
+    assert all(r["params"]["causal"] and r["predicted_max_batch"] > 0 for r in served[:10])
+    assert served[10]["decode"]["bytes_per_s"] > 0 and served[10]["decode"]["copy_bytes_per_s"] > 0
 
 
 def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu(
@@ -361,6 +365,7 @@ def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu(
         ("sdpa", None),
         ("linear", None),
         ("local", None),
+        *((name, None) for name in ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")),
     ] * len(script.NS_DECODE)
     assert {(c.mode, c.batch, c.device, c.dtype, dict(c.params)["causal"]) for c in todo} == {
         ("decode", "max", "h100_80gb", "fp16", True)

@@ -146,7 +146,7 @@ def test_other_launchers_give_the_same_rows(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("attention=foo",), "attention: unknown option 'foo'; allowed: flex, flex_window, linear"),
+        (("attention=foo",), "attention: unknown option 'foo'; allowed: deltanet, flex"),
         (("+sweep=nope",), "sweep: unknown option 'nope'; allowed: approx, batches"),
         (("device=tpu",), "device: unknown option 'tpu'; allowed: a100_40gb"),
         # a choice is an option of its group, named as typed: not a path to another file

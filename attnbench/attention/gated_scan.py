@@ -27,35 +27,30 @@ Choices, and why:
   factorisation (q ⊙ e^{G})(k ⊙ e^{−G})ᵀ overflows fp32 once a chunk's total decay passes
   about −88 (chunk 64 at g ≈ −1.4 per token); instead each ratio's exponent is masked to the
   causal triangle (−∞ above it) before it is exponentiated.
-* Each exponent is summed over its own segment, Σ_{j < t ≤ i} g_t (a suffix sum for the
-  state's write, a masked cumulative sum for the c × c ratios), not taken as G_i − G_j: two
-  cumulative sums near −1000 differing by 1 keep that 1 only to fp32's ulp at 1000, 6e-5,
-  where the segment's own sum keeps it to 6e-8. With g down to −60 per token (one chunk of
-  37, |o| ≤ 10) the chunked form in fp32 is 8e-7 from float64, the fp32 recurrence 1.3e-6,
-  differences of cumulative sums 4e-5.
+* Each exponent is summed over its own segment, Σ_{j < t ≤ i} g_t, not taken as G_i − G_j:
+  two cumulative sums near −1000 differing by 1 keep that 1 only to 6e-5 in fp32, its own
+  sum to 6e-8. With g down to −60 per token the chunked form in fp32 is 8e-7 from float64,
+  the fp32 recurrence 1.3e-6, differences of cumulative sums 4e-5.
 * A scalar decay (Mamba-2, RetNet): the intra-chunk term is (Q Kᵀ ⊙ D) V with
-  D_ij = e^{G_i − G_j} on and below the diagonal, c × c: matmuls.
+  D_ij = e^{G_i − G_j} on and below the diagonal, c × c: matmuls. A decay fixed over
+  positions (RetNet's) gives every chunk of a size the same decays: built once per size.
 * A decay per key dimension (GLA) makes the ratio depend on d, so the intra-chunk scores are
-  no matmul of the inputs, and broadcasting them holds c²·dk numbers. As in GLA's
-  secondary-level chunking, the chunk is cut into sub-blocks of s positions: for j in a sub-block
-  before i's, whose first position is r, e^{G_i − G_j} = e^{G_i − G_r}·e^{G_r − G_j}, both
-  exponents ≤ 0, so those scores are a matmul of (q ⊙ e^{G − G_r}) and (k ⊙ e^{G_r − G});
-  only the s × s diagonal sub-blocks are formed elementwise. A chunk holds c·dk·(c/s + s)
-  numbers, least at s = √c: :data:`SUB` = 8 for the default chunk of 64.
+  no matmul of the inputs. As in GLA's secondary-level chunking, the chunk is cut into
+  sub-blocks of s positions: for j in a sub-block before i's, whose first position is r,
+  e^{G_i − G_j} = e^{G_i − G_r}·e^{G_r − G_j}, both exponents ≤ 0, so those scores are a
+  matmul of (q ⊙ e^{G − G_r}) and (k ⊙ e^{G_r − G}); only the s × s diagonal sub-blocks are
+  formed elementwise. A chunk holds c·dk·(c/s + s) numbers, least at s = √c: :data:`SUB` = 8.
 * The inputs are split into chunks once and the outputs concatenated once (one cat and one
-  split in the backward, as in :mod:`attnbench.attention.prefix`); one state is alive at a
-  time in a forward, a training step keeps the n/c chunk states.
-* Padding (``mask`` (b, n), True = real token): where it is False, q, k, v and g are replaced
-  by 0 with ``torch.where`` (a product would keep a NaN there): g = 0 is decay 1 and k = 0 no
-  write, so the state is carried unchanged, and q = 0 gives output 0.
-* Sums run in at least fp32 (fp64 stays fp64) and are returned in that dtype; callers cast back.
-* g ≤ 0 is assumed, not checked: a check would synchronise the device on every call.
+  split in the backward, as :mod:`attnbench.attention.prefix`); training keeps n/c states.
+* Padding (``mask`` (b, n), True = real token): there q, k, v and g are replaced by 0 with
+  ``torch.where`` (a product would keep a NaN): decay 1, no write, output 0.
+* Sums run in at least fp32 (fp64 stays fp64), returned in that dtype. g ≤ 0 is assumed, not
+  checked: a check would synchronise the device on every call.
 
-The decode step is the recurrence for one token, returning the new state rather than writing
-the old one in place: where the state lives (a serving cache) is the caller's. A prefill by
-:func:`gated_chunked` and then one :func:`gated_step` per token equal one pass over the whole
-sequence. The state is dk·dv numbers per head whatever the context (:func:`state_elements`);
-there is no normaliser to carry.
+The decode step is the recurrence for one token, returning the new state (where it lives is
+the caller's). A prefill by :func:`gated_chunked` and then one :func:`gated_step` per token
+equal one pass over the whole sequence. The state is dk·dv numbers per head whatever the
+context (:func:`state_elements`); there is no normaliser to carry.
 """
 
 from __future__ import annotations
