@@ -50,17 +50,23 @@ def blocked_keys(
     return blocked
 
 
+def check_head_groups(name: str, groups: int, n_heads: int) -> int:
+    """``groups`` (of the setting ``name``) divides ``n_heads``: each group serves a whole
+    set of heads (grouped-query key/value heads, Mamba-2's B and C groups)."""
+    check_int(name, groups)
+    if n_heads % groups:
+        allowed = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+        raise ValueError(
+            f"{name}: must divide n_heads={n_heads} (one of {', '.join(map(str, allowed))}), "
+            f"got {groups}"
+        )
+    return groups
+
+
 def check_kv_heads(kv_heads: int, n_heads: int) -> int:
     """``kv_heads`` divides ``n_heads``: each key/value head serves a whole group of query
     heads. The one rule, read by the layer and by a cell's validation."""
-    check_int("kv_heads", kv_heads)
-    if n_heads % kv_heads:
-        allowed = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
-        raise ValueError(
-            f"kv_heads: must divide n_heads={n_heads} (one of {', '.join(map(str, allowed))}), "
-            f"got {kv_heads}"
-        )
-    return kv_heads
+    return check_head_groups("kv_heads", kv_heads, n_heads)
 
 
 class MultiHeadAttention(nn.Module):

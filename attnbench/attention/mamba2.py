@@ -30,14 +30,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
-from attnbench.attention.base import declare
+from attnbench.attention.base import check_head_groups, declare
 from attnbench.attention.mixer import (
     CAUSAL_ONLY,
     DEFAULT_CONV,
     NORM_EPS,
     MixerState,
     RecurrentMixer,
-    check_groups,
     check_mixer,
     wide,
 )
@@ -78,7 +77,7 @@ class Mamba2(RecurrentMixer):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
         d, h, cfg = self.d_model, self.n_heads, self.cfg
-        self.groups = check_groups(cfg.groups, h)
+        self.groups = check_head_groups("groups", cfg.groups, h)
         bc = self.groups * cfg.d_state
         self.q_proj, self.k_proj = nn.Linear(d, bc), nn.Linear(d, bc)  # C and B
         self.state_shape = (cfg.d_state, self.head_dim)

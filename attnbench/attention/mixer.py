@@ -72,19 +72,6 @@ def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: 
             )
 
 
-def check_groups(groups: int, n_heads: int) -> int:
-    """``groups`` (Mamba-2's B and C groups) divides the heads: each group serves a whole
-    set of heads, as grouped-query attention's key/value heads do."""
-    check_int("groups", groups)
-    if n_heads % groups:
-        allowed = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
-        raise ValueError(
-            f"groups: must divide n_heads={n_heads} (one of {', '.join(map(str, allowed))}), "
-            f"got {groups}"
-        )
-    return groups
-
-
 @dataclass
 class MixerState:
     """One layer's decode state: S (b, h, dk, dv) and the convolution's window, the last K − 1
