@@ -38,11 +38,15 @@ What is timed, each in the same process (so the rate and the bandwidth are the s
   do not: each step is timed twice, ``flushed`` (a 256 MiB read, untimed, before each step,
   so that the step reads from memory as the floor assumes: the figure held to it) and
   ``warm`` (steps back to back, the layer cache-resident: it can beat the floor).
+* ``decode-linears``: the step's weight reads alone, every ``nn.Linear`` of the layer
+  applied to one token after the same flush: how much of a flushed step reading its weights
+  through torch's GEMV takes, and so how much the step's other ops do.
 * ``matmul``: the fp32 GEMM at the layer's shape (n × d @ d × d), as test_forward_speed.py's:
   the rate every matmul floor divides by (FLOPs ÷ its median). ``cpu_matmul_rate()`` (a
   1024² GEMM, what the runner estimates a cell's cost with) is recorded beside it, and
-  ``matmul-chunk`` times the cores' own matmul shape (batched 64 × 64 @ 64 × 64) for the
-  header: how fast those matmuls can go here, not a floor.
+  ``matmul-chunk`` times the cores' own matmul shape (batched 64 × 64 @ 64 × 64): how fast
+  those matmuls can go here. A core's ``median / block floor`` divides by that rate: above
+  1, the time its matmuls' shape does not explain.
 
 The targets (#33), read from the medians, never asserted (speed is for benchmarks only):
 each chunked form within 1.5× its matmul floor, at least 5× faster than its reference, and
@@ -319,6 +323,40 @@ def test_decode_step(benchmark, name: str, caches: str) -> None:
     assert torch.isfinite(token[0]).all()  # the steps fed on themselves stayed numbers
 
 
+@pytest.mark.parametrize("name", MIXERS)
+def test_decode_linears(benchmark, name: str) -> None:
+    """The decode step's weight reads alone: every ``nn.Linear`` of the layer applied once to
+    one token (its own input width), one after another, after the same 256 MiB read as a
+    ``flushed`` step. What a step costs with nothing but its projections: the part of the
+    step's time that reading the weights takes through torch's GEMV here."""
+    layer = _layer(name, n_of(benchmark) + 1)
+    linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+    inputs = [torch.randn(B, 1, m.in_features) for m in linears]
+    evict = torch.ones(COPY_BYTES // 4)
+
+    def project() -> None:
+        for m, x in zip(linears, inputs, strict=True):
+            F.linear(x, m.weight, m.bias)
+
+    def flush() -> None:  # untimed: pytest-benchmark reads a setup's result as arguments
+        evict.sum()
+
+    benchmark.extra_info.update(
+        role="decode-linears",
+        mechanism=name,
+        linears=len(linears),
+        weight_bytes=sum(m.weight.numel() * m.weight.element_size() for m in linears),
+    )
+    with torch.inference_mode():
+        benchmark.pedantic(
+            project,
+            setup=flush,
+            rounds=STEP_ROUNDS,
+            warmup_rounds=STEP_WARMUP,
+            iterations=1,
+        )
+
+
 # -- the figures -------------------------------------------------------------------------------
 
 
@@ -357,8 +395,8 @@ def summary(data: dict) -> str:
         "reference",
         "",
         "| mechanism | timed | median ms | IQR ms | GFLOP | floor ms | median / floor "
-        "| reference ms | reference / this |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| median / block floor | reference ms | reference / this |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     notes = []
     for m in names:
@@ -367,6 +405,10 @@ def summary(data: dict) -> str:
                 continue
             s, e = by[(role, m, CHUNK)]
             floor = e["flops"] / rate
+            # the same FLOPs at the rate of the cores' own matmul shape (64 × 64 blocks)
+            block = "-"
+            if role == "core" and chunk_rate is not None:
+                block = f"{s['median'] * chunk_rate[0] / e['flops']:.2f}"
             against = "- | -"
             if role == "core" and ("reference", m, None) in by:
                 r_s, r_e = by[("reference", m, None)]
@@ -378,7 +420,7 @@ def summary(data: dict) -> str:
             out.append(
                 f"| {m} | {role} | {s['median'] * 1e3:.1f} | {s['iqr'] * 1e3:.1f} | "
                 f"{e['flops'] / 1e9:.2f} | {floor * 1e3:.1f} | {s['median'] / floor:.2f} | "
-                f"{against} |"
+                f"{block} | {against} |"
             )
             if e["flops_counted"] != e["flops"]:
                 notes.append(
@@ -393,15 +435,22 @@ def summary(data: dict) -> str:
             "One decode step of the layer (extend by one token) against its memory floor",
             "",
             "| mechanism | caches | median µs | IQR µs | state KB | weights MB | floor µs "
-            "| median / floor | achieved GB/s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| median / floor | achieved GB/s | its linears alone µs |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s, e in decode:
+            alone = by.get(("decode-linears", e["mechanism"], None))
+            linears = (
+                "-"
+                if alone is None or e["caches"] != "flushed"
+                else (f"{alone[0]['median'] * 1e6:.0f}")
+            )
             out.append(
                 f"| {e['mechanism']} | {e['caches']} | {s['median'] * 1e6:.0f} | "
                 f"{s['iqr'] * 1e6:.0f} | {e['state_bytes'] / 1e3:.1f} | "
                 f"{e['weight_bytes'] / 1e6:.2f} | {e['floor_s'] * 1e6:.0f} | "
-                f"{s['median'] / e['floor_s']:.2f} | {e['read_bytes'] / s['median'] / 1e9:.1f} |"
+                f"{s['median'] / e['floor_s']:.2f} | {e['read_bytes'] / s['median'] / 1e9:.1f} | "
+                f"{linears} |"
             )
 
     chunks = sorted({k[2] for k in by if k[0] == "core"})
