@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnbench.attention.packing import Packing
 from attnbench.registry import gqa_kwargs, make_config, mechanism_class
 from attnbench.validators import check_int
 
@@ -35,7 +36,11 @@ class EncoderLayer(nn.Module):
         return 2 * 2 * b * n * self.fc1.in_features * self.fc1.out_features
 
     def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, state: Any = None
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        state: Any = None,
+        packing: Packing | None = None,
     ) -> Tensor:
         """The layer over x; with a ``state`` its incremental form (``attn.extend``).
 
@@ -43,12 +48,14 @@ class EncoderLayer(nn.Module):
         keep b·n·d more elements alive through the FFN, where the layer peaks whenever the
         attention itself is cheap (8 % of Linformer k = 128's max batch), a cost that
         neither RoBERTa's layer nor any mechanism has."""
-        x = self.norm1(x + self._attend(x, key_padding_mask, state))
+        x = self.norm1(x + self._attend(x, key_padding_mask, state, packing))
         return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))  # (b, n, d)
 
-    def _attend(self, x: Tensor, key_padding_mask: Tensor | None, state: Any) -> Tensor:
+    def _attend(
+        self, x: Tensor, key_padding_mask: Tensor | None, state: Any, packing: Packing | None
+    ) -> Tensor:
         if state is None:
-            return self.attn(x, key_padding_mask)
+            return self.attn(x, key_padding_mask, packing)
         return self.attn.extend(x, state, key_padding_mask)
 
 
@@ -65,18 +72,24 @@ class Encoder(nn.Module):
         self.checkpoint = False
         self.recompute_context: Callable[[], AbstractContextManager[Any]] = nullcontext
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, packing: Packing | None = None
+    ) -> Tensor:
+        """The layers over x; with ``packing``, rows of documents laid end to end, each
+        document's output what it would be alone (every other op is per position)."""
         for layer in self.layers:
             if self.checkpoint and torch.is_grad_enabled():
                 x = checkpoint(
                     layer,
                     x,
                     key_padding_mask,
+                    None,
+                    packing,
                     use_reentrant=False,
                     context_fn=lambda: (nullcontext(), self.recompute_context()),
                 )
             else:
-                x = layer(x, key_padding_mask)
+                x = layer(x, key_padding_mask, None, packing)
         return x
 
     # -- the decoder form: a serving engine's prefill and decode steps --------------------------
@@ -139,6 +152,13 @@ class Encoder(nn.Module):
     def flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one forward: each layer's attention plus its two FFN matmuls."""
         return sum(layer.attn.flops(b, n) + layer.ffn_flops(b, n) for layer in self.layers)
+
+    def packed_flops(self, packing: Packing) -> int:
+        """Matmul FLOPs of one forward over packed rows (``attn.packed_flops``; the FFN sees
+        every position of the b rows of T)."""
+        b, t = packing.batch, packing.width
+        layers = self.layers
+        return sum(layer.attn.packed_flops(packing) + layer.ffn_flops(b, t) for layer in layers)
 
     def dense_flops(self, b: int, n: int) -> int:
         """:meth:`flops` with every layer's attention counted dense (``dense_attention_flops``:

@@ -38,6 +38,7 @@ from attnbench.attention import (
     xformers,
 )
 from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.packing import PER_DOCUMENT
 
 DTYPES = ("fp32", "fp16", "bf16")
 DEVICES = ("cpu", "cuda")
@@ -72,6 +73,9 @@ class Info:
     budget_when: tuple[str, Any] | None = None
     # why a non-causal cell is refused (the mechanism is causal by construction), or None
     causal_only: str | None = None
+    # why packed documents cannot be kept apart in a row (packing refused), or None
+    cannot_pack: str | None = None
+    packs: str = PER_DOCUMENT  # how it keeps packed documents apart (attend_packed)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ def register(
     no_cpu_backward: str | None = None,
     budget_when: tuple[str, Any] | None = None,
     causal_only: str | None = None,
+    cannot_pack: str | None = None,
+    packs: str = PER_DOCUMENT,
 ) -> Callable[[type[MultiHeadAttention]], type[MultiHeadAttention]]:
     """Class decorator that adds a mechanism under ``name``.
 
@@ -133,6 +139,7 @@ def register(
             budget, defaults, unavailable=None, cannot_train=cannot_train, limits=limits,
             cannot_decode=cannot_decode, gqa=gqa, compiles=compiles,
             no_cpu_backward=no_cpu_backward, budget_when=budget_when, causal_only=causal_only,
+            cannot_pack=cannot_pack, packs=packs,
         )  # fmt: skip
         _REGISTRY[name] = _Spec(cls, config, caps, why_unavailable)
         return cls

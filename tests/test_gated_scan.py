@@ -223,3 +223,51 @@ def test_the_state_is_dk_by_dv_per_head_whatever_n() -> None:
     for n in (1, 37):
         _, s = gated_chunked(**inputs("per_dim", n))
         assert s[0, 0].numel() == state_elements(DK, DV) == DK * DV
+
+
+def starts_of(rows: tuple[tuple[int, ...], ...]) -> Tensor:
+    """(b, n) True at each document's first position, from each row's document lengths."""
+    return torch.stack([torch.cat([torch.arange(n) == 0 for n in row]) for row in rows])
+
+
+ROWS = ((3, 1, 9, 14, 10), (37,))  # starts inside chunks of 8, on one, a one-token document
+
+
+@pytest.mark.parametrize("kind", DECAYS)
+@pytest.mark.parametrize("chunk", [8, 12])
+def test_a_reset_at_each_document_is_each_document_alone(kind: str, chunk: int) -> None:
+    """Packed documents (``starts``): the chunked form equals the reference's reset (the state
+    zeroed), outputs and gradients, and each document equals the chunked form run on it
+    alone from a zero state; the final state is the last document's. Strong decays (g down
+    to −30) too: −∞ at a start must meet no other −∞. Measured: outputs and states at most
+    1.8e-15 from the reference, gradients 3.6e-15."""
+    x = inputs(kind, 37, seed=7)
+    x["g"] = x["g"] * 30
+    del x["initial_state"]
+    starts = starts_of(ROWS)
+    leaves = {key: t.clone().requires_grad_() for key, t in x.items()}
+    w = torch.randn(B, H, 37, DV, generator=torch.Generator().manual_seed(8), dtype=F64)
+    runs = []
+    for fn, kw in ((gated_reference, {}), (gated_chunked, {"chunk": chunk})):
+        o, s = fn(**leaves, scale=0.5, starts=starts, **kw)
+        runs.append((o, s, torch.autograd.grad((o * w).sum() + s.sum(), list(leaves.values()))))
+    (o_ref, s_ref, g_ref), (o, s, g) = runs
+    assert err(o, o_ref) < 1e-12 and err(s, s_ref) < 1e-12
+    for got, want in zip(g, g_ref, strict=True):
+        assert torch.isfinite(got).all() and err(got, want) < 1e-11
+    for row, lengths in enumerate(ROWS):
+        start = 0
+        for n in lengths:
+            part = {  # RetNet's fixed g (1, h, 1, 1) serves every row and position
+                key: t[row : row + 1, :, start : start + n] if t.shape[2] > 1 else t
+                for key, t in x.items()
+            }
+            alone, last = gated_chunked(**part, scale=0.5, chunk=chunk)
+            assert err(o[row : row + 1, :, start : start + n], alone) < 1e-12
+            start += n
+        assert err(s[row : row + 1], last) < 1e-12
+
+
+def test_starts_of_the_wrong_shape_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"starts: must be bool \(b, n\) = \(2, 5\)"):
+        gated_chunked(**inputs("per_head", 5), starts=torch.ones(2, 4, dtype=torch.bool))

@@ -16,7 +16,7 @@ import torch
 import attnbench
 import attnbench.attention.performer
 import attnbench.attention.xformers as xf
-from attnbench.attention.base import blocked_keys
+from attnbench.attention.masks import blocked_keys
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import profiled_peak
 from attnbench.registry import info

@@ -30,24 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnbench.attention.packing import Packing, each_document
 from attnbench.validators import check_int
-
-
-def blocked_keys(
-    key_padding_mask: Tensor | None, causal: bool, n: int, device: torch.device
-) -> Tensor | None:
-    """Bool mask, True where query i may NOT attend key j, broadcastable to (b, h, n, n).
-
-    The one definition of "padding" and "causal" for the exact mechanisms (vanilla, sdpa,
-    xformers), so they cannot disagree on it.
-    """
-    blocked = None
-    if key_padding_mask is not None:
-        blocked = key_padding_mask[:, None, None, :]  # (b, 1, 1, n)
-    if causal:
-        future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)  # (n, n)
-        blocked = future if blocked is None else blocked | future
-    return blocked
 
 
 def check_head_groups(name: str, groups: int, n_heads: int) -> int:
@@ -96,9 +80,25 @@ class MultiHeadAttention(nn.Module):
         """One module per layer. Mechanisms that share state across layers override this."""
         return [cls(**kwargs) for _ in range(layers)]
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, packing: Packing | None = None
+    ) -> Tensor:
+        """(b, n, d) -> (b, n, d). With ``packing`` each row of x is documents laid end to
+        end (:class:`~attnbench.attention.packing.Packing`) and no output sees another
+        document: every document's output is what it would be alone."""
         self._check(x, key_padding_mask)
-        return self.out_proj(self.attend(x, key_padding_mask))
+        if packing is None:
+            return self.out_proj(self.attend(x, key_padding_mask))
+        packing.check(self, x, key_padding_mask)
+        return self.out_proj(self.attend_packed(x, packing))
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """:meth:`attend` over packed rows, before ``out_proj``. Here document by document:
+        each document's positions through :meth:`attend` alone, so exact by construction
+        for any mechanism whose output on a sequence depends on that sequence only. A
+        mechanism that keeps documents apart in one pass over the row (a state reset at
+        each boundary, a document mask) overrides it."""
+        return each_document(self.attend, x, packing)
 
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build the per-length structures a forward at length ``n`` on ``device`` needs
@@ -186,6 +186,18 @@ class MultiHeadAttention(nn.Module):
         """
         d, d_kv = self.d_model, self.kv_heads * self.head_dim
         return 2 * 2 * b * n * d * (d + d_kv) + self.attention_flops(b, n)
+
+    def packed_flops(self, packing: Packing) -> int:
+        """Matmul FLOPs of one forward over packed rows: the projections over every position
+        of the b rows of T (as :meth:`flops`) and :meth:`packed_attention_flops`."""
+        b, t = packing.batch, packing.width
+        return self.flops(b, t) - self.attention_flops(b, t) + self.packed_attention_flops(packing)
+
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """The attention's FLOPs over packed rows as :meth:`attend_packed` computes them:
+        here each document's alone, Σ :meth:`attention_flops` (1, l). A mechanism that packs
+        in one pass over the row overrides both."""
+        return sum(self.attention_flops(1, n) for n in packing.lengths)
 
     def flops_backward(self, b: int, n: int) -> int:
         """Matmul FLOPs of one backward, the analytic twin of FlopCounterMode's count: every

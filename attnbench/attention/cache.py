@@ -27,7 +27,7 @@ class KeyValues:
     dtype, ``padded`` (b, slots) True where a slot holds padding (or, for a ring, nothing
     yet), ``length`` the tokens seen so far (the same for every sequence: left padding),
     ``has_padding`` whether any token seen was padding. The K/V cache and local's ring
-    (:class:`attnbench.attention.local.Ring`) are both this, told apart by how they write."""
+    (:class:`Ring`, local's) are both this, told apart by how they write."""
 
     k: Tensor
     v: Tensor
@@ -144,3 +144,43 @@ def ungrouped(out: Tensor, n_heads: int) -> Tensor:
     """The inverse of :func:`grouped`: (b, kv_heads, g·c, dh) -> (b, h, c, dh)."""
     b, _, gc, dh = out.shape
     return out.reshape(b, n_heads, gc * out.shape[1] // n_heads, dh)
+
+
+@dataclass
+class Ring(KeyValues):
+    """The last r = min(w, capacity) keys and values, position p in slot p mod r; a slot
+    not written yet counts as padding."""
+
+    UNWRITTEN: ClassVar[bool] = True
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+    def seek(self, length: int) -> None:
+        """The whole batch at ``length`` tokens as if every slot were filled (the memory
+        model's shortcut to a decode step's shapes)."""
+        self.length = length
+        self.padded[:, : min(length, self.size)] = False
+
+    def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
+        """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""
+        c, r = k.shape[2], self.size
+        keep = min(c, r)
+        slots = torch.arange(self.length + c - keep, self.length + c, device=k.device) % r
+        self.k.index_copy_(2, slots, k[:, :, c - keep :].to(self.k.dtype))
+        self.v.index_copy_(2, slots, v[:, :, c - keep :].to(self.v.dtype))
+        if key_padding_mask is None:
+            self.padded[:, slots] = False
+        else:
+            self.padded[:, slots] = key_padding_mask[:, c - keep :]
+            self.has_padding = self.has_padding or bool(key_padding_mask.any())
+        self.length += c
+
+    def ordered(self) -> tuple[Tensor, Tensor, Tensor]:
+        """K, V (b, h, r, dh) and ``padded`` (b, r), oldest first: the r positions before
+        the next token (slots never written count as padding)."""
+        shift = -(self.length % self.size)
+        return tuple(
+            t.roll(shift, dims=-2 if t.dim() == 4 else -1) for t in (self.k, self.v, self.padded)
+        )

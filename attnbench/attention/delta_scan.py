@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.attention.decays import check_starts, segment_decays, suffix_sums
 from attnbench.validators import check_int
 
 DEFAULT_CHUNK = 64
@@ -105,16 +106,22 @@ def delta_reference(
     *,
     mask: Tensor | None = None,
     initial_state: Tensor | None = None,
+    starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The oracle: the recurrence token by token, I − β k kᵀ formed as a dk × dk matrix.
     q, k (b, h, n, dk), v (b, h, n, dv), beta and g (b, h, n), mask (b, n) True = real,
-    initial_state (b, h, dk, dv). Returns o (b, h, n, dv) and S_n (b, h, dk, dv)."""
+    initial_state (b, h, dk, dv), ``starts`` (b, n) True where a packed document begins
+    (the state set to zeros there, before the token). Returns o (b, h, n, dv) and S_n
+    (b, h, dk, dv)."""
+    check_starts(starts, q)
     real = None if mask is None else mask[:, None, :]
     q, k, v, beta, g = _clean(real, q, k, v, beta, g)
     s = _state(initial_state, q, v)
     eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
     outs = []
     for t in range(q.shape[2]):
+        if starts is not None:
+            s = torch.where(starts[:, t, None, None, None], 0.0, s)
         k_t, b_t = k[:, :, t, :, None], beta[:, :, t, None, None]  # (b, h, dk, 1), (b, h, 1, 1)
         s = (eye - b_t * k_t @ k_t.mT) @ s
         if g is not None:
@@ -156,22 +163,29 @@ def _chunks(t: Tensor, c: int, pad: int) -> Tensor:
 
 
 def _intra(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, resets: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """Every chunk at once, nothing that depends on the carried state. In (b, h, N, c, ·):
     returns W, Ũ, P = Q Kᵀ ⊙ D (lower, diagonal included), the queries scaled by Γ (read
-    S_0), the keys scaled by Γ_c / Γ (write S_c), and Γ_c (b, h, N) (None without a gate)."""
+    S_0), the keys scaled by Γ_c / Γ (write S_c), and Γ_c (b, h, N) (None without a gate).
+    ``resets``: g holds −∞ (a packed document's start), so each ratio's exponent is its
+    segment's own sum (:mod:`~attnbench.attention.decays`), never a difference of
+    cumulative sums, which would make −∞ − (−∞)."""
     c = q.shape[-2]
     kk, qk = k @ k.mT, q @ k.mT  # (b, h, N, c, c)
     if g is None:
         ratios, k_in, q_in, k_out, last = None, k, q, k, None
     else:
         gamma = g.cumsum(-1)  # (b, h, N, c)
-        future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
-        ratios = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(future, -torch.inf)
-        ratios = ratios.exp()  # D_ri = e^{γ_r − γ_i}, r ≥ i; 0 above the diagonal
+        if resets:
+            ratios = segment_decays(g[..., None])[..., 0]
+            k_out = k * suffix_sums(g[..., None]).exp()
+        else:
+            future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+            ratios = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(future, -torch.inf)
+            ratios = ratios.exp()  # D_ri = e^{γ_r − γ_i}, r ≥ i; 0 above the diagonal
+            k_out = k * (gamma[..., -1:] - gamma).exp()[..., None]
         k_in, q_in = (t * gamma.exp()[..., None] for t in (k, q))
-        k_out = k * (gamma[..., -1:] - gamma).exp()[..., None]
         last = gamma[..., -1].exp()
         kk, qk = kk * ratios, qk * ratios
     a = (beta[..., None] * kk).tril(-1)  # strictly lower: the solve takes its diagonal as 1
@@ -190,13 +204,20 @@ def delta_chunked(
     chunk: int = DEFAULT_CHUNK,
     mask: Tensor | None = None,
     initial_state: Tensor | None = None,
+    starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked form (module docstring), equal to :func:`delta_reference` to rounding:
     same arguments, plus ``chunk`` (an integer ≥ 1; the last chunk may be shorter, a chunk
-    past n is one chunk of n). Returns o (b, h, n, dv) and S_n (b, h, dk, dv)."""
+    past n is one chunk of n) and ``starts`` (b, n) bool, True where a packed document
+    begins: there the state is dropped (α = 0, g = −∞) before the token's write, so no
+    document reads another. Returns o (b, h, n, dv) and S_n (b, h, dk, dv)."""
     chunk = check_int("chunk", chunk)
     real = None if mask is None else mask[:, None, :]
     q, k, v, beta, g = _clean(real, q, k, v, beta, g)
+    check_starts(starts, q)
+    if starts is not None:
+        g = beta.new_zeros(beta.shape) if g is None else g
+        g = torch.where(starts[:, None, :], float("-inf"), g)
     s = _state(initial_state, q, v)
     b, h, n, dv = *q.shape[:3], v.shape[-1]
     c = min(chunk, n)
@@ -204,7 +225,7 @@ def delta_chunked(
     q, k, v, beta = (_chunks(t, c, pad) for t in (q, k, v, beta))
     g = None if g is None else _chunks(g, c, pad)
     # unbind, not [:, :, j]: one stack in the backward, not a whole-size gradient per chunk
-    w, u_tilde, p, q_in, k_out, last = _intra(q, k, v, beta, g)
+    w, u_tilde, p, q_in, k_out, last = _intra(q, k, v, beta, g, starts is not None)
     decay = (None,) * q.shape[2] if last is None else last[..., None, None].unbind(2)
     outs = []
     for w_j, u_j, p_j, q_j, k_j, d_j in zip(

@@ -26,11 +26,13 @@ from attnbench.attention.base import declare
 from attnbench.attention.mixer import (
     CAUSAL_ONLY,
     DEFAULT_CONV,
+    PACKS,
     MixerState,
     RecurrentMixer,
     check_mixer,
     wide,
 )
+from attnbench.attention.packing import Positions
 
 
 @dataclass
@@ -56,6 +58,7 @@ class DeltaNetConfig:
     config=DeltaNetConfig,
     causal=True,
     causal_only=CAUSAL_ONLY,
+    packs=PACKS,
     padding_mask=True,
     budget=None,
     cannot_decode=None,
@@ -76,13 +79,13 @@ class DeltaNet(RecurrentMixer):
         """log α_t (b, h, n), or None: DeltaNet does not decay."""
         return None
 
-    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
-        x, real = self.inputs(x, mask)
+    def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
+        x = self.inputs(x, at)
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        q, k, v = (self.split_heads(t) for t in self.convolve(qkv, real, state).chunk(3, -1))
+        q, k, v = (self.split_heads(t) for t in self.convolve(qkv, at, state).chunk(3, -1))
         q, k = (F.normalize(wide(t), dim=-1, eps=1e-6) for t in (q, k))
         beta = torch.sigmoid(wide(self.b_proj(x))).transpose(1, 2)  # (b, h, n)
-        o = self.delta(q * self.scale, k, v, beta, self.decay(x), real, state)
+        o = self.delta(q * self.scale, k, v, beta, self.decay(x), at, state)
         return self.normed(o, self.norm, self.g_proj(x) if self.gate else None, x)
 
     def attention_flops(self, b: int, n: int) -> int:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from attnbench.attention.base import declare
 from attnbench.attention.deltanet import DeltaNet, DeltaNetConfig
-from attnbench.attention.mixer import CAUSAL_ONLY, wide
+from attnbench.attention.mixer import CAUSAL_ONLY, PACKS, wide
 
 
 @dataclass
@@ -41,6 +41,7 @@ class GatedDeltaNetConfig(DeltaNetConfig):
     config=GatedDeltaNetConfig,
     causal=True,
     causal_only=CAUSAL_ONLY,
+    packs=PACKS,
     padding_mask=True,
     budget=None,
     cannot_decode=None,

@@ -58,6 +58,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnbench.attention.decays import check_starts, segment_decays, suffix_sums
 from attnbench.validators import check_int
 
 DEFAULT_CHUNK = 64
@@ -133,13 +134,18 @@ def gated_reference(
     scale: float = 1.0,
     mask: Tensor | None = None,
     initial_state: Tensor | None = None,
+    starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The recurrence token by token, the oracle: q, k (b, h, n, dk), v (b, h, n, dv), g
     broadcastable to (b, h, n, dk), ``initial_state`` (b, h, dk, dv) or None (zeros) ->
-    output (b, h, n, dv) and the state after the last token."""
+    output (b, h, n, dv) and the state after the last token. ``starts`` (b, n): where a
+    packed document begins, the state is set to zeros before the token's write."""
+    check_starts(starts, q)
     q, k, v, g, state = _prepare(q, k, v, g, mask, initial_state, scale)
     outs = [v[..., :0, :]]  # so that n = 0 concatenates too
     for t in range(q.shape[-2]):
+        if starts is not None:
+            state = torch.where(starts[:, t, None, None, None], 0.0, state)
         state = _update(state, g[..., t, :], k[..., t, :], v[..., t, :])
         outs.append(q[..., t : t + 1, :] @ state)
     return torch.cat(outs, dim=-2), state
@@ -176,13 +182,21 @@ def gated_chunked(
     scale: float = 1.0,
     mask: Tensor | None = None,
     initial_state: Tensor | None = None,
+    starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked form, in chunks of ``chunk`` positions (the last may be shorter; a chunk
     past n is one block of n): arguments and results as :func:`gated_reference`. Per chunk:
     the intra-chunk scores with their decay ratios (causal, the diagonal included), the
-    carried state read by the decayed queries, then the state carried on."""
+    carried state read by the decayed queries, then the state carried on.
+
+    ``starts`` (b, n) bool, True where a packed document begins: there the decay is 0
+    (g = −∞), so nothing before it reaches it or anything after it; every exponent is a
+    segment's own sum, never a difference, so −∞ stays −∞ and never meets another."""
     chunk = check_int("chunk", chunk)
+    check_starts(starts, q)
     q, k, v, g, state = _prepare(q, k, v, g, mask, initial_state, scale)
+    if starts is not None:
+        g = torch.where(starts[:, None, :, None], float("-inf"), g)
     if q.shape[-2] == 0:
         return v, state
     # a decay fixed over positions (RetNet's γ, no padding: still a stride-0 view) makes the
@@ -195,8 +209,8 @@ def gated_chunked(
         if size not in decays or not fixed:
             read = g_c.cumsum(-2)  # G_i = Σ_{t ≤ i} g_t, (…, c, 1 or dk)
             last = read[..., -1:, :].transpose(-2, -1).exp()  # e^{G_last}, (…, 1 or dk, 1)
-            inner = _segments(g_c).squeeze(-1) if g.shape[-1] == 1 else None
-            decays[size] = (read.exp(), _after(g_c).exp(), last, inner)  # e^{G_last − G_j}
+            inner = segment_decays(g_c).squeeze(-1) if g.shape[-1] == 1 else None
+            decays[size] = (read.exp(), suffix_sums(g_c).exp(), last, inner)  # e^{G_last − G_j}
         read, after, last, inner = decays[size]
         if inner is None:
             intra = _intra_per_dim(q_c, k_c, v_c, g_c)
@@ -206,28 +220,6 @@ def gated_chunked(
         written = (k_c * after).transpose(-2, -1) @ v_c
         state = last * state + written  # not in place: the read above saved it
     return torch.cat(outs, dim=-2), state
-
-
-def _after(g: Tensor) -> Tensor:
-    """Σ_{t > j} g_t along positions (dim −2): a suffix sum, each as precise as its own size."""
-    suffix = g.flip(-2).cumsum(-2).flip(-2)  # Σ_{t ≥ j}
-    return torch.cat([suffix[..., 1:, :], torch.zeros_like(suffix[..., :1, :])], dim=-2)
-
-
-def _decays(exponent: Tensor, keep: Tensor) -> Tensor:
-    """e^{exponent} where ``keep``, else 0: masked BEFORE the exponential, so an exponent
-    outside the causal triangle never overflows, and its gradient is 0, not NaN."""
-    return torch.where(keep, exponent, float("-inf")).exp()
-
-
-def _segments(g: Tensor) -> Tensor:
-    """e^{Σ_{j < t ≤ i} g_t} for i ≥ j, 0 above the diagonal: g (…, L, d) -> (…, L, L, d).
-    Summed over each segment (g_t kept where t > j, summed over t ≤ i), not G_i − G_j: two
-    large cumulative sums whose difference is small would lose it to rounding."""
-    positions = torch.arange(g.shape[-2], device=g.device)
-    later = (positions[:, None] > positions).unsqueeze(-1)  # [t, j]: t > j
-    sums = torch.where(later, g.unsqueeze(-2), 0.0).cumsum(-3)  # [i, j]: Σ_{j < t ≤ i} g_t
-    return _decays(sums, (positions[:, None] >= positions).unsqueeze(-1))
 
 
 def _intra_per_dim(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
@@ -253,14 +245,14 @@ def _intra_per_dim(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
     # e^{G_r − G_j} for j in an earlier sub-block m than i's, p, split at m's last position e:
     # e^{Σ_{j<t≤e} g_t} (j's own, within m) times e^{Σ_{e<t≤r} g_t} (one per (p, m) and d:
     # the totals of the sub-blocks between them and g_r), every exponent a segment's own sum
-    k_e = cut(k) * _after(blocks).exp()
-    between = _segments(blocks.sum(-2))  # [p, m]: e^{Σ_{m < m' ≤ p} T_m'} for p ≥ m, else 0
+    k_e = cut(k) * suffix_sums(blocks).exp()
+    between = segment_decays(blocks.sum(-2))  # [p, m]: e^{Σ_{m < m' ≤ p} T_m'} for p ≥ m, else 0
     # [p, m]: e^{Σ_{m < m' < p} T_m'} for m < p (row p − 1 of between), else 0
     upto = torch.cat([torch.zeros_like(between[..., :1, :, :]), between[..., :-1, :, :]], -3)
     cross = upto * blocks[..., 0, :].exp().unsqueeze(-2)  # times e^{g_r}, r = p's first
     to_first = (cross.unsqueeze(-2) * k_e.unsqueeze(-4)).flatten(-3, -2)  # (…, p, size, dk)
     out = (q_r @ to_first.transpose(-2, -1)) @ v.unsqueeze(-3)
-    scores = (cut(q).unsqueeze(-2) * cut(k).unsqueeze(-3) * _segments(cut(g))).sum(-1)
+    scores = (cut(q).unsqueeze(-2) * cut(k).unsqueeze(-3) * segment_decays(cut(g))).sum(-1)
     out = out + scores @ cut(v)  # the diagonal sub-blocks, (…, size / s, s, dv)
     return out.flatten(-3, -2)[..., :c, :]
 

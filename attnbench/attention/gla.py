@@ -23,7 +23,15 @@ from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
 from attnbench.attention.base import declare
-from attnbench.attention.mixer import CAUSAL_ONLY, MixerState, RecurrentMixer, check_mixer, wide
+from attnbench.attention.mixer import (
+    CAUSAL_ONLY,
+    PACKS,
+    MixerState,
+    RecurrentMixer,
+    check_mixer,
+    wide,
+)
+from attnbench.attention.packing import Positions
 
 GATE_RANK = 16  # the low-rank gate's width (the paper's)
 GATE_TEMPERATURE = 16.0  # τ: α = σ(·)^{1/τ}, decays near 1 (the paper's)
@@ -48,6 +56,7 @@ class GLAConfig:
     config=GLAConfig,
     causal=True,
     causal_only=CAUSAL_ONLY,
+    packs=PACKS,
     padding_mask=True,
     budget=None,
     cannot_decode=None,
@@ -63,11 +72,11 @@ class GLA(RecurrentMixer):
         self.g_proj = nn.Linear(d, d)
         self.norm = nn.Parameter(torch.ones(dh))
 
-    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
-        x, real = self.inputs(x, mask)
+    def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
+        x = self.inputs(x, at)
         q, k, v = self.qkv_heads(x)
         g = F.logsigmoid(wide(self.split_heads(self.gate_up(self.gate_down(x)))))
-        o = self.gated(q, k, v, g / GATE_TEMPERATURE, real, state, self.scale)
+        o = self.gated(q, k, v, g / GATE_TEMPERATURE, at, state, self.scale)
         return self.normed(o, self.norm, self.g_proj(x), x)
 
     def attention_flops(self, b: int, n: int) -> int:

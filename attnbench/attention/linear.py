@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.attention import gated_scan
 from attnbench.attention.base import MultiHeadAttention, declare
+from attnbench.attention.packing import Packing, per_document
 from attnbench.attention.prefix import (
     DEFAULT_CHUNK,
     RecurrentState,
@@ -40,6 +42,7 @@ from attnbench.attention.prefix import (
     extend,
     linear_attention,
     linear_flops,
+    packed_causal_linear_attention,
     recurrent_state_elements,
 )
 from attnbench.validators import check_bool, check_int
@@ -74,6 +77,7 @@ def feature_map(x: Tensor) -> Tensor:
 
 @declare(
     "linear",
+    packs="one pass: causal, the prefix sums start again at each document; else per-document sums",
     config=LinearConfig,
     causal=True,
     padding_mask=True,
@@ -129,6 +133,27 @@ class LinearAttention(MultiHeadAttention):
         else:
             out = linear_attention(q_f, k_f, v)
         return self.merge_heads(out.to(x.dtype))  # (b, n, d)
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """One pass over the packed rows, the features and values projected once: causal,
+        the prefix sums start again at each document; not causal, each document's sums over
+        its own positions."""
+        q_f, k_f, v = self._features(x, None)
+        if self.cfg.causal:
+            starts = packing.starts(x.device)
+            out = packed_causal_linear_attention(q_f, k_f, v, starts, self.cfg.chunk_size)
+        else:
+            out = per_document(linear_attention, packing, q_f, k_f, v)
+        return self.merge_heads(out.to(x.dtype))
+
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """Causal: one chunked pass of the gated recurrence over each row of T, the values
+        one column wider for the normaliser; not causal: each document's sums alone."""
+        if not self.cfg.causal:
+            return super().packed_attention_flops(packing)
+        dh, chunk = self.head_dim, self.cfg.chunk_size
+        per_head = gated_scan.chunked_flops(packing.width, dh, dh + 1, chunk, False)
+        return packing.batch * self.n_heads * per_head
 
     def attention_flops(self, b: int, n: int) -> int:
         """Per head: non-causal φ(K)ᵀV, φ(Q)(φ(K)ᵀV) and the normaliser φ(Q)z

@@ -206,6 +206,10 @@ class SequenceProjection(nn.Module):
         "sequence has its own projected keys to keep between tokens"
     ),
     summary="Linformer eq. (7): K, V projected to k rows; every sharing and projection kind",
+    cannot_pack=(
+        "E and F project all positions of a row (its n = max_seq_len, fixed) into k rows, so "
+        "documents packed in one row would read each other; one document a row is padding"
+    ),
 )
 class LinformerAttention(MultiHeadAttention):
     def __init__(

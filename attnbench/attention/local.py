@@ -50,57 +50,17 @@ keys followed by the chunk's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, declare
-from attnbench.attention.cache import KeyValues, flag_bytes, kv_elements
+from attnbench.attention.cache import Ring, flag_bytes, kv_elements
+from attnbench.attention.packing import Packing
 from attnbench.validators import check_bool, check_int
 
 MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
-
-
-@dataclass
-class Ring(KeyValues):
-    """The last r = min(w, capacity) keys and values, position p in slot p mod r; a slot
-    not written yet counts as padding."""
-
-    UNWRITTEN: ClassVar[bool] = True
-
-    @property
-    def size(self) -> int:
-        return self.k.shape[2]
-
-    def seek(self, length: int) -> None:
-        """The whole batch at ``length`` tokens as if every slot were filled (the memory
-        model's shortcut to a decode step's shapes)."""
-        self.length = length
-        self.padded[:, : min(length, self.size)] = False
-
-    def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
-        """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""
-        c, r = k.shape[2], self.size
-        keep = min(c, r)
-        slots = torch.arange(self.length + c - keep, self.length + c, device=k.device) % r
-        self.k.index_copy_(2, slots, k[:, :, c - keep :].to(self.k.dtype))
-        self.v.index_copy_(2, slots, v[:, :, c - keep :].to(self.v.dtype))
-        if key_padding_mask is None:
-            self.padded[:, slots] = False
-        else:
-            self.padded[:, slots] = key_padding_mask[:, c - keep :]
-            self.has_padding = self.has_padding or bool(key_padding_mask.any())
-        self.length += c
-
-    def ordered(self) -> tuple[Tensor, Tensor, Tensor]:
-        """K, V (b, h, r, dh) and ``padded`` (b, r), oldest first: the r positions before
-        the next token (slots never written count as padding)."""
-        shift = -(self.length % self.size)
-        return tuple(
-            t.roll(shift, dims=-2 if t.dim() == 4 else -1) for t in (self.k, self.v, self.padded)
-        )
 
 
 @dataclass
@@ -133,6 +93,7 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
 
 @declare(
     "local",
+    packs="one pass: the band cut at each document's ends (a mask in its blocks)",
     config=LocalConfig,
     causal=True,
     budget="window",
@@ -148,14 +109,25 @@ class LocalAttention(MultiHeadAttention):
         block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
         return 4 * b * blocks * block * (1 + back + forward) * block * self.d_model
 
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """One blocked pass over each row of T: its blocks, whatever the documents."""
+        return self.attention_flops(packing.batch, packing.width)
+
     def recomputed_flops(self, b: int, n: int) -> int:
         """The flash kernel's backward recomputes the blocked QKᵀ."""
         return self.attention_flops(b, n) // 2
 
-    def band_mask(self, n: int, key_padding_mask: Tensor | None, like: Tensor) -> Tensor:
+    def band_mask(
+        self,
+        n: int,
+        key_padding_mask: Tensor | None,
+        like: Tensor,
+        documents: Tensor | None = None,
+    ) -> Tensor:
         """Additive mask (b·nb, 1, B, W·B) in ``like``'s dtype: 0 where query i may see key j,
-        −inf where not (outside the band, outside 0..n−1, padding). Without a padding mask it
-        is (nb, 1, B, W·B), the same for every sequence."""
+        −inf where not (outside the band, outside 0..n−1, padding, another packed document:
+        ``documents`` (b, n), each position's document). Without a padding mask or documents
+        it is (nb, 1, B, W·B), the same for every sequence."""
         block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
         width, w = (1 + back + forward) * block, self.cfg.window
         device = like.device
@@ -174,6 +146,13 @@ class LocalAttention(MultiHeadAttention):
             padded = F.pad(padded, (back * block, forward * block), value=True)
             outside = outside | padded.unfold(0, width, block).view(b, blocks, width)
         blocked = ~band | outside.view(-1, 1, width)  # (b·nb or nb, B, W·B)
+        if documents is not None:  # the window cut at each document's ends
+            b = documents.shape[0]
+            ids = F.pad(documents, (0, blocks * block - n), value=-1)  # (b, nb·B)
+            keys = F.pad(ids.view(-1), (back * block, forward * block), value=-1)
+            keys = keys.unfold(0, width, block).view(b * blocks, 1, width)
+            other = ids.view(b, blocks, block, 1) != keys.view(b, blocks, 1, width)
+            blocked = (blocked.view(-1, blocks, block, width) | other).flatten(0, 1)
         bias = torch.zeros(blocked.shape, dtype=like.dtype, device=device)
         return bias.masked_fill_(blocked, float("-inf")).unsqueeze(1)
 
@@ -252,8 +231,21 @@ class LocalAttention(MultiHeadAttention):
         state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
         return out
 
-    def _banded(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """The blocked band over projected q, k, v (b, n, d) -> (b, n, d)."""
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """One pass over the packed rows: the band, cut at each document's ends."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self._banded(q, k, v, None, packing.documents(x.device))
+
+    def _banded(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        documents: Tensor | None = None,
+    ) -> Tensor:
+        """The blocked band over projected q, k, v (b, n, d) -> (b, n, d), kept inside each
+        packed document where ``documents`` (b, n) says which each position is in."""
         b, n, d = q.shape
         h, dh = self.n_heads, self.head_dim
         block, blocks, _, _ = layout(self.cfg.window, self.cfg.causal, n)
@@ -262,7 +254,7 @@ class LocalAttention(MultiHeadAttention):
         q = q.view(b * blocks, block, h, dh).transpose(1, 2)  # a view
         k = self._windows(k, key_padding_mask)  # (b·nb, h, W·B, dh)
         v = self._windows(v, key_padding_mask)
-        bias = self.band_mask(n, key_padding_mask, q)  # (b·nb or nb, 1, B, W·B)
+        bias = self.band_mask(n, key_padding_mask, q, documents)  # (b·nb or nb, 1, B, W·B)
         if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
             bias = bias.repeat(b, 1, 1, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b·nb, h, B, dh)

@@ -35,11 +35,13 @@ from attnbench.attention.mixer import (
     CAUSAL_ONLY,
     DEFAULT_CONV,
     NORM_EPS,
+    PACKS,
     MixerState,
     RecurrentMixer,
     check_mixer,
     wide,
 )
+from attnbench.attention.packing import Positions
 from attnbench.validators import check_int
 
 
@@ -68,6 +70,7 @@ class Mamba2Config:
     config=Mamba2Config,
     causal=True,
     causal_only=CAUSAL_ONLY,
+    packs=PACKS,
     padding_mask=True,
     budget=None,
     cannot_decode=None,
@@ -91,12 +94,12 @@ class Mamba2(RecurrentMixer):
             dt = torch.empty(h).uniform_(math.log(1e-3), math.log(0.1)).exp()
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
-        x, real = self.inputs(x, mask)
+    def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
+        x = self.inputs(x, at)
         b, n, d = x.shape
         bc = self.groups * self.cfg.d_state
         xbc = torch.cat([self.v_proj(x), self.k_proj(x), self.q_proj(x)], dim=-1)
-        xs, big_b, big_c = self.convolve(xbc, real, state).split([d, bc, bc], dim=-1)
+        xs, big_b, big_c = self.convolve(xbc, at, state).split([d, bc, bc], dim=-1)
         dt = F.softplus(wide(self.dt_proj(x))).transpose(1, 2)  # Δ, (b, h, n)
         g = (dt * -wide(self.a_log).exp()[:, None])[..., None]  # Δ·A, (b, h, n, 1)
         heads = self.split_heads(xs)  # x, (b, h, n, P)
@@ -105,7 +108,7 @@ class Mamba2(RecurrentMixer):
             t.view(b, n, self.groups, -1).transpose(1, 2).repeat_interleave(per_group, dim=1)
             for t in (big_b, big_c)
         )  # (b, h, n, N)
-        y = self.gated(q, k, heads * dt[..., None], g, real, state, 1.0)
+        y = self.gated(q, k, heads * dt[..., None], g, at, state, 1.0)
         y = y + wide(self.skip)[:, None, None] * heads
         y = self.merge_heads(y) * F.silu(wide(self.g_proj(x)))
         y = F.rms_norm(y.unflatten(-1, (self.groups, -1)), (d // self.groups,), eps=NORM_EPS)

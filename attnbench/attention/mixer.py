@@ -32,12 +32,18 @@ from torch import Tensor, nn
 
 from attnbench.attention import fla_kernels
 from attnbench.attention.base import MultiHeadAttention
+from attnbench.attention.conv import short_conv
 from attnbench.attention.delta_scan import delta_chunked, delta_step
 from attnbench.attention.gated_scan import gated_chunked, gated_step
+from attnbench.attention.packing import Packing, Positions
 from attnbench.validators import check_bool, check_choice, check_int
 
 # why a non-causal cell of a mixer is refused: the registry's causal_only reason
 CAUSAL_ONLY = "a recurrence over positions in order, so no output can see a later one"
+# how every mixer keeps packed documents apart (the registry's ``packs``)
+PACKS = (
+    "one pass: the state reset to zeros at each document's start (a short convolution cut there)"
+)
 DEFAULT_CONV = 4  # the short convolution's kernel in Mamba-2, DeltaNet and Gated DeltaNet
 NORM_EPS = 1e-6
 
@@ -95,20 +101,6 @@ class MixerState:
         """After every slot was filled: nothing to take, a recurrent state has no position."""
 
 
-def short_conv(x: Tensor, weight: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The depthwise causal convolution, y_t = Σ_j weight[:, j] ⊙ x_{t−K+1+j}, as K shifted
-    products: x (b, n, C), weight (C, K), ``window`` the K − 1 inputs before x (b, K − 1, C),
-    None for zeros. Returns y (b, n, C) and the window after x (a view: copy it to keep it)."""
-    b, n, c = x.shape
-    k = weight.shape[1]
-    before = x.new_zeros(b, k - 1, c) if window is None else window.to(x.dtype)
-    full = torch.cat([before, x], dim=1)  # (b, K − 1 + n, C)
-    y = full[:, :n] * weight[:, 0]
-    for j in range(1, k):
-        y = y + full[:, j : j + n] * weight[:, j]
-    return y, full[:, full.shape[1] - (k - 1) :]
-
-
 class RecurrentMixer(MultiHeadAttention):
     """Base of the five mixers: a subclass builds its own weights, sets :attr:`conv_channels`
     (the channels its short convolution sees, 0 without one) and :attr:`state_shape`
@@ -130,32 +122,32 @@ class RecurrentMixer(MultiHeadAttention):
             bound = 1.0 / self.conv_size**0.5  # conv1d's default for a depthwise kernel
             self.conv = nn.Parameter(torch.empty(channels, self.conv_size).uniform_(-bound, bound))
 
-    def convolve(self, u: Tensor, real: Tensor | None, state: MixerState | None) -> Tensor:
-        """SiLU of the short convolution of u (b, n, C), padded inputs zeroed first; a
-        decode state's window is read and then advanced. Without a convolution: SiLU alone."""
-        if real is not None:
-            u = torch.where(real[..., None], u, 0.0)
+    def convolve(self, u: Tensor, at: Positions, state: MixerState | None) -> Tensor:
+        """SiLU of the short convolution of u (b, n, C), padded inputs zeroed first, none
+        read across a packed document's start; a decode state's window is read and then
+        advanced. Without a convolution: SiLU alone."""
+        if at.real is not None:
+            u = torch.where(at.real[..., None], u, 0.0)
         if self.conv_channels:
-            u, window = short_conv(u, self.conv, None if state is None else state.conv)
+            window = None if state is None else state.conv
+            u, window = short_conv(u, self.conv, window, at.offsets)
             if state is not None and state.conv is not None:
                 state.conv.copy_(window)
         return F.silu(u)
 
-    def inputs(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """x with padded tokens replaced by 0, and ``real`` (b, n), True at a real token."""
-        if mask is None:
-            return x, None
-        real = ~mask
-        return torch.where(real[..., None], x, 0.0), real
+    def inputs(self, x: Tensor, at: Positions) -> Tensor:
+        """x with padded tokens replaced by 0."""
+        return x if at.real is None else torch.where(at.real[..., None], x, 0.0)
 
     def gated(
-        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, real: Tensor | None,
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, at: Positions,
         state: MixerState | None, scale: float,
     ) -> Tensor:  # fmt: skip
         """The gated recurrence over (b, h, n, ·) inputs: chunked from zeros (a forward, a
         training step), chunked from the decode state (a prefill), or one step (decode); on
         flash-linear-attention's kernels with ``kernel=fla`` (the modeled peak on meta is
         ours: theirs cannot trace there)."""
+        real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             s_0 = None if state is None else state.s
             o, s = fla_kernels.gated(q, k, v, g, scale, real, s_0, self.dtype)
@@ -163,7 +155,8 @@ class RecurrentMixer(MultiHeadAttention):
                 state.s.copy_(s)
             return o
         if state is None:
-            return gated_chunked(q, k, v, g, chunk=self.cfg.chunk, scale=scale, mask=real)[0]
+            chunk, starts = self.cfg.chunk, at.starts
+            return gated_chunked(q, k, v, g, chunk=chunk, scale=scale, mask=real, starts=starts)[0]
         if q.shape[-2] == 1:
             row = None if real is None else real[:, 0]
             o, s = gated_step(*(t[..., 0, :] for t in (q, k, v, g)), state.s, scale=scale, mask=row)
@@ -177,10 +170,11 @@ class RecurrentMixer(MultiHeadAttention):
 
     def delta(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-        real: Tensor | None, state: MixerState | None,
+        at: Positions, state: MixerState | None,
     ) -> Tensor:  # fmt: skip
         """The delta rule over (b, h, n, ·) inputs, beta and g (b, h, n): dispatched as
         :meth:`gated`."""
+        real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             s_0 = None if state is None else state.s
             o, s = fla_kernels.delta(q, k, v, beta, g, real, s_0, self.dtype)
@@ -188,7 +182,8 @@ class RecurrentMixer(MultiHeadAttention):
                 state.s.copy_(s)
             return o
         if state is None:
-            return delta_chunked(q, k, v, beta, g, chunk=self.cfg.chunk, mask=real)[0]
+            chunk = self.cfg.chunk
+            return delta_chunked(q, k, v, beta, g, chunk=chunk, mask=real, starts=at.starts)[0]
         if q.shape[-2] == 1:
             row = None if real is None else real[:, 0]
             g_t = None if g is None else g[..., 0]
@@ -217,18 +212,27 @@ class RecurrentMixer(MultiHeadAttention):
         """The layer's dtype (its projections'): what ``kernel=fla`` computes in."""
         return self.out_proj.weight.dtype
 
-    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
+    def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
         """(b, n, d) -> (b, n, d) before ``out_proj``, from the state's tokens on when a
-        decode state is given (updated in place), from none otherwise."""
+        decode state is given (updated in place), from none otherwise; ``at``: the padding
+        or the packed documents' starts."""
         raise NotImplementedError
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        return self.mix(x, key_padding_mask, None)
+        return self.mix(x, Positions.of(key_padding_mask, None, x.device), None)
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """One pass over the packed rows: the state starts from zeros at each document's
+        first token and the short convolution reads nothing before it. ``kernel=fla``
+        (whose ``cu_seqlens`` is not wired here) runs document by document."""
+        if self.cfg.kernel == "fla" and x.device.type != "meta":
+            return super().attend_packed(x, packing)
+        return self.mix(x, Positions.of(None, packing, x.device), None)
 
     def extend_attend(
         self, x: Tensor, state: MixerState, key_padding_mask: Tensor | None
     ) -> Tensor:
-        return self.mix(x, key_padding_mask, state)
+        return self.mix(x, Positions.of(key_padding_mask, None, x.device), state)
 
     def new_state(
         self, b: int, capacity: int, dtype: torch.dtype, device: torch.device
@@ -261,6 +265,10 @@ class RecurrentMixer(MultiHeadAttention):
         """Every linear layer (the four projections and the mixer's own) plus the core's
         :meth:`attention_flops`."""
         return b * n * self.linear_flops_per_token() + self.attention_flops(b, n)
+
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """One chunked pass over each row of T, the resets costing no matmul."""
+        return self.attention_flops(packing.batch, packing.width)
 
     def flops_backward(self, b: int, n: int) -> int:
         """Twice the forward's matmuls, plus what the core's backward adds or skips per

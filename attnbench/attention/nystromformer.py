@@ -147,6 +147,10 @@ def segment_weights(
         "which every new token changes"
     ),
     summary="Nyströmformer: segment-mean landmarks, iterative pseudo-inverse, conv of V; O(n·m)",
+    cannot_pack=(
+        "its landmarks are means over segments of the whole row, so every landmark mixes the "
+        "documents it spans and every output reads every landmark"
+    ),
 )
 class NystromformerAttention(MultiHeadAttention):
     def __init__(

@@ -44,13 +44,16 @@ from performer_pytorch.performer_pytorch import (
 )
 from torch import Tensor
 
+from attnbench.attention import gated_scan
 from attnbench.attention.base import MultiHeadAttention, declare
+from attnbench.attention.packing import Packing, per_document
 from attnbench.attention.prefix import (
     DEFAULT_CHUNK,
     RecurrentState,
     causal_linear_attention,
     causal_linear_flops,
     extend,
+    packed_causal_linear_attention,
     recurrent_state_elements,
 )
 from attnbench.validators import check_bool, check_choice, check_int
@@ -83,6 +86,10 @@ class PerformerConfig:
 
 @declare(
     "performer",
+    packs=(
+        "one pass of projections: causal, the prefix sums start again at each document; "
+        "else each document's own features and sums"
+    ),
     config=PerformerConfig,
     causal=True,
     padding_mask=True,
@@ -183,6 +190,16 @@ class PerformerAttention(MultiHeadAttention):
             return features + b * self.n_heads * per_head
         return features + 4 * b * n * m * self.d_model + 2 * b * self.n_heads * n * m
 
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """Causal: the features over each row of T and one chunked pass of the gated
+        recurrence, the values one column wider for the normaliser; not causal: each
+        document's features and sums alone."""
+        if not self.cfg.causal:
+            return super().packed_attention_flops(packing)
+        b, t, m = packing.batch, packing.width, self.cfg.nb_features
+        per_head = gated_scan.chunked_flops(t, m, self.head_dim + 1, CHUNK, False)
+        return 4 * b * t * m * self.d_model + b * self.n_heads * per_head
+
     def frozen_flops(self, b: int, n: int) -> int:
         """φ(Q) and φ(K) multiply by the fixed random features (a buffer): no gradient."""
         return 4 * b * n * self.cfg.nb_features * self.d_model
@@ -235,6 +252,25 @@ class PerformerAttention(MultiHeadAttention):
         if padded is not None:
             k_f = k_f.masked_fill(padded, 0.0)  # out of both φ(K)ᵀV and the normaliser φ(K)ᵀ1
         return q_f, k_f, v
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """Packed rows, the projections run once and the features drawn once: causal, the
+        key features are data-independent (no max over keys), so they are computed over the
+        row and the prefix sums start again at each document; not causal, softmax_kernel
+        stabilises keys by their max over the whole sequence (plus an eps that does not
+        cancel), so each document's features and sums are its own."""
+        self._count_call()
+        if self.cfg.causal:
+            q_f, k_f, v = self._masked_features(x, None)
+            out = packed_causal_linear_attention(q_f, k_f, v, packing.starts(x.device), CHUNK)
+        else:
+            q, k, v = self.qkv_heads(x)
+
+            def alone(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                return linear_attention(*self.features(q, k), v)
+
+            out = per_document(alone, packing, q, k, v)
+        return self.merge_heads(out.to(x.dtype))
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         self._count_call()

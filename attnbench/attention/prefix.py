@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnbench.attention.gated_scan import gated_chunked
+
 DEFAULT_CHUNK = 64
 
 
@@ -137,6 +139,22 @@ def causal_linear_attention(
         carry.s.copy_(state)
         carry.z.copy_(z)
     return torch.cat(outs, dim=-2)
+
+
+def packed_causal_linear_attention(
+    q_f: Tensor, k_f: Tensor, v: Tensor, starts: Tensor, chunk: int
+) -> Tensor:
+    """Causal over packed documents: the prefix sums start again at each document's first
+    position (``starts`` (b, n), True there). That is the gated recurrence with decay 1
+    everywhere but a reset at each start, its values widened by a column of ones so that the
+    normaliser φ(Q)z rides along: one chunked pass over the row
+    (:func:`~attnbench.attention.gated_scan.gated_chunked`). Shapes as
+    :func:`causal_linear_attention`."""
+    q_f, k_f, v = _wide(q_f, k_f, v)
+    ones = v.new_ones(*v.shape[:-1], 1)
+    no_decay = v.new_zeros(1, 1, 1, 1)
+    out, _ = gated_chunked(q_f, k_f, torch.cat([v, ones], -1), no_decay, chunk=chunk, starts=starts)
+    return _divide(out[..., :-1], out[..., -1:])
 
 
 def extend(q_f: Tensor, k_f: Tensor, v: Tensor, chunk: int, carry: RecurrentState) -> Tensor:

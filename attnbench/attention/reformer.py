@@ -100,6 +100,10 @@ def rows(t: Tensor, index: Tensor) -> Tensor:
         "queries; a step would re-sort and rerun the sequence"
     ),
     summary="LSH attention, O(n·bucket_size·n_hashes) (reformer-pytorch); shared QK",
+    cannot_pack=(
+        "keys are sorted by LSH bucket over the whole row and cut into fixed-size chunks, so "
+        "a chunk mixes documents and where it is cut depends on every document in the row"
+    ),
     limits=(
         "shared QK (q_proj serves as key projection, no k_proj: 3 of 4 d×d projections, fewer "
         "parameters and FLOPs); padding is not the sequence cut short (buckets depend on n)"

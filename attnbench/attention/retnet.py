@@ -23,7 +23,14 @@ from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
 from attnbench.attention.base import declare
-from attnbench.attention.mixer import CAUSAL_ONLY, MixerState, RecurrentMixer, check_mixer
+from attnbench.attention.mixer import (
+    CAUSAL_ONLY,
+    PACKS,
+    MixerState,
+    RecurrentMixer,
+    check_mixer,
+)
+from attnbench.attention.packing import Positions
 
 
 @dataclass
@@ -45,6 +52,7 @@ class RetNetConfig:
     config=RetNetConfig,
     causal=True,
     causal_only=CAUSAL_ONLY,
+    packs=PACKS,
     padding_mask=True,
     budget=None,
     cannot_decode=None,
@@ -60,10 +68,10 @@ class RetNet(RecurrentMixer):
         gammas = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))
         self.register_buffer("log_decay", gammas.log().float().view(1, h, 1, 1))
 
-    def mix(self, x: Tensor, mask: Tensor | None, state: MixerState | None) -> Tensor:
-        x, real = self.inputs(x, mask)
+    def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
+        x = self.inputs(x, at)
         q, k, v = self.qkv_heads(x)
-        o = self.gated(q, k, v, self.log_decay, real, state, self.scale)
+        o = self.gated(q, k, v, self.log_decay, at, state, self.scale)
         return self.normed(o, self.norm, self.g_proj(x), x)
 
     def attention_flops(self, b: int, n: int) -> int:

@@ -20,8 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
+from attnbench.attention.masks import blocked_keys
+from attnbench.attention.packing import Packing, per_document
 from attnbench.validators import check_bool, check_choice
 
 BACKENDS = {
@@ -45,6 +47,7 @@ class SDPAConfig:
 
 @declare(
     "sdpa",
+    packs="one pass of projections, then each document's block through the kernel",
     config=SDPAConfig,
     causal=True,
     gqa=True,
@@ -64,6 +67,18 @@ class SDPAAttention(MultiHeadAttention):
             allowed = ~blocked_keys(key_padding_mask, causal, x.shape[1], x.device)
             causal = False
         return self.merge_heads(self._sdpa(q, k, v, allowed, causal))  # (b, n, d)
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """The projections over the packed rows at once, then each document's block through
+        the kernel (``is_causal`` kept, so the flash kernel stays eligible). Nested jagged
+        tensors would make it one call, but torch 2.13 has no causal kernel for them on a
+        CPU."""
+        q, k, v = self.qkv_heads(x)
+
+        def alone(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return self._sdpa(q, k, v, None, self.cfg.causal)
+
+        return self.merge_heads(per_document(alone, packing, q, k, v))
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)

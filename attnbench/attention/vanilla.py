@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.cache import KVCache, flag_bytes, grouped, kv_elements, ungrouped
+from attnbench.attention.masks import blocked_keys
+from attnbench.attention.packing import Packing, per_document
 from attnbench.validators import check_bool
 
 
@@ -51,6 +53,7 @@ def softmax_attend(
 
 @declare(
     "vanilla",
+    packs="one pass of projections, then softmax over each document's own block of the row",
     config=VanillaConfig,
     causal=True,
     gqa=True,
@@ -65,6 +68,19 @@ class VanillaAttention(MultiHeadAttention):
             grouped(q, self.kv_heads), k, v, blocked, self.scale, key_padding_mask is not None
         )
         return self.merge_heads(ungrouped(out, self.n_heads))  # (b, n, d)
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """The projections over the packed rows at once, softmax over each document's own
+        keys: its block of the row (the scores across documents are never computed, as a
+        variable-length kernel skips them)."""
+        q, k, v = self.qkv_heads(x)
+
+        def alone(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            blocked = blocked_keys(None, self.cfg.causal, q.shape[2], q.device)
+            out = softmax_attend(grouped(q, self.kv_heads), k, v, blocked, self.scale, False)
+            return ungrouped(out, self.n_heads)
+
+        return self.merge_heads(per_document(alone, packing, q, k, v))
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)

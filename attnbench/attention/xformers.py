@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, blocked_keys, declare
+from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
+from attnbench.attention.masks import blocked_keys
 from attnbench.validators import check_bool
 
 NOT_INSTALLED = "xformers is not installed (pip install 'attnbench[xformers]')"

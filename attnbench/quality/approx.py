@@ -67,8 +67,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench import registry
-from attnbench.attention.base import MultiHeadAttention, blocked_keys
+from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.linformer import LinformerAttention
+from attnbench.attention.masks import blocked_keys
 from attnbench.model import Encoder
 from attnbench.registry import create, info, mechanism_class, names
 from attnbench.validators import check_int, check_number
