@@ -110,6 +110,8 @@ def left_out(cell: Cell) -> str | None:
         return "has no grouped-query form"
     if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
         return why
+    if why := cell.workload.refuses_cell(cell):
+        return why
     if (why := cell.workload.refuses_on_cpu(info)) and not on_gpu(cell, presets.load(cell.device)):
         return why
     return None

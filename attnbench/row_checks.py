@@ -210,6 +210,34 @@ def decode(name: str, value: Any) -> None:
             samples(where, v)
 
 
+PACKED_COUNTS = (
+    "documents", "real_tokens", "padded_tokens", "max_len", "layout_tokens", "batches",
+    "flops_real", "flops_layout",
+)  # fmt: skip
+
+
+def packed(name: str, value: Any) -> None:
+    """A packed row's draw and FLOPs (attnbench/workload/packed.py): counts as counts, the
+    lengths a list of positive counts, the shares in [0, 1]."""
+    mapping(name, value)
+    json_value(name, value)
+    for key, v in value.items():
+        where = f"{name}.{key}"
+        if key in PACKED_COUNTS:
+            count(where, v)
+        elif key == "lengths":
+            if not isinstance(v, list) or not v:
+                raise ValueError(f"{where}: must be a non-empty list, got {v!r}")
+            for i, n in enumerate(v):
+                count(f"{where}[{i}]", n, low=1)
+        elif key == "padding_share":
+            if not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"{where}: must be a number in [0, 1], got {v!r}")
+        elif key == "flops_wasted_share":  # below 0 where one pass over the row costs less
+            if not isinstance(v, (int, float)) or not v <= 1:  # than each document alone
+                raise ValueError(f"{where}: must be a number at most 1, got {v!r}")
+
+
 def quality(name: str, value: Any) -> None:
     """A quality task's figures: any JSON (:func:`json_value`); those its task declares are
     checked again with the row's task (:func:`attnbench.quality.tasks.check_figures`)."""

@@ -29,6 +29,7 @@ from attnbench.row_checks import (
     mapping,
     model,
     model_error,
+    packed,
     params,
     parts,
     positive,
@@ -40,7 +41,7 @@ from attnbench.row_checks import (
 )
 from attnbench.settings import Setting
 from attnbench.validators import check_bool, check_choice
-from attnbench.workload import BUILTIN_WORKLOADS
+from attnbench.workload import BUILTIN_WORKLOADS, workload_settings
 from attnbench.workload import get as get_workload
 from attnbench.workload import names as workload_names
 
@@ -129,7 +130,7 @@ FIELDS: tuple[Field, ...] = (
        missing="inference", column="seen"),
     _f("task", str, identifier, "", "cell", "`cost`, or the quality task whose figures `quality`"
        " holds (a plugin's too)", default="cost", missing="cost"),
-    *(setting_field(s) for w in BUILTIN_WORKLOADS for s in w.settings),
+    *(setting_field(s) for s in workload_settings(BUILTIN_WORKLOADS)),
     _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
        " (`torch.compile`, each encoder layer)", default=False, missing=False),
     _f("compile_mode", str | None, text, "", "cell", "compiled rows: torch.compile's mode"),
@@ -207,6 +208,8 @@ FIELDS: tuple[Field, ...] = (
        " (achieved), `copy_bytes_per_s` (the device's copy bandwidth, same process),"
        " `timed_state_dtype`; the row's time is a decode step's (per sequence: per token)",
        column="nested"),
+    _f("packed", dict[str, Any] | None, packed, "", "cell", "packed rows: the draw, its FLOPs"
+       " per copy (attnbench/workload/packed.py)", column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -24,6 +24,14 @@ class Row(_Record):
     decode_tokens: int | None
     state_dtype: str | None
     prefill_chunk: int | None
+    layout: str | None
+    lengths: tuple | None
+    distribution: str | None
+    total_tokens: int | None
+    length_mean: int | None
+    length_min: int | None
+    length_seed: int | None
+    bucket_tokens: int | None
     compile: bool
     compile_mode: str | None
     batch_asked: int | str
@@ -62,6 +70,7 @@ class Row(_Record):
     time_parts: dict[str, dict[str, Any]] | None
     contention: dict[str, Any] | None
     decode: dict[str, Any] | None
+    packed: dict[str, Any] | None
     quality: dict[str, Any] | None
     flops_per_s: float | None
     pct_of_peak: float | None

@@ -105,7 +105,8 @@ def test_the_ceiling_is_resolved_in_one_place() -> None:
         resolve_ceiling(v100.overhead_bytes, v100)
     res = validate(Cell("vanilla", n=64, ceiling_bytes=2 * 10**9))
     assert res.usable == 2 * 10**9 - v100.overhead_bytes
-    with pytest.raises(ValueError, match="mode: must be one of inference, train, decode; got"):
+    allowed = "inference, train, decode, packed, packed_train"
+    with pytest.raises(ValueError, match=f"mode: must be one of {allowed}; got"):
         validate(Cell("vanilla", n=64, mode="fly"))
 
 

@@ -88,12 +88,13 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     # compiled run (10 mechanisms at 7 n, eager and compiled, Linformer's k=256 not at 256)
     # and the recall run (30 MQAR cells, 2 without the short convolution, 4 more seeds, 15
     # of the recurrent mixers); +sweep=mixers (108 cells and the 25 of the chunk curve) and
-    # the mixers' serving run (135 cells, vanilla's and linear's 54 beside them)
-    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 51 + 133 + 189
-    assert set(both["mode"]) == {"inference", "train", "decode"}
+    # the mixers' serving run (135 cells, vanilla's and linear's 54 beside them); the packed run
+    # (128 cells: 11 mechanisms, 3 layouts but Reformer's packed, 2 draws, forward and training)
+    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 128 + 51 + 133 + 189
+    assert set(both["mode"]) == {"inference", "train", "decode", "packed", "packed_train"}
     tasks = both.task.value_counts().to_dict()
     assert tasks == {
-        "cost": 195 + 216 + 138 + 133 + 189, "approx": 62, "listops": 18, "spectrum": 2,
+        "cost": 195 + 216 + 138 + 128 + 133 + 189, "approx": 62, "listops": 18, "spectrum": 2,
         "mqar": 51,
     }  # fmt: skip
     assert both["compile"].sum() == 69 and (both.compiled == "kernel").sum() == 7

@@ -213,7 +213,10 @@ def test_mixed_precision_keeps_fp32_weights_and_state_and_casts_activations() ->
 @pytest.mark.parametrize(
     ("arg", "message"),
     [
-        ("mode=trainn", "mode: must be one of inference, train, decode; got 'trainn'"),
+        (
+            "mode=trainn",
+            "mode: must be one of inference, train, decode, packed, packed_train; got 'trainn'",
+        ),
         ("optimizer=foo", "optimizer: must be one of adamw, sgd, none; got 'foo'"),
         ("checkpoint=maybe", "checkpoint: must be true or false, got 'maybe'"),
     ],

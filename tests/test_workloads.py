@@ -102,7 +102,7 @@ def test_the_toy_is_a_mode_with_its_own_key_label_and_refusals() -> None:
         validate(dataclasses.replace(other, mode_settings={"split_at": -1}))
     with pytest.raises(ValueError, match=r"^mode: attention=performer is not for the toy$"):
         validate(Cell("performer", n=64, batch=1, device="cpu", mode="toy_halves"))
-    modes = "inference, train, decode, toy_halves"
+    modes = "inference, train, decode, packed, packed_train, toy_halves"
     with pytest.raises(ValueError, match=rf"^mode: must be one of {modes}"):
         validate(Cell("vanilla", n=64, mode="toy"))
 

@@ -80,7 +80,11 @@ def unusable(row: Row) -> str | None:
             return f"{row.status}: {row.reason or 'no reason given'}"
         return None if row.quality else "no quality figures"
     work = find(row.mode)
-    missing = [s.name for s in work.settings if getattr(row, s.name) is None] if work else []
+    missing = [  # a setting whose default is null (packed's explicit lengths) may be null
+        s.name
+        for s in (work.settings if work else ())
+        if getattr(row, s.name) is None and s.default is not None
+    ]
     if missing:
         return f"no {', '.join(missing)}: a {row.mode} row is compared by its workload's settings"
     return None

@@ -30,6 +30,7 @@ from attnbench.report import (
     compiled_plots,
     efficiency,
     flex,
+    packed,
     plots,
     quality,
     quality_plots,
@@ -48,6 +49,7 @@ TABLE3 = "table3"
 SERVING = "serving"
 QUALITY = "quality"
 COMPILED = "compiled"
+PACKED = "packed"
 
 
 # in the order report.json has always had their keys; the first two's are there even empty
@@ -66,6 +68,9 @@ DOCUMENTS = (
              "at the same n, dtype, preset, batch and work; a compiled mechanism's ratios are "
              "against {0} compiled the same way, never the eager one; flex compiles its own "
              "kernel even in the eager model.", ("compiled",)),
+    Document(PACKED, " Variable lengths (mode=packed, packed_train): one draw of documents "
+             "padded, packed and bucketed, each time per real token; {0} padded is each "
+             "table's baseline.", ("packed_tables",)),
 )  # fmt: skip
 
 
@@ -244,6 +249,8 @@ SECTIONS = (
     Section("compiled-memory", "Peak memory, eager and compiled (CPU profiler)",
             compiled.applies, _grids(compiled_memory.memory), COMPILED, "compiled",
             compiled.wanted),
+    Section("packed", "Variable lengths: padded, packed and bucketed", packed.applies,
+            _grids(packed.layout_tables), PACKED, "packed_tables"),
     Section("paper", "The ratios beside the paper's Table 3", cost_row, _paper, TABLE3),
     Section("time-vs-n", TIME, lambda r: cost_row(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),

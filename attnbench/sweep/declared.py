@@ -25,7 +25,7 @@ BEGIN, END = "settings:begin", "settings:end"
 
 def all_settings() -> tuple[Setting, ...]:
     """The model's, each built-in workload's, compiling's, each quality task's, timing's."""
-    work = [s for name in workload.BUILTINS for s in workload.get(name).settings]
+    work = workload.workload_settings(workload.get(name) for name in workload.BUILTINS)
     quality = [s for t in tasks.REGISTRY.values() for s in t.settings]
     return (*MODEL, *work, *COMPILE, *quality, *TIMING)
 

@@ -15,9 +15,12 @@ A new workload is one module: subclass :class:`Workload`, give it a ``name`` and
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from attnbench.registry import info, load_plugins
+from attnbench.settings import Setting
 from attnbench.validators import check_choice
 from attnbench.workload.base import (
     DEFAULT,
@@ -30,6 +33,7 @@ from attnbench.workload.base import (
 )
 from attnbench.workload.decode import DECODE
 from attnbench.workload.inference import INFERENCE
+from attnbench.workload.packed import PACKED, PACKED_TRAIN
 from attnbench.workload.train import TRAIN
 
 __all__ = [
@@ -49,6 +53,7 @@ __all__ = [
     "refuses",
     "register",
     "setting",
+    "workload_settings",
 ]
 
 _WORKLOADS: dict[str, Workload] = {}
@@ -65,9 +70,22 @@ def register(workload: Workload) -> Workload:
 
 
 # the built-ins, registered here in the order they are listed in
-BUILTINS = tuple(register(w).name for w in (INFERENCE, TRAIN, DECODE))
+BUILTINS = tuple(register(w).name for w in (INFERENCE, TRAIN, DECODE, PACKED, PACKED_TRAIN))
 # the same, as objects: what the row's schema is made from at import, before any plugin loads
 BUILTIN_WORKLOADS = tuple(_WORKLOADS[name] for name in BUILTINS)
+
+
+def workload_settings(workloads: Iterable[Workload]) -> list[Setting]:
+    """Each setting the workloads declare, once, owned by every workload that declares it
+    (``mode=packed, packed_train``): ``packed`` and ``packed_train`` share theirs, and
+    ``packed_train`` takes ``mode=train``'s optimizer."""
+    seen: dict[str, Setting] = {}
+    for w in workloads:
+        for s in w.settings:
+            first = seen.setdefault(s.name, s)
+            if first is not s:
+                seen[s.name] = dataclasses.replace(first, owner=f"{first.owner}, {w.name}")
+    return list(seen.values())
 
 
 def names() -> list[str]:

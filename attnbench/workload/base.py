@@ -102,6 +102,12 @@ class Workload:
         """Why a mechanism (by its registry info) cannot run this workload, or None."""
         return None
 
+    def refuses_cell(self, cell: Cell) -> str | None:
+        """Why a mechanism cannot run this workload with the cell's own settings (packed: a
+        mechanism that cannot pack, at layout=packed), or None: a sweep leaves such a cell
+        out, a single cell is refused."""
+        return None
+
     def refuses_on_cpu(self, info: Info) -> str | None:
         """Why a mechanism cannot run this workload where its cell runs on the CPU (no GPU of
         the preset's here), or None: FlexAttention has no backward on a CPU."""

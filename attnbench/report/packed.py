@@ -1,0 +1,127 @@
+"""Variable lengths: one draw of documents padded, packed and bucketed (``mode=packed`` and
+``packed_train`` rows). Pure functions of rows.
+
+Per draw (its lengths, n, model, dtype, device, workload) one table: a row per mechanism, per
+layout its time per 1000 real tokens and that time against padded vanilla's (> 1: faster than
+the Transformer padded), the most real tokens that fit under the ceiling (max batch × the
+draw's real tokens), then packing's speed-up over padding, the padded layout's wasted FLOP
+share (from the formulas) and how the mechanism packs; under it, the mechanisms that cannot
+pack and why. Times are per copy of the draw, so every layout's is for the same real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from attnbench import registry
+from attnbench.report.grid import Grid, sig
+from attnbench.report.ratio import label
+from attnbench.report.tables import context
+from attnbench.row import Row, as_rows, printable
+
+MODES = ("packed", "packed_train")
+LAYOUTS = ("padded", "packed", "bucketed")  # the workload's, in the order its docs name them
+BASELINE = "vanilla"
+MISSING = "-"
+
+
+def applies(row: Row) -> bool:
+    return row.task == "cost" and row.mode in MODES and isinstance(row.packed, dict)
+
+
+def _draw(row: Row) -> tuple:
+    """What one table's rows share: the workload, the draw, the shape and where it ran."""
+    model = tuple(sorted((row.model or {}).items()))
+    optimizer = getattr(row, "optimizer", None)
+    lengths = tuple(row.packed["lengths"])
+    return (row.mode, optimizer, lengths, row.n, model, row.dtype, row.device)
+
+
+def _per_ktok(row: Row | None) -> float | None:
+    """Seconds per 1000 real tokens: the time per copy of the draw over its real tokens."""
+    if row is None or row.status != "ok" or row.time_per_seq_s is None:
+        return None
+    return row.time_per_seq_s / row.packed["real_tokens"] * 1000
+
+
+def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
+    """One table per draw (module docstring)."""
+    groups: dict[tuple, dict[tuple[str, str], Row]] = {}
+    for r in as_rows(rows):
+        if applies(r):
+            groups.setdefault(_draw(r), {})[(label(r), r.layout)] = r
+    out = []
+    for key, at in groups.items():
+        names = list(dict.fromkeys(name for name, _ in at))
+        base = next((at[(n, "padded")] for n in names if n.split(" ")[0] == BASELINE
+                     and (n, "padded") in at), None)  # fmt: skip
+        base_t = _per_ktok(base)
+        body = []
+        for n in names:
+            line = [n]
+            for layout in LAYOUTS:
+                r = at.get((n, layout))
+                t = _per_ktok(r)
+                line.append(MISSING if t is None else sig(t * 1e3))
+                line.append(MISSING if t is None or base_t is None else f"{base_t / t:.2f}x")
+                fits = None if r is None or r.max_batch is None else r.max_batch
+                line.append(MISSING if fits is None else str(fits * r.packed["real_tokens"]))
+            padded, packed = (_per_ktok(at.get((n, x))) for x in ("padded", "packed"))
+            line.append(MISSING if not padded or not packed else f"{padded / packed:.2f}x")
+            any_row = next(at[(n, x)] for x in LAYOUTS if (n, x) in at)
+            padded_row = at.get((n, "padded"))
+            wasted = None if padded_row is None else padded_row.packed.get("flops_wasted_share")
+            line.append(MISSING if wasted is None else f"{100 * wasted:.0f} %")
+            info = _info(any_row.attention)
+            line.append(MISSING if info is None else printable((info.cannot_pack and "cannot")
+                                                               or info.packs))  # fmt: skip
+            body.append(line)
+        first = next(iter(at.values()))
+        draw = first.packed
+        drawn = (
+            "explicit lengths"
+            if first.lengths is not None
+            else f"{first.distribution}, mean "
+            f"{first.length_mean}, min {first.length_min}, seed {first.length_seed}"
+        )
+        title = (
+            f"{first.mode}: {drawn}: {draw['documents']} documents, {draw['real_tokens']} "
+            "real tokens "
+            f"(longest {draw['max_len']}, {100 * draw['padding_share']:.0f} % of the padded "
+            f"layout is padding), n = {key[3]}"
+        )
+        work = f"{first.mode}: documents of real lengths in three layouts, "
+        out.append(Grid(title, list(HEAD), body, [NOTE, *_cannot(), context([first], work)]))
+    return out
+
+
+def _info(attention: str) -> Any:
+    try:
+        return registry.info(attention)
+    except ValueError:  # a plugin's mechanism not loaded here
+        return None
+
+
+def _cannot() -> list[str]:
+    """Every registered mechanism that cannot pack, with its reason."""
+    return [
+        f"{name} cannot pack: {printable(info.cannot_pack)}"
+        for name in registry.names()
+        if (info := registry.info(name)).cannot_pack
+    ]
+
+
+HEAD = (
+    "mechanism",
+    "padded ms / 1k tok", "× padded vanilla", "padded max tokens",
+    "packed ms / 1k tok", "× padded vanilla", "packed max tokens",
+    "bucketed ms / 1k tok", "× padded vanilla", "bucketed max tokens",
+    "packing's speed-up", "padded wasted FLOPs", "how it packs",
+)  # fmt: skip
+NOTE = (
+    "ms / 1k tok: time per copy of the draw over its real tokens, × 1000; × padded vanilla: "
+    "padded vanilla's time over this one's (> 1: faster); max tokens: the max batch of copies "
+    "under the ceiling × the draw's real tokens; packing's speed-up: padded time over packed; "
+    "padded wasted FLOPs: 1 − (each document alone) ÷ (the padded layout), from the formulas."
+)

@@ -1,0 +1,265 @@
+"""``mode=packed`` and ``mode=packed_train``: one set of documents of real, different lengths,
+measured in the layout the cell names, forward or training step.
+
+The documents are the cell's draw (:mod:`attnbench.lengths`): an explicit list, or lengths
+drawn from a seeded distribution until the next would pass ``total_tokens``; none longer than
+the cell's n, the longest sequence the model takes. A batch of b is b copies of that draw, so
+that the max batch counts real tokens, b × the draw's, and every layout does the same work
+for its real tokens. The layouts:
+
+* ``padded``: every document padded to the longest, with the key padding mask, as attnbench
+  runs any batch of sequences: b × D rows of the longest length;
+* ``packed``: each copy one row of its documents end to end, attention kept inside each
+  (:meth:`~attnbench.attention.base.MultiHeadAttention.attend_packed`, as the mechanism can:
+  in one pass, or document by document); a mechanism that cannot keep them apart is refused
+  with its reason;
+* ``bucketed``: what a data loader that sorts by length does: the documents in batches of
+  similar lengths, each padded to its own longest and holding at most ``bucket_tokens``
+  padded tokens (:func:`attnbench.lengths.buckets`), one forward per batch.
+
+A step reads every real token's output: the padded positions' outputs are dropped before the
+loss (their gradient is 0, as a masked loss's), so a training step trains on what a real one
+would. The row's ``packed`` field holds the draw (its lengths, real and padded tokens) and the
+FLOPs of the documents alone beside the layout's, from the formulas: the share the layout
+spends on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+import attnbench.lengths as draws
+from attnbench.attention.packing import Packing
+from attnbench.registry import Info, info
+from attnbench.settings import Setting, choice, integer
+from attnbench.train import PARTS
+from attnbench.workload.base import Work, Workload, encoder, setting
+from attnbench.workload.train import StepWork, Train, train_label, train_step
+
+if TYPE_CHECKING:
+    from attnbench.cell import Cell
+
+LAYOUTS = ("padded", "packed", "bucketed")
+
+
+def _lengths(name: str, value: Any) -> tuple[int, ...] | None:
+    """An explicit list of lengths (each checked against n later, with the cell), or null."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}: must be a list of document lengths or null, got {value!r}")
+    return draws.explicit(value, max_len=None)
+
+
+SETTINGS = (
+    Setting("layout", "packed", "`padded` (to the longest, with the key padding mask), "
+            "`packed` (end to end in one row, attention kept inside each document) or "
+            "`bucketed` (sorted by length, batches of at most `bucket_tokens` padded tokens)",
+            str, choice(LAYOUTS)),
+    Setting("lengths", None, "the documents' lengths, each 1..n; null: drawn by `distribution`",
+            tuple | None, _lengths),
+    Setting("distribution", "lognormal", "how lengths are drawn: "
+            + ", ".join(f"`{d}`" for d in draws.DISTRIBUTIONS), str, choice(draws.DISTRIBUTIONS)),
+    Setting("total_tokens", 16384, "the draw's budget: lengths are drawn until the next would "
+            "pass it", int, integer()),
+    Setting("length_mean", 1024, "the drawn lengths' mean (lognormal)", int, integer()),
+    Setting("length_min", 16, "the shortest a drawn length may be", int, integer()),
+    Setting("length_seed", 0, "the draw's seed: the same seed, the same lengths", int,
+            integer(low=0)),
+    Setting("bucket_tokens", 4096, "bucketed: the padded tokens one batch may hold (a "
+            "loader's max_tokens)", int, integer()),
+)  # fmt: skip
+
+
+def draw_of(cell: Any) -> tuple[int, ...]:
+    """The cell's documents: its explicit ``lengths``, else its seeded draw (none above n)."""
+    given = setting(cell, "lengths")
+    if given is not None:
+        return draws.explicit(given, max_len=cell.n)
+    return draws.draw(
+        setting(cell, "distribution"),
+        total_tokens=setting(cell, "total_tokens"),
+        seed=setting(cell, "length_seed"),
+        max_len=cell.n,
+        length_min=setting(cell, "length_min"),
+        length_max=cell.n,
+        length_mean=setting(cell, "length_mean"),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One copy of the draw in a layout: what a batch of b copies is laid out as."""
+
+    layout: str
+    lengths: tuple[int, ...]
+    bucket_tokens: int
+
+    @cached_property
+    def batches(self) -> list[tuple[int, ...]]:
+        """Padded: every document in one batch; bucketed: the loader's batches."""
+        if self.layout == "bucketed":
+            return draws.buckets(self.lengths, self.bucket_tokens)
+        return [self.lengths]
+
+    @property
+    def tokens(self) -> int:
+        """The input's positions for one copy: real tokens packed, else the padded batches'."""
+        if self.layout == "packed":
+            return sum(self.lengths)
+        return sum(len(batch) * max(batch) for batch in self.batches)
+
+    def input_shape(self, b: int, d: int) -> tuple[int, ...]:
+        """Packed: b rows of the draw's tokens; padded: b × D rows of the longest; bucketed:
+        the batches of b copies laid end to end in one (1, positions, d) tensor (each batch
+        a view of it)."""
+        if self.layout == "packed":
+            return (b, sum(self.lengths), d)
+        if self.layout == "padded":
+            return (b * len(self.lengths), max(self.lengths), d)
+        return (1, b * self.tokens, d)
+
+    def flops(self, model: nn.Module) -> int:
+        """Forward FLOPs of one copy in this layout, from the formulas."""
+        if self.layout == "packed":
+            return model.packed_flops(Packing.of([self.lengths]))
+        return sum(model.flops(len(batch), max(batch)) for batch in self.batches)
+
+
+class Layout(nn.Module):
+    """The encoder run over b copies of a plan, returning every real token's output (b·R, d):
+    the padded positions' outputs dropped, so that nothing reads them."""
+
+    def __init__(self, model: nn.Module, plan: Plan) -> None:
+        super().__init__()
+        self.model, self.plan = model, plan
+
+    def forward(self, x: Tensor) -> Tensor:
+        plan, d = self.plan, x.shape[-1]
+        if plan.layout == "packed":
+            packing = Packing.of([plan.lengths] * x.shape[0])
+            return self.model(x, packing=packing).reshape(-1, d)
+        copies = x.shape[0] // len(plan.lengths) if plan.layout == "padded" else None
+        flat, start, outs = x.reshape(-1, d), 0, []
+        for batch in plan.batches:
+            rows = len(batch) * (copies or x.shape[1] // plan.tokens)
+            width = max(batch)
+            part = flat[start : start + rows * width].view(rows, width, d)
+            start += rows * width
+            sizes = torch.tensor(batch, device=x.device).repeat(rows // len(batch))
+            padded = torch.arange(width, device=x.device) >= sizes[:, None]  # True = padding
+            out = self.model(part, padded).reshape(-1, d)
+            real = rows // len(batch) * sum(batch)
+            outs.append(out.index_select(0, real_positions(sizes, width, real)))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def real_positions(sizes: Tensor, width: int, real: int) -> Tensor:
+    """The flat positions of the real tokens of rows of ``width`` holding ``sizes`` tokens
+    each from their start: row r's r·width … r·width + sizes[r] − 1, in order. No boolean
+    indexing (its result's size depends on values, which meta tensors do not have): the
+    count, ``real``, is known from the lengths."""
+    device = sizes.device
+    first = torch.arange(len(sizes), device=device) * width - (sizes.cumsum(0) - sizes)
+    return torch.arange(real, device=device) + first.repeat_interleave(sizes, output_size=real)
+
+
+class Packed(Workload):
+    """The forward (``packed``) or the training step (``packed_train``, with ``mode=train``'s
+    optimizer setting) of the cell's draw in its layout; everything a training step needs is
+    :mod:`attnbench.workload.train`'s."""
+
+    def __init__(self, name: str, *, train: bool) -> None:
+        self.name, self.train = name, train
+        self.settings = (*SETTINGS, Train.settings[0]) if train else SETTINGS
+        self.grad = self.primes = train
+        self.parts = PARTS if train else ()
+        self.what = "training step" if train else "forward"
+        self.doc = (
+            f"{'one training step' if train else 'one forward'} of documents of different "
+            "lengths, padded, packed or bucketed (`layout`)"
+        )
+
+    def plan(self, cell: Cell) -> Plan:
+        return Plan(setting(cell, "layout"), draw_of(cell), setting(cell, "bucket_tokens"))
+
+    def refuses(self, info: Info) -> str | None:
+        if self.train and info.cannot_train:
+            return f"cannot train: {info.cannot_train}"
+        return None
+
+    def refuses_on_cpu(self, info: Info) -> str | None:
+        why = getattr(info, "no_cpu_backward", None) if self.train else None
+        return f"cannot train on a CPU: {why}" if why else None
+
+    def refuses_cell(self, cell: Cell) -> str | None:
+        why = info(cell.attention).cannot_pack
+        return f"cannot pack: {why}" if why and setting(cell, "layout") == "packed" else None
+
+    def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
+        """The draw (one line naming the setting) and, packed, a mechanism that can pack."""
+        self.plan(cell)
+        if why := self.refuses_cell(cell):
+            raise ValueError(f"layout: {cell.attention} {why}; use padded or bucketed")
+
+    def label(self, cell: Cell) -> str:
+        what = train_label(setting(cell, "optimizer"), False) if self.train else ""
+        return f"{setting(cell, 'layout')}{f' {what}' if what else ''}"
+
+    def caption(self, row: Any) -> str:
+        return f"{self.name}: documents of real lengths, {setting(row, 'layout')}"
+
+    def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
+        return self.plan(cell).input_shape(b, cell.d_model)
+
+    def input_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.train else dtype
+
+    def build(
+        self, cell: Cell, params: dict[str, Any], device: str, dtype: torch.dtype
+    ) -> nn.Module:
+        model = encoder(cell, params, device)
+        if self.train:
+            return model.to(device=device, dtype=torch.float32).train()
+        return model.to(device=device, dtype=dtype).eval()
+
+    def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
+        layout = Layout(model, self.plan(cell))
+        if self.train:
+            return StepWork(train_step(layout, cell, x, device, gpu=gpu), device, gpu=gpu)
+        return Work(layout, x)
+
+    def flops(self, model: nn.Module, cell: Cell) -> tuple[int, int | None]:
+        """Per copy of the draw, from the formulas: the layout's forward; a training step's
+        backward is not modeled for packed rows (None), padded and bucketed ones' is."""
+        plan = self.plan(cell)
+        forward = plan.flops(model)
+        if not self.train or plan.layout == "packed":
+            return forward, None
+        return forward, sum(model.flops_backward(len(b), max(b)) for b in plan.batches)
+
+    def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
+        """The draw and its FLOPs: each document alone (the real work) beside the layout's."""
+        plan = self.plan(cell)
+        real = sum(model.flops(1, n) for n in plan.lengths)
+        layout = plan.flops(model)
+        return {
+            "packed": {
+                **draws.summary(plan.lengths),
+                "layout_tokens": plan.tokens,
+                "batches": len(plan.batches),
+                "flops_real": real,
+                "flops_layout": layout,
+                "flops_wasted_share": 1 - real / layout,
+            }
+        }
+
+
+PACKED = Packed("packed", train=False)
+PACKED_TRAIN = Packed("packed_train", train=True)

@@ -1,0 +1,58 @@
+"""The variable-lengths table (report/packed.py), on rows made here: the figures it shows are
+the rows' own, divided as its note says, checked by hand."""
+
+from __future__ import annotations
+
+from attnbench.report.packed import layout_tables
+from attnbench.row import Row
+
+LENGTHS = [100, 300, 50, 550]  # 1000 real tokens; padded: 4 × 550 = 2200
+
+
+def _row(
+    attention: str, layout: str, t: float, mb: int, wasted: float, lengths: list[int] = LENGTHS
+) -> Row:
+    return Row(
+        attention=attention, n=1024, dtype="fp32", device="cpu", params={"causal": True},
+        mode="packed", layout=layout, lengths=None, distribution="lognormal",
+        total_tokens=1000, length_mean=256, length_min=16, length_seed=0, bucket_tokens=4096,
+        batch_asked="max", ceiling_bytes=10**10, status="ok", max_batch=mb,
+        memory_source="modeled", time_per_seq_s=t, time_median_s=t, time_batch=1,
+        time_device="cpu", time_dtype="fp32",
+        model={"layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128},
+        packed={"lengths": lengths, "documents": 4, "real_tokens": 1000, "padded_tokens": 2200,
+                "padding_share": 1 - 1000 / 2200, "max_len": 550, "layout_tokens": 2200,
+                "batches": 1, "flops_real": 100, "flops_layout": 220,
+                "flops_wasted_share": wasted},
+        env={"device_name": "cpu", "attnbench": "0.1.0"},
+    )  # fmt: skip
+
+
+def test_time_per_real_token_ratios_and_real_tokens_that_fit() -> None:
+    rows = [
+        _row("vanilla", "padded", 0.5, 10, 0.6),
+        _row("vanilla", "packed", 0.2, 30, 0.0),
+        _row("linear", "padded", 0.4, 20, 0.55),
+        _row("linear", "packed", 0.1, 60, 0.0),
+        _row("linear", "bucketed", 0.25, 25, 0.2),
+    ]
+    (grid,) = layout_tables(rows)
+    assert "4 documents, 1000 real tokens (longest 550, 55 % of the padded" in grid.title
+    by = {line[0].split(" ")[0]: line for line in grid.body}
+    head = grid.head
+    # vanilla padded: 0.5 s per 1000 real tokens = 500 ms / 1k tok, the baseline
+    assert by["vanilla"][head.index("padded ms / 1k tok")] == "500"
+    assert by["vanilla"][2] == "1.00x" and by["vanilla"][3] == "10000"  # 10 copies × 1000
+    # linear packed: 100 ms / 1k tok, 5× faster than padded vanilla, 60 000 real tokens fit
+    assert by["linear"][4:7] == ["100", "5.00x", "60000"]
+    assert by["linear"][7:10] == ["250", "2.00x", "25000"]
+    assert by["linear"][head.index("packing's speed-up")] == "4.00x"
+    assert by["linear"][head.index("padded wasted FLOPs")] == "55 %"
+    assert by["vanilla"][7:10] == ["-", "-", "-"]  # no bucketed row of vanilla
+    assert any(note.startswith("linformer cannot pack: ") for note in grid.notes)
+
+
+def test_draws_apart_are_tables_apart() -> None:
+    rows = [_row("vanilla", "padded", 0.5, 10, 0.6), _row("vanilla", "packed", 0.2, 30, 0.0)]
+    rows.append(_row("vanilla", "padded", 0.3, 10, 0.0, lengths=[1000]))
+    assert [len(g.body) for g in layout_tables(rows)] == [1, 1]
