@@ -56,3 +56,22 @@ def test_draws_apart_are_tables_apart() -> None:
     rows = [_row("vanilla", "padded", 0.5, 10, 0.6), _row("vanilla", "packed", 0.2, 30, 0.0)]
     rows.append(_row("vanilla", "padded", 0.3, 10, 0.0, lengths=[1000]))
     assert [len(g.body) for g in layout_tables(rows)] == [1, 1]
+
+
+def test_the_figure_puts_each_mechanism_at_its_waste_and_speedup() -> None:
+    """x: the padded row's wasted FLOP share (%), y: padded time over packed; a mechanism
+    without both layouts has no point."""
+    from attnbench.report.packed import waste_against_speedup
+
+    rows = [
+        _row("vanilla", "padded", 0.5, 10, 0.6),
+        _row("vanilla", "packed", 0.2, 30, 0.0),
+        _row("linear", "padded", 0.4, 20, 0.55),
+        _row("linear", "packed", 0.1, 60, 0.0),
+        _row("sdpa", "padded", 0.4, 20, 0.55),
+    ]
+    (plot,) = waste_against_speedup(rows)
+    (ax,) = plot.figure.axes
+    (dots,) = ax.collections
+    got = sorted((round(x, 9), round(y, 9)) for x, y in dots.get_offsets().tolist())
+    assert got == [(55.0, 4.0), (60.0, 2.5)]

@@ -125,3 +125,45 @@ NOTE = (
     "under the ceiling × the draw's real tokens; packing's speed-up: padded time over packed; "
     "padded wasted FLOPs: 1 − (each document alone) ÷ (the padded layout), from the formulas."
 )
+
+
+def waste_against_speedup(rows: Iterable[Row | dict[str, Any]]) -> list[Any]:
+    """A figure per workload: each mechanism's packing speed-up (padded time over packed)
+    against the padded layout's wasted FLOP share, one marker per draw, the mechanism named
+    beside each point: how much of what padding wastes packing wins back."""
+    from attnbench.report.plots import Plot, _figure, _text
+
+    points: dict[str, dict[tuple, list[tuple[float, float, str]]]] = {}
+    at: dict[tuple, dict[str, Row]] = {}
+    for r in as_rows(rows):
+        if applies(r) and r.status == "ok" and not r.busy:
+            at.setdefault((_draw(r), label(r)), {})[r.layout] = r
+    for (draw, name), layouts in at.items():
+        padded, packed = layouts.get("padded"), layouts.get("packed")
+        slow, fast = _per_ktok(padded), _per_ktok(packed)
+        if padded is None or not slow or not fast:
+            continue
+        wasted = padded.packed["flops_wasted_share"]
+        points.setdefault(draw[0], {}).setdefault(draw, []).append(
+            (100 * wasted, slow / fast, name.split(" ")[0])
+        )
+    out = []
+    for mode, draws in points.items():
+        fig, ax = _figure()
+        for (draw, pts), marker in zip(draws.items(), "osD^v", strict=False):
+            which = f"{len(draw[2])} documents, longest {max(draw[2])}"
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=18,
+                       label=_text(which))  # fmt: skip
+            for x, y, name in pts:
+                ax.annotate(_text(name), (x, y), fontsize=5, xytext=(3, 2),
+                            textcoords="offset points")  # fmt: skip
+        ax.set_xlabel("padded layout's wasted FLOPs (%)")
+        ax.set_ylabel("packing's speed-up over padding (×)")
+        ax.legend(fontsize=6, loc="best")
+        ax.set_title(_text(f"{mode}: what padding wastes, what packing wins back"), fontsize=8)
+        caption = (
+            f"{mode}: packing's speed-up over padding against the padded layout's wasted FLOP "
+            "share (from the formulas), a point per mechanism and draw."
+        )
+        out.append(Plot(f"packed-waste-vs-speedup-{mode}", fig, caption))
+    return out

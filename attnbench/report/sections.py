@@ -251,6 +251,8 @@ SECTIONS = (
             compiled.wanted),
     Section("packed", "Variable lengths: padded, packed and bucketed", packed.applies,
             _grids(packed.layout_tables), PACKED, "packed_tables"),
+    Section("packed-waste", "Variable lengths: padding's waste against packing's speed-up",
+            packed.applies, _figure(packed.waste_against_speedup)),
     Section("paper", "The ratios beside the paper's Table 3", cost_row, _paper, TABLE3),
     Section("time-vs-n", TIME, lambda r: cost_row(r) and not _causal(r),
             _figure(plots.time_vs_n, "time-vs-n", TIME)),
