@@ -30,7 +30,7 @@ def _dtype(name: str) -> torch.dtype:
     return torch.float32 if name in FP32_ONLY else torch.float64
 
 
-def _create(name: str, causal: bool) -> torch.nn.Module:
+def _create(name: str, causal: bool, device: str = "cpu") -> torch.nn.Module:
     info = attnbench.info(name)
     params: dict[str, object] = dict(own_defaults(name))
     if causal:
@@ -39,7 +39,9 @@ def _create(name: str, causal: bool) -> torch.nn.Module:
         params[info.budget] = 8
     params.update({k: v for k, v in SMALL_CHUNKS.items() if k in info.params})
     torch.manual_seed(0)
-    return attnbench.create(name, d_model=D, n_heads=H, max_seq_len=T, **params).to(_dtype(name))
+    with torch.device(device):
+        m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=T, **params)
+    return m.to(_dtype(name))
 
 
 def _modes(name: str) -> list[bool]:
@@ -140,18 +142,9 @@ def test_packed_flops_are_what_flop_counter_mode_counts(name: str, causal: bool)
     document here has two tokens or more: at one token Performer's feature einsum is no
     matmul to FlopCounterMode (its n = 1 count is 512 under ``flops(1, 1)``'s, a matmul FLOP
     count's blind spot, not the formula's)."""
-    info = attnbench.info(name)
-    params: dict[str, object] = dict(own_defaults(name))
-    if causal:
-        params["causal"] = True
-    if info.budget:
-        params[info.budget] = 8
-    params.update({k: v for k, v in SMALL_CHUNKS.items() if k in info.params})
     # a compiled kernel (flex) runs under a FLOP counter on meta tensors only
-    device = "meta" if info.compiles else "cpu"
-    with torch.device(device):
-        m = attnbench.create(name, d_model=D, n_heads=H, max_seq_len=T, **params)
-        m = m.to(_dtype(name))
+    device = "meta" if attnbench.info(name).compiles else "cpu"
+    m = _create(name, causal, device)
     rows = ((5, 13, 2, 20), (40,), (7, 9, 24))
     x = torch.randn(len(rows), T, D, dtype=_dtype(name), device=device)
     packing = Packing.of(rows)
