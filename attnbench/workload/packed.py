@@ -40,7 +40,7 @@ from attnbench.registry import Info, info
 from attnbench.settings import Setting, choice, integer
 from attnbench.train import PARTS
 from attnbench.workload.base import Work, Workload, encoder, setting
-from attnbench.workload.train import StepWork, Train, train_label, train_step
+from attnbench.workload.train import TRAIN, StepWork, Train, train_label, train_step
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -189,14 +189,11 @@ class Packed(Workload):
     def plan(self, cell: Cell) -> Plan:
         return Plan(setting(cell, "layout"), draw_of(cell), setting(cell, "bucket_tokens"))
 
-    def refuses(self, info: Info) -> str | None:
-        if self.train and info.cannot_train:
-            return f"cannot train: {info.cannot_train}"
-        return None
+    def refuses(self, info: Info) -> str | None:  # a training step's refusals are mode=train's
+        return TRAIN.refuses(info) if self.train else super().refuses(info)
 
     def refuses_on_cpu(self, info: Info) -> str | None:
-        why = getattr(info, "no_cpu_backward", None) if self.train else None
-        return f"cannot train on a CPU: {why}" if why else None
+        return TRAIN.refuses_on_cpu(info) if self.train else super().refuses_on_cpu(info)
 
     def refuses_cell(self, cell: Cell) -> str | None:
         why = info(cell.attention).cannot_pack
@@ -219,15 +216,15 @@ class Packed(Workload):
         return self.plan(cell).input_shape(b, cell.d_model)
 
     def input_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return torch.float32 if self.train else dtype
+        return TRAIN.input_dtype(dtype) if self.train else super().input_dtype(dtype)
 
     def build(
         self, cell: Cell, params: dict[str, Any], device: str, dtype: torch.dtype
     ) -> nn.Module:
-        model = encoder(cell, params, device)
-        if self.train:
-            return model.to(device=device, dtype=torch.float32).train()
-        return model.to(device=device, dtype=dtype).eval()
+        if not self.train:
+            return super().build(cell, params, device, dtype)
+        # mode=train's fp32 master weights in train mode (its checkpoint setting is not ours)
+        return encoder(cell, params, device).to(device=device, dtype=torch.float32).train()
 
     def work(self, model: nn.Module, cell: Cell, x: Tensor, device: str, *, gpu: bool) -> Work:
         layout = Layout(model, self.plan(cell))
