@@ -267,7 +267,7 @@ def key(cell: Cell, preset: presets.Preset) -> str:
         fields["threads"] = cell.threads
     if cell.mode != DEFAULT_MODE:
         fields["mode"] = cell.mode
-        fields.update(cell.settings)
+        fields.update(cell.workload.keyed(cell))
     if cell.task != "cost":  # cost cells keep the keys they had before quality tasks
         fields.update(task=cell.task, quality=s["quality"])
     if cell.compile:  # eager cells keep the keys they had before compile existed

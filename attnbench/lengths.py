@@ -99,11 +99,9 @@ def explicit(lengths: Sequence[int], max_len: int | None = None) -> tuple[int, .
     ``[1, max_len]`` (``max_len`` None: checked against it later, when the model's longest
     sequence is known, as a setting is read before its cell)."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
-        raise ValueError(f"lengths: must be a list of document lengths, got {lengths!r}")
+        raise ValueError(f"lengths: must be a list of lengths, got {lengths!r}")
     if not lengths:
-        raise ValueError(
-            f"lengths: must be a list of at least one document length, got {lengths!r}"
-        )
+        raise ValueError(f"lengths: must be a list of at least one length, got {lengths!r}")
     if max_len is None:
         return tuple(check_int(f"lengths[{i}]", n) for i, n in enumerate(lengths))
     max_len = check_int("max_len", max_len)

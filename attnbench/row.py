@@ -54,6 +54,7 @@ from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the 
     extra_fields,
 )
 from attnbench.store import numbered_lines
+from attnbench.workload import find as find_workload
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -203,6 +204,7 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
     if schema == 1:
         values.update(_upgrade_1(data))
     values["schema"] = SCHEMA
+    values.update(_later(values))
     for f in FIELDS:
         if f.name in values:
             continue
@@ -229,6 +231,17 @@ def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
         except ValueError:  # a plugin's rows, the plugin not loaded here: unknown
             out["budget"] = None
     return out
+
+
+def _later(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings its workload declared after the row was stored (absent, or null as a
+    row made without them writes them), at their defaults: what the row measured
+    (:attr:`attnbench.workload.Workload.later`)."""
+    work = find_workload(values.get("mode", "inference"))
+    if work is None or not work.later:
+        return {}
+    defaults = {s.name: s.default for s in work.settings}
+    return {name: defaults[name] for name in work.later if values.get(name) is None}
 
 
 class BadRow(ValueError):

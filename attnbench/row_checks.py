@@ -189,7 +189,10 @@ def json_value(name: str, value: Any) -> None:
 
 
 DECODE_SECONDS = ("prefill_s", "prefill_iqr_s")
-DECODE_COUNTS = ("prefill_chunk", "steps", "context", "read_bytes", "state_read_bytes")
+DECODE_COUNTS = (
+    "prefill_chunk", "steps", "context", "read_bytes", "state_read_bytes", "own_context",
+    "own_state_read_bytes",
+)  # fmt: skip
 DECODE_RATES = ("tokens_per_s", "bytes_per_s", "copy_bytes_per_s")
 
 
@@ -210,32 +213,43 @@ def decode(name: str, value: Any) -> None:
             samples(where, v)
 
 
-PACKED_COUNTS = (
-    "documents", "real_tokens", "padded_tokens", "max_len", "layout_tokens", "batches",
-    "flops_real", "flops_layout",
-)  # fmt: skip
+DRAW_COUNTS = ("documents", "real_tokens", "padded_tokens", "max_len")
+PACKED_COUNTS = ("layout_tokens", "batches", "flops_real", "flops_layout")
+PROMPTS_COUNTS = ("own_state_bytes",)
 
 
-def packed(name: str, value: Any) -> None:
-    """A packed row's draw and FLOPs (attnbench/workload/packed.py): counts as counts, the
-    lengths a list of positive counts, the shares in [0, 1]."""
+def _draw(name: str, value: Any, counts: tuple[str, ...], shares: tuple[str, ...]) -> None:
+    """A draw's record (:func:`attnbench.lengths.summary`) and a workload's figures beside
+    it: counts as counts, the lengths a list of positive counts, shares in [0, 1]."""
     mapping(name, value)
     json_value(name, value)
     for key, v in value.items():
         where = f"{name}.{key}"
-        if key in PACKED_COUNTS:
+        if key in DRAW_COUNTS or key in counts:
             count(where, v)
         elif key == "lengths":
             if not isinstance(v, list) or not v:
                 raise ValueError(f"{where}: must be a non-empty list, got {v!r}")
             for i, n in enumerate(v):
                 count(f"{where}[{i}]", n, low=1)
-        elif key == "padding_share":
+        elif key == "padding_share" or key in shares:
             if not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ValueError(f"{where}: must be a number in [0, 1], got {v!r}")
-        elif key == "flops_wasted_share":  # below 0 where one pass over the row costs less
-            if not isinstance(v, (int, float)) or not v <= 1:  # than each document alone
-                raise ValueError(f"{where}: must be a number at most 1, got {v!r}")
+
+
+def packed(name: str, value: Any) -> None:
+    """A packed row's draw and FLOPs (attnbench/workload/packed.py)."""
+    _draw(name, value, PACKED_COUNTS, ())
+    v = value.get("flops_wasted_share")  # below 0 where one pass over the row costs less
+    if v is not None and (not isinstance(v, (int, float)) or not v <= 1):  # than each alone
+        raise ValueError(f"{name}.flops_wasted_share: must be a number at most 1, got {v!r}")
+
+
+def prompts(name: str, value: Any) -> None:
+    """A decode row's mix of contexts (attnbench/workload/decode.py, ``contexts=drawn``):
+    the draw, a sequence's own cache or state bytes on average, the share of the allocated
+    ones its left padding takes."""
+    _draw(name, value, PROMPTS_COUNTS, ("state_padding_share",))
 
 
 def quality(name: str, value: Any) -> None:

@@ -33,6 +33,7 @@ from attnbench.row_checks import (
     params,
     parts,
     positive,
+    prompts,
     quality,
     samples,
     seconds,
@@ -203,13 +204,19 @@ FIELDS: tuple[Field, ...] = (
        " is `random`: a CPU could not prefill within time_budget_s and timed the steps over"
        " random states),"
        " `prefill_chunk`, `steps`"
-       " timed, `context` (mean tokens a timed step sees), `tokens_per_s`, `read_bytes` (what a"
+       " timed, `context` (mean positions a timed step reads, left padding included),"
+       " `own_context`, `own_state_read_bytes` (contexts=drawn: the sequences' own),"
+       " `tokens_per_s`, `read_bytes` (what a"
        " step must read: caches or states and weights), `state_read_bytes`, `bytes_per_s`"
        " (achieved), `copy_bytes_per_s` (the device's copy bandwidth, same process),"
        " `timed_state_dtype`; the row's time is a decode step's (per sequence: per token)",
        column="nested"),
     _f("packed", dict[str, Any] | None, packed, "", "cell", "packed rows: the draw, its FLOPs"
        " per copy (attnbench/workload/packed.py)", column="nested"),
+    _f("prompts", dict[str, Any] | None, prompts, "", "memory", "decode rows with"
+       " `contexts=drawn`: the draw of prompt lengths, `own_state_bytes` (a sequence's cache or"
+       " state at its own prompt plus decode_tokens, the draw's mean) and `state_padding_share`"
+       " (1 − that over `state_bytes`, allocated for the longest)", column="nested"),
     _f("quality", dict[str, Any] | None, quality, "", "quality", "a quality task's figures"
        " (declared by the task: attnbench/quality/tasks.py)"),
     _f("flops_per_s", float | None, seconds, "FLOP/s", "time", "achieved rate over forward and"

@@ -24,13 +24,14 @@ class Row(_Record):
     decode_tokens: int | None
     state_dtype: str | None
     prefill_chunk: int | None
-    layout: str | None
+    contexts: str | None
     lengths: tuple | None
     distribution: str | None
     total_tokens: int | None
     length_mean: int | None
     length_min: int | None
     length_seed: int | None
+    layout: str | None
     bucket_tokens: int | None
     compile: bool
     compile_mode: str | None
@@ -71,6 +72,7 @@ class Row(_Record):
     contention: dict[str, Any] | None
     decode: dict[str, Any] | None
     packed: dict[str, Any] | None
+    prompts: dict[str, Any] | None
     quality: dict[str, Any] | None
     flops_per_s: float | None
     pct_of_peak: float | None

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell, key, validate
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded, tracked_peak
 from attnbench.runner import MemoryModel, build, make_input, run_cell
@@ -42,7 +42,7 @@ def _cell(name: str, **kw: object) -> Cell:
         attention=name, n=40, k=k, dtype="fp32", device="cpu", layers=2, d_model=32,
         n_heads=4, d_ff=64, mode="decode", params=(("causal", True),), batch=3,
     )  # fmt: skip
-    names = ("decode_tokens", "state_dtype", "prefill_chunk")
+    names = ("decode_tokens", "state_dtype", "prefill_chunk", "contexts", "lengths")
     settings = {"decode_tokens": 6, "prefill_chunk": 16}
     settings.update({name: kw.pop(name) for name in names if name in kw})
     return Cell(**{**base, **kw}, mode_settings=settings)
@@ -53,10 +53,17 @@ def _gqa(name: str) -> list[int | None]:
 
 
 CASES = [(name, kv) for name in DECODERS for kv in _gqa(name)]
+MIX = (60, 200, 17, 140)  # prompts of a mix: the caches for 200 (n = 256), left-padded to it
 
 
-@pytest.mark.parametrize(("name", "kv_heads"), CASES)
-def test_the_modeled_serving_peak_equals_the_profilers(name: str, kv_heads: int | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "kv_heads", "lengths"),
+    [(*case, None) for case in CASES]
+    + [pytest.param(m, None, MIX, id=f"{m}-mix") for m in DECODERS],
+)
+def test_the_modeled_serving_peak_equals_the_profilers(
+    name: str, kv_heads: int | None, lengths: tuple[int, ...] | None
+) -> None:
     """The serving scenario at b = 3 (three states resident, one prompt prefilled into its
     slot in chunks, one step of all three) on real CPU tensors, read by the CPU profiler,
     against the memory model's figure on meta: within 1 %. And the model's shortcut (the
@@ -64,8 +71,11 @@ def test_the_modeled_serving_peak_equals_the_profilers(name: str, kv_heads: int 
 
     At n = 256, d_model 128 the residual is 0 for every mechanism but sdpa, whose CPU
     kernel allocates scratch inside the one op the model keeps whole: 0.28 % (0.47 % with
-    kv_heads=2) here, 2–4 % at toy sizes (n = 40, d_model 32)."""
-    c = _cell(name, kv_heads=kv_heads, n=256, d_model=128, d_ff=256, prefill_chunk=64)
+    kv_heads=2) here, 2–4 % at toy sizes (n = 40, d_model 32). With a mix of contexts
+    (``lengths``) the step reads three of the four sequences' caches through their left
+    padding's mask, which the model traces too."""
+    mix = {"contexts": "drawn", "lengths": lengths} if lengths else {}
+    c = _cell(name, kv_heads=kv_heads, n=256, d_model=128, d_ff=256, prefill_chunk=64, **mix)
     res = validate(c)
     memory = MemoryModel(c, res)
     model = build(c, res, "cpu", torch.float32)
@@ -140,6 +150,39 @@ def test_the_max_batch_is_serving_s_kv_caches_fall_like_one_over_n_gqa_lifts_the
     assert 2.5 < g / v2 <= 4.0, (g, v2)  # 4 heads over 1: the cache is 4× smaller
     l1, l2 = max_batch("linear", 2048), max_batch("linear", 4096)
     assert abs(l1 - l2) <= 0.05 * l1, (l1, l2)
+
+
+def test_a_mix_of_contexts_is_served_from_caches_allocated_for_its_longest() -> None:
+    """contexts=drawn: every cache is allocated for the longest prompt (a static cache), so
+    vanilla's max batch over prompts of 512 and 2048 is about its max batch over 2048s (less
+    the padding mask's transient), while a sequence's own cache is on average (512 + 2048)
+    / 2 + decode_tokens long: the share the padding takes is counted by hand here. Linear's
+    state is the same whatever the mix. A cell of every prompt n keeps its key whatever its
+    (unused) draw settings say."""
+    from attnbench.measure import presets
+
+    def row(name: str, n: int, **mix: object) -> object:
+        c = _cell(name, n=n, batch="max", model_only=True, ceiling_bytes=256 << 20, **mix)
+        r = run_cell(c)
+        assert r.status == "ok", r.reason
+        return r
+
+    mix = {"contexts": "drawn", "lengths": (512, 2048)}
+    static = row("vanilla", 4096, contexts="drawn", lengths=(2048,))
+    mixed = row("vanilla", 4096, **mix)
+    assert mixed.state_bytes == static.state_bytes
+    # the padding's mask costs the step a masked copy of its scores (b × heads × L): at
+    # d_head 8 that is 1/16 of a layer's cache, and 3 % fewer fit (232 against 239)
+    assert 0.95 * static.max_batch <= mixed.max_batch < static.max_batch
+    tokens = 6  # _cell's decode_tokens
+    own = ((512 + tokens) + (2048 + tokens)) / 2 / (2048 + tokens)
+    assert mixed.prompts["state_padding_share"] == pytest.approx(1 - own, abs=1e-3)
+    assert row("linear", 4096, **mix).max_batch == row("linear", 4096).max_batch
+    plain = _cell("vanilla")
+    other = Cell(**{**plain.__dict__, "mode_settings": {**plain.settings, "length_seed": 7}})
+    assert key(plain, presets.load("cpu")) == key(other, presets.load("cpu"))
+    drawn = Cell(**{**plain.__dict__, "mode_settings": {**plain.settings, "contexts": "drawn"}})
+    assert key(drawn, presets.load("cpu")) != key(plain, presets.load("cpu"))
 
 
 def test_a_cell_times_its_steps_and_its_prefill_apart() -> None:
@@ -224,6 +267,14 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> No
     assert gqa.returncode == 0, gqa.stderr
     last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])
     assert last["model"]["kv_heads"] == 1
+    mix = _run(
+        tmp_path, "attention=vanilla", "n=64", "batch=3", "decode_tokens=4", "contexts=drawn",
+        "lengths=[8,40,20]", "report=false", here=cli_in_process,
+    )  # fmt: skip
+    assert mix.returncode == 0 and "contexts 8..40 ×3" in mix.stdout, mix.stderr
+    last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])
+    assert last["contexts"] == "drawn" and last["prompts"]["lengths"] == [8, 40, 20]
+    assert last["decode"]["context"] > last["decode"]["own_context"]  # padding read too
 
 
 BAD = [
@@ -238,6 +289,16 @@ BAD = [
     (["state_dtype=fp64"], "state_dtype: must be one of"),
     (["prefill_chunk=-1"], "prefill_chunk: must be an integer >= 0, got -1"),
     (["n=40000000", "device=v100_16gb", "dtype=fp16"], "n: a context of n=40000000"),
+    (["contexts=sometimes"], "contexts: must be one of n, drawn; got 'sometimes'"),
+    (["contexts=drawn", "lengths=[0]"], "lengths[0]: must be an integer >= 1, got 0"),
+    (["contexts=drawn", "lengths=[100]"], "lengths[0]: must be an integer in [1, 64]"),
+    (["contexts=drawn", "lengths=[]"], "lengths: must be a list of at least one length"),
+    (["contexts=drawn", "distribution=zipf"], "distribution: must be one of uniform"),
+    (["contexts=drawn", "total_tokens=8"], "total_tokens: must be an integer >= 16"),
+    (
+        ["contexts=drawn", "lengths=[4,39000000]", "n=40000000", "device=v100_16gb", "dtype=fp16"],
+        "lengths: the longest prompt, 39000000 tokens, plus decode_tokens",
+    ),
 ]
 
 
@@ -312,3 +373,55 @@ def test_grouped_query_heads_in_the_forward_and_training_modes(name: str, mode: 
     full = run_cell(Cell(**{**c.__dict__, "kv_heads": None}))
     assert row.status == full.status == "ok", (row.reason, full.reason)
     assert row.flops < full.flops and row.model["kv_heads"] == 1
+
+
+KEEPS_KEYS = [m for m in DECODERS if m in ("vanilla", "sdpa", "xformers", "local")]
+
+
+@pytest.mark.parametrize("name", KEEPS_KEYS)
+def test_marking_left_padding_is_what_a_left_padded_prefill_leaves(name: str) -> None:
+    """The mix's shortcut (every slot the longest prompt's state, its first longest − own
+    positions marked padding: ``pad_left``) against the real thing, a left-padded prefill
+    with the key padding mask, on one layer (whose keys are the tokens' own projections, so
+    that the real tokens' keys agree): the same flags, zeros in the same places, the same
+    next step (float64). The ring of local (window 16) holds positions 4..19, some padded.
+
+    A recurrent state keeps no positions: its ``pad_left`` marks nothing, and each slot
+    holds the longest prompt's sums, which a step reads as it would its own."""
+    lengths = (5, 20, 12)
+    c = _cell(name, n=40, layers=1, dtype="fp32")
+    model = build(c, validate(c), "cpu", torch.float64)
+    pads = [max(lengths) - n for n in lengths]
+    torch.manual_seed(3)
+    x = torch.randn(3, max(lengths), c.d_model, dtype=torch.float64)
+    step = torch.randn(3, 1, c.d_model, dtype=torch.float64)
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(pads)[:, None]  # True: padding
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        real = model.new_state(3, 30, torch.float64, cpu)
+        model.extend(x, real, mask)
+        marked = model.new_state(3, 30, torch.float64, cpu)
+        model.extend(x, marked)  # no mask: the padding's keys written as if real
+        for state in marked:
+            state.pad_left(pads)
+        for a, b in zip(real, marked, strict=True):
+            assert torch.equal(a.padded, b.padded) and a.has_padding and b.has_padding
+            assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+        torch.testing.assert_close(
+            model.extend(step, marked), model.extend(step, real), rtol=0, atol=1e-12
+        )
+
+
+def test_a_decode_row_stored_before_contexts_reads_as_every_prompt_n() -> None:
+    """The serving reference run was stored before ``contexts`` and the draw were decode's
+    settings: its rows read as every prompt n (the settings' defaults), so that they group
+    with rows stored since, and its cells keep their keys (the run resumes)."""
+    from attnbench.measure import presets
+    from attnbench.row import read
+
+    path = Path(__file__).parent.parent / "results/reference/serving-v100_16gb-cpu/cells.jsonl"
+    assert '"contexts"' not in path.read_text()
+    rows = list(read(path))
+    assert {r.contexts for r in rows} == {"n"} and {r.length_seed for r in rows} == {0}
+    preset = presets.load("v100_16gb")
+    assert all(key(Cell.from_dict(r.cell), preset) == r.key for r in rows)

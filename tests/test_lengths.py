@@ -192,9 +192,9 @@ def test_a_bad_draw_is_refused_in_one_line_naming_its_key(key, bad, rest) -> Non
 
 
 EXPLICIT_REFUSALS = [
-    ("lengths", [], None, "must be a list of at least one document length, got []"),
-    ("lengths", "512", None, "must be a list of document lengths, got '512'"),
-    ("lengths", 512, None, "must be a list of document lengths, got 512"),
+    ("lengths", [], None, "must be a list of at least one length, got []"),
+    ("lengths", "512", None, "must be a list of lengths, got '512'"),
+    ("lengths", 512, None, "must be a list of lengths, got 512"),
     ("lengths[1]", [5, 0, 3], 4096, f"must be an integer in [1, 4096] ({WHY_MAX}), got 0"),
     ("lengths[2]", [5, 6, 5000], 4096, f"must be an integer in [1, 4096] ({WHY_MAX}), got 5000"),
     ("lengths[1]", [5, 2.5], None, "must be an integer >= 1, got 2.5"),

@@ -14,6 +14,7 @@ times a NaN is a NaN) their values reach a real output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
@@ -65,6 +66,24 @@ class KeyValues:
         self.length = part.length
         self.has_padding = self.has_padding or part.has_padding
 
+    def pad_left(self, pads: Sequence[int]) -> None:
+        """Sequence i's first ``pads[i]`` positions are left padding: its prompt is that much
+        shorter than the longest, which every slot is positioned after. Marks them as a
+        left-padded prefill writes them (``padded``, zeros), without prefilling each
+        sequence: serving a mix of contexts (``mode=decode contexts=drawn``)."""
+        device = self.padded.device
+        held = self.positions()  # (slots,): the position each slot holds, -1 none yet
+        short = torch.tensor(list(pads), device=device)[:, None]  # (b, 1)
+        mask = (held[None, :] >= 0) & (held[None, :] < short)  # (b, slots)
+        self.padded |= mask
+        self.k.masked_fill_(mask[:, None, :, None], 0.0)
+        self.v.masked_fill_(mask[:, None, :, None], 0.0)
+        self.has_padding = self.has_padding or any(p > 0 for p in pads)
+
+    def positions(self) -> Tensor:
+        """The position each slot holds at ``length`` tokens, -1 where none is held yet."""
+        raise NotImplementedError
+
 
 @dataclass
 class KVCache(KeyValues):
@@ -78,6 +97,11 @@ class KVCache(KeyValues):
         """The whole batch at ``length`` tokens as if every slot were filled: the memory
         model's shortcut to a decode step's shapes (on meta, contents do not matter)."""
         self.length = length
+
+    def positions(self) -> Tensor:
+        """Slot p holds position p once written."""
+        slot = torch.arange(self.capacity, device=self.k.device)
+        return slot.masked_fill(slot >= self.length, -1)
 
     def append(
         self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None
@@ -162,6 +186,12 @@ class Ring(KeyValues):
         model's shortcut to a decode step's shapes)."""
         self.length = length
         self.padded[:, : min(length, self.size)] = False
+
+    def positions(self) -> Tensor:
+        """Slot s holds the latest position p < ``length`` with p ≡ s (mod r)."""
+        slot, r = torch.arange(self.size, device=self.k.device), self.size
+        held = slot + (self.length - 1 - slot).div(r, rounding_mode="floor") * r
+        return held.masked_fill(slot >= self.length, -1)
 
     def write(self, k: Tensor, v: Tensor, key_padding_mask: Tensor | None) -> None:
         """The c new tokens' k, v (b, h, c, dh); only the last r of them are kept."""

@@ -24,6 +24,7 @@ Choices every mixer makes alike, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,10 @@ class MixerState:
 
     def admit(self, part: MixerState) -> None:
         """After every slot was filled: nothing to take, a recurrent state has no position."""
+
+    def pad_left(self, pads: Sequence[int]) -> None:
+        """Left padding leaves no trace in a recurrent state (padded tokens add nothing to
+        it) and a step reads the same bytes whatever the context: nothing to mark."""
 
 
 class RecurrentMixer(MultiHeadAttention):

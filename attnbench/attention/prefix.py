@@ -34,6 +34,7 @@ sequence. Its size is fixed, m·(e + 1) numbers per head whatever the context
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +73,10 @@ class RecurrentState:
 
     def admit(self, part: RecurrentState) -> None:
         """After every slot was filled: nothing to take, a recurrent state has no position."""
+
+    def pad_left(self, pads: Sequence[int]) -> None:
+        """Left padding leaves no trace in a recurrent state (padded tokens add nothing to
+        it) and a step reads the same bytes whatever the context: nothing to mark."""
 
 
 def recurrent_state_elements(heads: int, m: int, e: int) -> int:

@@ -93,6 +93,9 @@ class Workload:
     grad: bool = False
     primes: bool = False
     settings: tuple[Setting, ...] = ()
+    # settings declared after rows of this workload were stored: a row without one reads
+    # as its default, which is what every row before it measured (decode's contexts)
+    later: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()
     # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
     # False, one shape per batch; None where a step's shapes change by design (decode)
@@ -107,6 +110,12 @@ class Workload:
         mechanism that cannot pack, at layout=packed), or None: a sweep leaves such a cell
         out, a single cell is refused."""
         return None
+
+    def keyed(self, cell: Cell) -> dict[str, Any]:
+        """The settings that enter the cell's key: all of them, but those a setting's value
+        makes unused may be left out (decode's draw, with every prompt n), so that cells
+        from before a setting existed keep their keys."""
+        return cell.settings
 
     def refuses_on_cpu(self, info: Info) -> str | None:
         """Why a mechanism cannot run this workload where its cell runs on the CPU (no GPU of

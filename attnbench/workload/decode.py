@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
+import attnbench.lengths as draws
 from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes
 from attnbench.measure.timing import Timing, time_parts
@@ -32,7 +34,14 @@ from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
 from attnbench.validators import check_int
 from attnbench.workload.base import DTYPES, Work, Workload, setting
-from attnbench.workload.decode_memory import ServingScenario, state_dtype
+from attnbench.workload.decode_memory import (
+    ServingScenario,
+    left_pads,
+    prompt_len,
+    prompts,
+    state_dtype,
+)
+from attnbench.workload.draw import DRAW, draw_words
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -44,12 +53,14 @@ WARMUP = 2  # decode steps not counted: the first ones pay for lazy initialisati
 _NO_PREFILL: set[Cell] = set()
 
 
-def context(cell: Cell) -> int:
-    """The mean number of tokens a timed step's new token sees (itself included): the
-    prompt, the steps before it, itself. What FLOPs and bytes per token are given at."""
+def context(cell: Cell, prompt: int | None = None) -> int:
+    """The mean number of positions a timed step's new token reads (itself included): the
+    prompt (the longest, its left padding included, unless ``prompt`` names one), the steps
+    before it, itself. What FLOPs and bytes per token are given at."""
+    n = prompt_len(cell) if prompt is None else prompt
     tokens = setting(cell, "decode_tokens")
-    first, last = cell.n + WARMUP + 1, cell.n + tokens
-    return (first + last) // 2 if tokens > WARMUP else cell.n + 1
+    first, last = n + WARMUP + 1, n + tokens
+    return (first + last) // 2 if tokens > WARMUP else n + 1
 
 
 class DecodeWork(ServingScenario):
@@ -131,6 +142,7 @@ class DecodeWork(ServingScenario):
                 if isinstance(value, Tensor) and value.is_floating_point():
                     value[:1].uniform_(0.0, 1.0, generator=gen)
         self._copy_first(1)  # a CPU's generator runs at a fraction of a copy's bandwidth
+        self._pad()
         self.token = self._first_token()
 
     def row_fields(self) -> dict[str, Any]:
@@ -145,6 +157,7 @@ class DecodeWork(ServingScenario):
         p = self.prefill_timing
         return {
             "decode": {
+                **self._own(itemsize),
                 "prefill_s": None if p is None else p.median,
                 "prefill_iqr_s": None if p is None else p.iqr,
                 "prefill_samples_s": None if p is None else list(p.samples),
@@ -161,6 +174,19 @@ class DecodeWork(ServingScenario):
             }
         }
 
+    def _own(self, itemsize: int) -> dict[str, Any]:
+        """With a mix of contexts: the mean context the b sequences' own tokens make, and
+        the bytes their caches or states hold at it (what a step reads of real tokens;
+        ``state_read_bytes`` is what it reads, left padding included)."""
+        pads = left_pads(self.cell, self.b)
+        if pads is None:
+            return {}
+        own = [context(self.cell, self.n - pad) for pad in pads]
+        return {
+            "own_context": round(statistics.fmean(own)),
+            "own_state_read_bytes": sum(self.model.state_bytes(c, itemsize) for c in own),
+        }
+
 
 def _timed_tokens(name: str, value: Any) -> int:
     """More tokens than the :data:`WARMUP` steps, so that at least one step is timed: the
@@ -174,6 +200,14 @@ def _timed_tokens(name: str, value: Any) -> int:
     return tokens
 
 
+CONTEXTS = ("n", "drawn")
+
+
+def mix_label(item: Any) -> str:
+    """A label's words for a mix of contexts (:func:`~attnbench.workload.draw.draw_words`)."""
+    return f", contexts {draw_words(item)}" if setting(item, "contexts") == "drawn" else ""
+
+
 class Decode(Workload):
     name = "decode"
     doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
@@ -185,11 +219,25 @@ class Decode(Workload):
                 str, choice(STATE_DTYPES)),
         Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt"
                 " at once)", int, integer(low=0)),
+        Setting("contexts", "n", "`n` (every prompt n tokens) or `drawn` (sequence i's prompt"
+                " the draw's i-th length, in turn: `lengths` or `distribution`; every cache"
+                " allocated for the longest, the others left-padded to it)", str,
+                choice(CONTEXTS)),
+        *DRAW,
     )  # fmt: skip
     compile_dynamic = None  # the context grows each step: automatic dynamic shapes
+    later = ("contexts", *(s.name for s in DRAW))  # every prompt n, before they existed
 
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
+
+    def keyed(self, cell: Cell) -> dict[str, Any]:
+        """Every prompt n: the draw is unused, and the cell keeps the key it had before
+        ``contexts`` existed."""
+        if setting(cell, "contexts") != "n":
+            return cell.settings
+        unused = {"contexts", *(s.name for s in DRAW)}
+        return {k: v for k, v in cell.settings.items() if k not in unused}
 
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
         """A decoder is causal; the weights and one sequence's state at n + decode_tokens
@@ -201,13 +249,19 @@ class Decode(Workload):
             )
         from attnbench.workload.base import encoder
 
+        longest = prompt_len(cell)  # contexts=drawn: the draw checked here, in one line
         model = encoder(cell, params, "meta").to(DTYPES[cell.dtype])
         itemsize = state_dtype(cell, DTYPES[cell.dtype]).itemsize
         tokens = setting(cell, "decode_tokens")
-        need = module_bytes(model) + model.state_bytes(cell.n + tokens, itemsize)
+        need = module_bytes(model) + model.state_bytes(longest + tokens, itemsize)
         if need > usable:
+            what = (
+                f"n: a context of n={cell.n}"
+                if prompts(cell) is None
+                else (f"lengths: the longest prompt, {longest} tokens,")
+            )
             raise ValueError(
-                f"n: a context of n={cell.n} plus decode_tokens={tokens} needs "
+                f"{what} plus decode_tokens={tokens} needs "
                 f"{need} bytes at batch 1 (weights and one sequence's state), above the "
                 f"{usable} bytes {cell.device} leaves usable; allowed: a shorter context"
             )
@@ -218,7 +272,7 @@ class Decode(Workload):
             kv = f", kv_heads={cell.model['kv_heads']}" if "kv_heads" in cell.model else ""
         chosen, tokens = setting(cell, "state_dtype"), setting(cell, "decode_tokens")
         state = f", state={chosen}" if chosen not in (None, "auto") else ""
-        return f"decode({tokens} tokens{kv}{state})"
+        return f"decode({tokens} tokens{kv}{state}{mix_label(cell)})"
 
     def caption(self, row: Any) -> str:
         return f"serving, {self.label(row)} (the paper has no serving table)"
@@ -246,9 +300,15 @@ class Decode(Workload):
     def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
         """The bytes one sequence keeps at n + decode_tokens, every layer, in the state's
         dtype on the cell's device (``model`` is in the cell's dtype)."""
-        dtype = state_dtype(cell, next(model.parameters()).dtype)
+        itemsize = state_dtype(cell, next(model.parameters()).dtype).itemsize
         tokens = setting(cell, "decode_tokens")
-        return {"state_bytes": model.state_bytes(cell.n + tokens, dtype.itemsize)}
+        static = model.state_bytes(prompt_len(cell) + tokens, itemsize)
+        lengths = prompts(cell)
+        if lengths is None:
+            return {"state_bytes": static}
+        own = statistics.fmean(model.state_bytes(n + tokens, itemsize) for n in lengths)
+        mix = {"own_state_bytes": round(own), "state_padding_share": 1 - own / static}
+        return {"state_bytes": static, "prompts": {**draws.summary(lengths), **mix}}
 
     def cost_s(
         self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
@@ -261,7 +321,8 @@ class Decode(Workload):
         flops = model.step_flops(b, context(cell))
         step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
         steps = step * setting(cell, "decode_tokens")
-        prefills = model.flops(1, cell.n) / flops_per_s * 4  # a warm-up, 3 timed; then copies
+        # a warm-up, 3 timed; then copies
+        prefills = model.flops(1, prompt_len(cell)) / flops_per_s * 4
         if steps + prefills <= cell.time_budget_s:
             _NO_PREFILL.discard(cell)
             return step, steps + prefills

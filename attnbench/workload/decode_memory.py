@@ -14,6 +14,7 @@ steps are timed is :class:`attnbench.workload.decode.DecodeWork`'s.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 
 from attnbench.measure.memory import tracked_peak
 from attnbench.workload.base import DTYPES, Work, setting
+from attnbench.workload.draw import draw_of
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -32,6 +34,30 @@ def state_dtype(cell: Cell, compute: torch.dtype) -> torch.dtype:
     return compute if chosen == "auto" else DTYPES[chosen]
 
 
+@lru_cache(maxsize=256)
+def prompts(cell: Cell) -> tuple[int, ...] | None:
+    """``contexts=drawn``: the cell's draw, the prompts' lengths in the order sequences take
+    them (sequence i the draw's i mod D-th); ``contexts=n``: None, every prompt n tokens."""
+    return draw_of(cell) if setting(cell, "contexts") == "drawn" else None
+
+
+def prompt_len(cell: Cell) -> int:
+    """The longest prompt: what every slot is positioned after (the others are left-padded
+    to it) and every cache allocated for, as a static cache is for its longest."""
+    lengths = prompts(cell)
+    return cell.n if lengths is None else max(lengths)
+
+
+def left_pads(cell: Cell, b: int) -> list[int] | None:
+    """Each of b sequences' left padding, the longest prompt less its own; None without a
+    mix (every prompt n)."""
+    lengths = prompts(cell)
+    if lengths is None:
+        return None
+    longest = max(lengths)
+    return [longest - lengths[i % len(lengths)] for i in range(b)]
+
+
 class ServingScenario(Work):
     """The serving scenario at the batch of ``x`` (b, 1, d), the tokens of one step: b
     states resident, one sequence's prompt prefilled into its slot, one step of all b."""
@@ -39,7 +65,7 @@ class ServingScenario(Work):
     def __init__(self, model: nn.Module, cell: Cell, x: Tensor, device: str) -> None:
         super().__init__(model, x)
         self.cell = cell
-        self.n, self.tokens = cell.n, setting(cell, "decode_tokens")
+        self.n, self.tokens = prompt_len(cell), setting(cell, "decode_tokens")
         self.chunk = setting(cell, "prefill_chunk") or cell.n
         self.device = torch.device(device)
         self.state_dtype = state_dtype(cell, x.dtype)
@@ -84,7 +110,19 @@ class ServingScenario(Work):
         assert self.states is not None
         for state, part in zip(self.states, parts, strict=True):
             state.admit(part)
+        self._pad()
         self.token = self._first_token()
+
+    def _pad(self) -> None:
+        """With a mix of contexts, each sequence's own: every slot holds the longest prompt's
+        state, and its first (longest − own) positions are marked as left padding, what a
+        left-padded prefill of its own prompt leaves (a step's time and memory depend on the
+        masks and shapes, not on the values)."""
+        pads = left_pads(self.cell, self.b)
+        if pads is not None and any(pads):
+            assert self.states is not None
+            for state in self.states:
+                state.pad_left(pads)
 
     def _first_token(self) -> Tensor:
         """The first step's input: ``x`` as an inference tensor, like every later step's (a
@@ -122,6 +160,7 @@ class ServingScenario(Work):
             self.states = self.model.new_state(b, cap, dtype, self.device)
             for state in self.states:
                 state.seek(self.n)
+            self._pad()
             self.token = self._first_token()  # as a real step's: its copy of x counted
             out = self.step()
             self.states = self.token = None

@@ -26,7 +26,6 @@ spends on padding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from attnbench.registry import Info, info
 from attnbench.settings import Setting, choice, integer
 from attnbench.train import PARTS
 from attnbench.workload.base import Work, Workload, encoder, setting
+from attnbench.workload.draw import DRAW, draw_of, draw_words
 from attnbench.workload.train import TRAIN, StepWork, Train, train_label, train_step
 
 if TYPE_CHECKING:
@@ -48,49 +48,15 @@ if TYPE_CHECKING:
 LAYOUTS = ("padded", "packed", "bucketed")
 
 
-def _lengths(name: str, value: Any) -> tuple[int, ...] | None:
-    """An explicit list of lengths (each checked against n later, with the cell), or null."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{name}: must be a list of document lengths or null, got {value!r}")
-    return draws.explicit(value, max_len=None)
-
-
 SETTINGS = (
     Setting("layout", "packed", "`padded` (to the longest, with the key padding mask), "
             "`packed` (end to end in one row, attention kept inside each document) or "
             "`bucketed` (sorted by length, batches of at most `bucket_tokens` padded tokens)",
             str, choice(LAYOUTS)),
-    Setting("lengths", None, "the documents' lengths, each 1..n; null: drawn by `distribution`",
-            tuple | None, _lengths),
-    Setting("distribution", "lognormal", "how lengths are drawn: "
-            + ", ".join(f"`{d}`" for d in draws.DISTRIBUTIONS), str, choice(draws.DISTRIBUTIONS)),
-    Setting("total_tokens", 16384, "the draw's budget: lengths are drawn until the next would "
-            "pass it", int, integer()),
-    Setting("length_mean", 1024, "the drawn lengths' mean (lognormal)", int, integer()),
-    Setting("length_min", 16, "the shortest a drawn length may be", int, integer()),
-    Setting("length_seed", 0, "the draw's seed: the same seed, the same lengths", int,
-            integer(low=0)),
+    *DRAW,
     Setting("bucket_tokens", 4096, "bucketed: the padded tokens one batch may hold (a "
             "loader's max_tokens)", int, integer()),
 )  # fmt: skip
-
-
-def draw_of(cell: Any) -> tuple[int, ...]:
-    """The cell's documents: its explicit ``lengths``, else its seeded draw (none above n)."""
-    given = setting(cell, "lengths")
-    if given is not None:
-        return draws.explicit(given, max_len=cell.n)
-    return draws.draw(
-        setting(cell, "distribution"),
-        total_tokens=setting(cell, "total_tokens"),
-        seed=setting(cell, "length_seed"),
-        max_len=cell.n,
-        length_min=setting(cell, "length_min"),
-        length_max=cell.n,
-        length_mean=setting(cell, "length_mean"),
-    )
 
 
 @dataclass(frozen=True)
@@ -210,7 +176,7 @@ class Packed(Workload):
         return f"{setting(cell, 'layout')}{f' {what}' if what else ''}"
 
     def caption(self, row: Any) -> str:
-        return f"{self.name}: documents of real lengths, {setting(row, 'layout')}"
+        return f"{self.name}: documents {draw_words(row)}, {setting(row, 'layout')}"
 
     def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
         return self.plan(cell).input_shape(b, cell.d_model)
