@@ -200,8 +200,8 @@ def test_undefined_cells_say_why() -> None:
 
 def test_efficiency_lengths_by_hand() -> None:
     lengths = serving_lengths(_grid_rows())
-    assert len(lengths) == 1
-    got = {(x.mechanism, x.kind): x for x in lengths[0]}
+    assert len(lengths) == 1 and lengths[0][0] == ""  # one set: no words to tell it apart
+    got = {(x.mechanism, x.kind): x for x in lengths[0][1]}
     # linear: time ratio 0.5 at 512, 5.0 at 2048: log-log crossing at 512 · 4^(log 2 /
     # log 10) = 512 · 4^0.30103 ≈ 777
     lin = got[("linear", "time")]
@@ -214,7 +214,7 @@ def test_efficiency_lengths_by_hand() -> None:
     assert got[("vanilla (kv_heads=3)", "memory")].behind == ()
     from attnbench.report.serving import lengths_table
 
-    md = grid_markdown(lengths_table(lengths[0]))
+    md = grid_markdown(lengths_table(lengths[0][1]))
     assert (
         "| mechanism | faster per token than vanilla (b=1) | more sequences fit than vanilla "
         "(max batch) | fewer fit than vanilla (its state bigger than the cache) at n |"

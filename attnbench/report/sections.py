@@ -164,8 +164,8 @@ def slug_free(stem: str, kind: str, used: set[tuple[str, str]]) -> str:
 
 def _serving_lengths(basis: Basis) -> list[Part]:
     grids = [
-        (serving.lengths_table(lengths), tuple(dataclasses.asdict(x) for x in lengths))
-        for lengths in serving.serving_lengths(basis.rows, basis.baseline)
+        (serving.lengths_table(lengths, words), tuple(dataclasses.asdict(x) for x in lengths))
+        for words, lengths in serving.serving_lengths(basis.rows, basis.baseline)
     ]
     return [Part(g.title, g, records) for g, records in grids]
 

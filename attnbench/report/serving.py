@@ -34,6 +34,7 @@ from attnbench.report.grid import Grid
 from attnbench.report.ratio import baselines, compared, compiled, kv_heads, setting
 from attnbench.report.tables import RatioTable, context, fill
 from attnbench.row import Row, as_rows, printable
+from attnbench.workload.decode import mix_label
 
 MODE = "decode"
 MAX = "max"
@@ -108,6 +109,16 @@ def _context(rows: list[Row], batch: int | str, baseline: str) -> str:
     )
 
 
+def words(rows_here: list[Row], many: bool) -> str:
+    """What tells one set of rows from the others where a report has several (a title's
+    last words): the dtype, the tokens, the mix of prompts, compiled or not."""
+    if not many:
+        return ""
+    first = rows_here[0]
+    how = f", {c}" if (c := compiled(first)) else ""
+    return f" ({first.dtype}, {first.decode_tokens} tokens{mix_label(first)}{how})"
+
+
 def serving_tables(
     rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
 ) -> list[tuple[RatioTable, str]]:
@@ -121,9 +132,7 @@ def serving_tables(
         base = baselines(rows_here, baseline)
         mine = compared(rows_here, baseline)
         heads = columns(mine)
-        first = rows_here[0]
-        how = f", {c}" if (c := compiled(first)) else ""
-        many = f" ({first.dtype}, {first.decode_tokens} tokens{how})" if len(sets) > 1 else ""
+        many = words(rows_here, len(sets) > 1)
         for batch in _batches(rows_here):
             at = [r for r in mine if str(r.batch_asked) == str(batch)]
             if not at:
@@ -168,29 +177,29 @@ LEGEND = (
 
 def serving_lengths(
     rows: Iterable[Row | dict[str, Any]], baseline: str = "vanilla"
-) -> list[list[Length]]:
-    """Per set of rows (:func:`row_sets`): each configuration's efficiency lengths against
-    the baseline, the time's at batch 1 and the max batch's; sets with none left out."""
+) -> list[tuple[str, list[Length]]]:
+    """Per set of rows (:func:`row_sets`): its :func:`words` and each configuration's
+    efficiency lengths against the baseline, the time's at batch 1 and the max batch's;
+    sets with none left out."""
     out = []
-    for rows_here in row_sets(rows):
+    sets = row_sets(rows)
+    for rows_here in sets:
         one = [r for r in rows_here if str(r.batch_asked) == "1"]
         most = [r for r in rows_here if str(r.batch_asked) == MAX]
         got = efficiency_lengths(one, (baseline,), kinds=("time",), label=configuration)
         got += efficiency_lengths(most, (baseline,), kinds=("memory",), label=configuration)
         if got:
             order = list(columns(rows_here).values())  # the tables' order of columns
-            out.append(
-                sorted(
-                    got,
-                    key=lambda x: order.index(x.mechanism) if x.mechanism in order else len(order),
-                )
+            ordered = sorted(
+                got, key=lambda x: order.index(x.mechanism) if x.mechanism in order else len(order)
             )
+            out.append((words(rows_here, len(sets) > 1), ordered))
     return out
 
 
-def lengths_table(lengths: list[Length]) -> Grid:
+def lengths_table(lengths: list[Length], words: str = "") -> Grid:
     """The efficiency lengths of one set of rows as the report prints them."""
     base = lengths[0].baseline
     return lengths_grid(
-        lengths, title=TITLE.format(base), heads=HEADS, behind=BEHIND, legend=(LEGEND,)
+        lengths, title=TITLE.format(base) + words, heads=HEADS, behind=BEHIND, legend=(LEGEND,)
     )

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from attnbench.report.grid import Grid, sig
-from attnbench.report.serving import columns, configuration, row_sets
+from attnbench.report.serving import columns, configuration, row_sets, words
 from attnbench.report.tables import MISSING
 from attnbench.row import Row
 
@@ -24,35 +24,47 @@ def state_grids(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     configuration, the baseline's too), and the bandwidth a batch-1 step achieved (GB/s and
     its share of the copy bandwidth measured in the same process, with that figure)."""
     out = []
-    for rows_here in row_sets(rows):
+    sets = row_sets(rows)
+    for rows_here in sets:
         heads = columns(rows_here)
         ns = sorted({r.n for r in rows_here})
         first = rows_here[0]
-        state: dict[tuple[int, str], int] = {}
+        told = words(rows_here, len(sets) > 1)
+        state: dict[tuple[int, str], str] = {}
         for r in rows_here:
             if r.state_bytes:
-                state.setdefault((r.n, heads[configuration(r)]), r.state_bytes)
+                own = f" ({_mb(r.prompts['own_state_bytes'])})" if r.prompts else ""
+                state.setdefault((r.n, heads[configuration(r)]), _mb(r.state_bytes) + own)
         cols = [h for h in heads.values() if any(c == h for _, c in state)]
+        at = "the longest prompt" if first.prompts else "n"
         if cols:
             out.append(
                 Grid(
-                    f"Serving: state per sequence (MB) at n + {first.decode_tokens} tokens",
+                    f"Serving: state per sequence (MB) at {at} + {first.decode_tokens} "
+                    f"tokens{told}",
                     ["n", *cols],
                     [
-                        [str(n), *(_mb(state.get((n, c))) for c in cols)]
+                        [str(n), *(state.get((n, c), MISSING) for c in cols)]
                         for n in ns
                         if any((n, c) in state for c in cols)
                     ],
                     [
                         "MB = 10⁶ bytes: the cache or state one sequence keeps, every layer, "
                         "in its state dtype on the preset's device (modeled, not measured)."
+                        + (MIX_NOTE if first.prompts else "")
                     ],
                 )
             )
         one = {(r.n, heads[configuration(r)]): r for r in rows_here if str(r.batch_asked) == "1"}
-        if grid := _bandwidth(one, ns, list(heads.values())):
+        if grid := _bandwidth(one, ns, list(heads.values()), told):
             out.append(grid)
     return out
+
+
+MIX_NOTE = (
+    " Every cache is allocated for the longest prompt of the draw and the shorter ones are "
+    "left-padded to it; in brackets: what a sequence's own prompt needs, the draw's mean."
+)
 
 
 def _mb(v: int | None) -> str:
@@ -70,7 +82,9 @@ def _copies(copies: list[float]) -> str:
     return sig(statistics.median(copies) / 1e9)
 
 
-def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str]) -> Grid | None:
+def _bandwidth(
+    one: dict[tuple[int, str], Row], ns: list[int], heads: list[str], told: str
+) -> Grid | None:
     """The bandwidth grid of one set's batch-1 rows; None where none was timed."""
     timed = {c: r for c, r in one.items() if (r.decode or {}).get("bytes_per_s")}
     if not timed:
@@ -107,7 +121,8 @@ def _bandwidth(one: dict[tuple[int, str], Row], ns: list[int], heads: list[str])
         cells.append(_copies(copies))
         body.append(cells)
     return Grid(
-        "Serving: bandwidth a decode step achieved at b=1 (GB/s, share of the copy bandwidth)",
+        "Serving: bandwidth a decode step achieved at b=1 (GB/s, share of the copy bandwidth)"
+        + told,
         ["n", *cols, "copy (GB/s)"],
         body,
         [
