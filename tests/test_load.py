@@ -90,11 +90,14 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     # of the recurrent mixers); +sweep=mixers (108 cells and the 25 of the chunk curve) and
     # the mixers' serving run (135 cells, vanilla's and linear's 54 beside them); the packed run
     # (128 cells: 11 mechanisms, 3 layouts but Reformer's packed, 2 draws, forward and training)
-    assert len(both) == 42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 128 + 51 + 133 + 189
+    # and serving a mix of prompts (60 cells: 10 decoders, every prompt n or drawn, 3 batches)
+    assert len(both) == (
+        42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 128 + 51 + 133 + 189 + 60
+    )
     assert set(both["mode"]) == {"inference", "train", "decode", "packed", "packed_train"}
     tasks = both.task.value_counts().to_dict()
     assert tasks == {
-        "cost": 195 + 216 + 138 + 128 + 133 + 189, "approx": 62, "listops": 18, "spectrum": 2,
+        "cost": 195 + 216 + 138 + 128 + 133 + 189 + 60, "approx": 62, "listops": 18, "spectrum": 2,
         "mqar": 51,
     }  # fmt: skip
     assert both["compile"].sum() == 69 and (both.compiled == "kernel").sum() == 7
