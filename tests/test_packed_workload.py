@@ -14,10 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import attnbench
 from attnbench.cell import Cell, validate
 from attnbench.measure.memory import profiled_peak, rounded
 from attnbench.runner import MemoryModel, build, make_input
 from attnbench.workload.packed import LAYOUTS, Layout, Plan, real_positions
+from attnbench.workload.train import TRAIN
+from tests.conftest import runnable_here
 
 LENGTHS = (37, 100, 5, 64, 18)  # distinct, so that a bucketed batch's order is known
 SHAPE = {"layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 128}
@@ -74,14 +77,38 @@ def test_every_layout_gives_each_real_token_the_same_output(attention: str, para
             torch.testing.assert_close(outs[layout][n], outs["packed"][n], atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["forward", "train"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("attention", "params"), MEMORY)
+def _packers() -> list[tuple[str, tuple, str, bool]]:
+    """Every mechanism that packs, beyond :data:`MEMORY`'s (every layout), in the packed
+    layout: causal, forward and training step (where a CPU trains it); not causal, the
+    forward (each document through its own sums), where the mechanism has that form."""
+    shown = {name for name, _ in MEMORY}
+    cases = []
+    for name in runnable_here():
+        info = attnbench.info(name)
+        if info.cannot_pack or name in shown:
+            continue
+        trains = TRAIN.refuses(info) is None and TRAIN.refuses_on_cpu(info) is None
+        cases += [(name, CAUSAL, "packed", train) for train in (False, True)[: 1 + trains]]
+        if info.causal_only is None and name not in ("vanilla", "sdpa"):  # theirs: per block
+            cases.append((name, (("causal", False),), "packed", False))
+    return cases
+
+
+CASES = [
+    (name, params, layout, train)
+    for name, params in MEMORY
+    for layout in LAYOUTS
+    for train in (False, True)
+] + _packers()
+
+
+@pytest.mark.parametrize(("attention", "params", "layout", "train"), CASES)
 def test_modeled_peak_equals_the_profilers(
     attention: str, params: tuple, layout: str, train: bool
 ) -> None:
     """b = 2 copies of the draw: the meta model's peak above weights, input and (training)
-    the optimizer's state, against the CPU profiler's of the same step."""
+    the optimizer's state, against the CPU profiler's of the same step; every layout for
+    four mechanisms, the packed one for every other that packs."""
     cell = _cell(attention, layout, params, train=train)
     res = validate(cell)
     memory = MemoryModel(cell, res)
