@@ -160,6 +160,17 @@ class Encoder(nn.Module):
         layers = self.layers
         return sum(layer.attn.packed_flops(packing) + layer.ffn_flops(b, t) for layer in layers)
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """Matmul FLOPs of one backward over packed rows (``attn.packed_flops_backward``; the
+        FFN's two gradients of each matmul over every position); with checkpointing, one
+        more packed forward."""
+        b, t = packing.batch, packing.width
+        own = sum(
+            layer.attn.packed_flops_backward(packing) + 2 * layer.ffn_flops(b, t)
+            for layer in self.layers
+        )
+        return own + (self.packed_flops(packing) if self.checkpoint else 0)
+
     def dense_flops(self, b: int, n: int) -> int:
         """:meth:`flops` with every layer's attention counted dense (``dense_attention_flops``:
         what softmax attention over all n × n pairs computes), beside a block-sparse count."""

@@ -16,6 +16,7 @@ import torch
 
 import attnbench
 from attnbench.cell import Cell, validate
+from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import profiled_peak, rounded
 from attnbench.runner import MemoryModel, build, make_input
 from attnbench.workload.packed import LAYOUTS, Layout, Plan, real_positions
@@ -146,6 +147,19 @@ def test_the_rows_flops_are_the_layouts() -> None:
         assert desc["flops_layout"] == want == cell.workload.flops(model, cell)[0]
         assert desc["flops_wasted_share"] == pytest.approx(1 - real / want)
         assert desc["real_tokens"] == sum(LENGTHS) and desc["documents"] == len(LENGTHS)
+
+
+def test_a_training_rows_backward_flops_are_what_its_step_computes() -> None:
+    """packed_train, causal linear (one pass over the row packed): the backward FLOPs a row
+    records are FlopCounterMode's count of the backward of the layout's forward, in every
+    layout, for the whole 2-layer model."""
+    for layout in LAYOUTS:
+        cell = _cell("linear", layout, CAUSAL, train=True)
+        model = build(cell, validate(cell), "cpu", torch.float32)
+        plan = cell.workload.plan(cell)
+        x = torch.randn(plan.input_shape(1, SHAPE["d_model"]), requires_grad=True)
+        loss = Layout(model, plan)(x).sum()
+        assert count_flops(loss.backward) == cell.workload.flops(model, cell)[1], layout
 
 
 def test_real_positions_by_hand() -> None:

@@ -124,6 +124,23 @@ def test_packing_checks_its_rows_and_the_input() -> None:
         m(x.expand(3, -1, -1), mask, Packing.of(ROWS))
 
 
+@pytest.mark.parametrize(
+    ("name", "causal"), [(n, c) for n, c in PACKS if not attnbench.info(n).compiles]
+)
+def test_packed_backward_flops_are_what_flop_counter_mode_counts(name: str, causal: bool) -> None:
+    """``packed_flops_backward`` against FlopCounterMode's count of the backward of the same
+    packed forward (flex aside: its CPU kernel has no backward). Each document alone's
+    backward where the mechanism packs document by document; one pass over the row where it
+    packs so (the chunked recurrences skip the same first and last chunk's work as
+    unpacked, once per row); documents of two tokens or more, as for the forward."""
+    m = _create(name, causal)
+    rows = ((5, 13, 2, 20), (40,), (7, 9, 24))
+    x = torch.randn(len(rows), T, D, dtype=_dtype(name), requires_grad=True)
+    packing = Packing.of(rows)
+    loss = m(x, packing=packing).sum()
+    assert count_flops(loss.backward) == m.packed_flops_backward(packing)
+
+
 def test_packing_tensors_by_hand() -> None:
     p = Packing.of([(2, 3), (1, 4)])
     assert p.width == 5 and p.batch == 2 and p.lengths == (2, 3, 1, 4)

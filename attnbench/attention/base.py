@@ -199,6 +199,21 @@ class MultiHeadAttention(nn.Module):
         in one pass over the row overrides both."""
         return sum(self.attention_flops(1, n) for n in packing.lengths)
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """Matmul FLOPs of one backward over packed rows, the twin of :meth:`flops_backward`:
+        here twice the projections over every position of the b rows of T, and each
+        document's attention backward alone (its :meth:`flops_backward` less twice its own
+        projections). A mechanism that packs in one pass over the row overrides it."""
+        b, t = packing.batch, packing.width
+        own = sum(
+            self.flops_backward(1, n) - 2 * self._projection_flops(1, n) for n in packing.lengths
+        )
+        return 2 * self._projection_flops(b, t) + own
+
+    def _projection_flops(self, b: int, n: int) -> int:
+        """:meth:`flops` less :meth:`attention_flops`: what sees every position once."""
+        return self.flops(b, n) - self.attention_flops(b, n)
+
     def flops_backward(self, b: int, n: int) -> int:
         """Matmul FLOPs of one backward, the analytic twin of FlopCounterMode's count: every
         matmul's two gradients cost twice its forward, less :meth:`frozen_flops`, plus

@@ -155,6 +155,16 @@ class LinearAttention(MultiHeadAttention):
         per_head = gated_scan.chunked_flops(packing.width, dh, dh + 1, chunk, False)
         return packing.batch * self.n_heads * per_head
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """Causal: twice the forward but what the gated recurrence's backward skips at each
+        row's first and last chunk (``gated_scan.skipped_backward_flops``); not causal: each
+        document's alone."""
+        if not self.cfg.causal:
+            return super().packed_flops_backward(packing)
+        dh, chunk = self.head_dim, self.cfg.chunk_size
+        skipped = gated_scan.skipped_backward_flops(packing.width, dh, dh + 1, chunk)
+        return 2 * self.packed_flops(packing) - packing.batch * self.n_heads * skipped
+
     def attention_flops(self, b: int, n: int) -> int:
         """Per head: non-causal φ(K)ᵀV, φ(Q)(φ(K)ᵀV) and the normaliser φ(Q)z
         (prefix.linear_flops); causal the chunked prefix sums' (prefix.causal_linear_flops)."""

@@ -113,6 +113,13 @@ class LocalAttention(MultiHeadAttention):
         """One blocked pass over each row of T: its blocks, whatever the documents."""
         return self.attention_flops(packing.batch, packing.width)
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """One pass over each row of T: the row's backward with its band's blocks as
+        :meth:`packed_attention_flops` counts them."""
+        b, t = packing.batch, packing.width
+        band = self.packed_attention_flops(packing) - self.attention_flops(b, t)
+        return self.flops_backward(b, t) + 2 * band
+
     def recomputed_flops(self, b: int, n: int) -> int:
         """The flash kernel's backward recomputes the blocked QKᵀ."""
         return self.attention_flops(b, n) // 2

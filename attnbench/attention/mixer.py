@@ -280,6 +280,11 @@ class RecurrentMixer(MultiHeadAttention):
         (sequence, head): :meth:`core_backward_flops`."""
         return 2 * self.flops(b, n) + b * self.n_heads * self.core_backward_flops(n)
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """One chunked pass over each row of T, backward as forward: the row's own count (a
+        reset is a decay, no matmul of its own)."""
+        return self.flops_backward(packing.batch, packing.width)
+
     def core_backward_flops(self, n: int) -> int:
         """The core's backward less twice its forward's matmuls, per (sequence, head)."""
         raise NotImplementedError

@@ -200,6 +200,19 @@ class PerformerAttention(MultiHeadAttention):
         per_head = gated_scan.chunked_flops(t, m, self.head_dim + 1, CHUNK, False)
         return 4 * b * t * m * self.d_model + b * self.n_heads * per_head
 
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """Causal: twice the forward, less the fixed features' second gradient and what the
+        gated recurrence's backward skips at each row's first and last chunk; not causal:
+        each document's alone."""
+        if not self.cfg.causal:
+            return super().packed_flops_backward(packing)
+        b, t = packing.batch, packing.width
+        skipped = gated_scan.skipped_backward_flops(
+            t, self.cfg.nb_features, self.head_dim + 1, CHUNK
+        )
+        frozen = self.frozen_flops(b, t)
+        return 2 * self.packed_flops(packing) - frozen - b * self.n_heads * skipped
+
     def frozen_flops(self, b: int, n: int) -> int:
         """φ(Q) and φ(K) multiply by the fixed random features (a buffer): no gradient."""
         return 4 * b * n * self.cfg.nb_features * self.d_model

@@ -97,6 +97,12 @@ class Plan:
             return model.packed_flops(Packing.of([self.lengths]))
         return sum(model.flops(len(batch), max(batch)) for batch in self.batches)
 
+    def flops_backward(self, model: nn.Module) -> int:
+        """Backward FLOPs of one copy in this layout, from the formulas."""
+        if self.layout == "packed":
+            return model.packed_flops_backward(Packing.of([self.lengths]))
+        return sum(model.flops_backward(len(batch), max(batch)) for batch in self.batches)
+
 
 class Layout(nn.Module):
     """The encoder run over b copies of a plan, returning every real token's output (b·R, d):
@@ -199,13 +205,10 @@ class Packed(Workload):
         return Work(layout, x)
 
     def flops(self, model: nn.Module, cell: Cell) -> tuple[int, int | None]:
-        """Per copy of the draw, from the formulas: the layout's forward; a training step's
-        backward is not modeled for packed rows (None), padded and bucketed ones' is."""
+        """Per copy of the draw, from the formulas: the layout's forward and, for a training
+        step, its backward."""
         plan = self.plan(cell)
-        forward = plan.flops(model)
-        if not self.train or plan.layout == "packed":
-            return forward, None
-        return forward, sum(model.flops_backward(len(b), max(b)) for b in plan.batches)
+        return plan.flops(model), plan.flops_backward(model) if self.train else None
 
     def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
         """The draw and its FLOPs: each document alone (the real work) beside the layout's."""
