@@ -229,8 +229,7 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
             p = part.body
             made = plots.save(p.figure, f"plots/{p.stem}")
             files.update(made)
-            svg, png = made[f"plots/{p.stem}.svg"], made[f"plots/{p.stem}.png"]
-            figures.append(html.figure_html(p.stem, svg, png, p.caption))
+            figures.append(html.figure_html(p.stem, made[f"plots/{p.stem}.svg"], p.caption))
     page.append(("plots", figures or [f"<p>no plots: {why_no_plots or 'nothing to draw'}</p>"]))
     for doc in md:
         files[f"{doc}.md"] = "\n".join(md[doc]).encode()
