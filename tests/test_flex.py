@@ -383,3 +383,53 @@ def test_registry_says_what_it_does() -> None:
         if other != "flex":
             assert not attnbench.info(other).compiles
             assert attnbench.info(other).no_cpu_backward is None
+
+
+# -- packed rows: a document block mask ---------------------------------------------------------
+
+PACKED_ROWS = [
+    ((100, 28, 200, 1, 171),),  # documents across and inside blocks of 128, one of one token
+    ((300, 200), (128, 128, 244)),  # two rows, whole blocks in one document
+]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(("pattern", "window", "causal"), PATTERNS, ids=IDS)
+@pytest.mark.parametrize("rows", PACKED_ROWS, ids=["one-row", "two-rows"])
+def test_a_document_block_mask_keeps_each_document_to_itself(pattern, window, causal, rows):
+    """PyTorch's unfused flex_attention over the document block mask, float64: each
+    document's output is its own attention alone (the band inside it), and the blocks the
+    mask computes are those ``document_pairs`` counts (the FLOPs), no block across two
+    documents computed."""
+    cfg = FlexConfig(pattern, window, causal)
+    m64 = copy.deepcopy(_flex(pattern, window, causal)).double()
+    t = sum(rows[0])
+    x = torch.randn(len(rows), t, D, dtype=torch.float64)
+    mask = block_masks.document_block_mask(rows, cfg, torch.device("cpu"))
+    with torch.inference_mode():
+        q, k, v = m64.qkv_heads(x)
+        got = flex_attention(q, k, v, block_mask=mask, scale=m64.scale)
+        for r, row in enumerate(rows):
+            start = 0
+            for n in row:
+                end = start + n
+                want = _band_attention(
+                    q[r, :, start:end], k[r, :, start:end], v[r, :, start:end], cfg, m64.scale
+                )
+                torch.testing.assert_close(got[r, :, start:end], want, atol=FP64_TOL, rtol=0)
+                start = end
+    dense = mask.to_dense().bool()  # (b, 1, nq, nkv)
+    size = mask.BLOCK_SIZE[0]
+    extent = torch.tensor([min(t, (s + 1) * size) - s * size for s in range(dense.shape[-1])])
+    counted = int(sum((extent[:, None] * extent[None, :])[d[0]].sum() for d in dense))
+    assert counted == sum(block_masks.document_pairs((row,), cfg) for row in rows)
+
+
+def _band_attention(q, k, v, cfg: FlexConfig, scale: float) -> torch.Tensor:
+    """softmax over the keys in the pattern's band of i − j, (h, n, dh) each."""
+    n = q.shape[-2]
+    lo, hi = cfg.span()
+    d = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~((d >= lo) & (d <= hi)), float("-inf"))
+    return torch.softmax(scores, -1) @ v

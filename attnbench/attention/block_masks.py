@@ -140,6 +140,92 @@ def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
     return num, indices.to(torch.int32)
 
 
+def _base_blocks(base: BlockMask) -> tuple[Tensor, Tensor]:
+    """A cached block mask's blocks, dense (1, 1, nq, nkv) bool: those it computes (full or
+    partial), and those it computes whole."""
+    computed = _dense(base.kv_num_blocks, base.kv_indices)
+    full = torch.zeros_like(computed)
+    if base.full_kv_num_blocks is not None:
+        full = _dense(base.full_kv_num_blocks, base.full_kv_indices)
+    return computed | full, full
+
+
+def _document_ranges(rows: tuple[tuple[int, ...], ...], size: int) -> tuple[Tensor, Tensor]:
+    """Each row's blocks of ``size`` positions as the (first, last) document they hold,
+    (b, blocks) each: documents are numbered in order along a row, so two blocks hold a
+    common document exactly when these ranges meet."""
+    t = sum(rows[0])
+    blocks = -(-t // size)
+    ids = _document_ids(rows)
+    ids = torch.cat([ids, ids[:, -1:].expand(-1, blocks * size - t)], dim=1)  # the last's
+    ids = ids.view(len(rows), blocks, size)
+    return ids[..., 0], ids[..., -1]
+
+
+def _document_ids(rows: tuple[tuple[int, ...], ...]) -> Tensor:
+    """(b, T) int64 on the CPU: each position's document, numbered from 0 along its row."""
+    return torch.stack(
+        [torch.arange(len(row)).repeat_interleave(torch.tensor(row)) for row in rows]
+    )
+
+
+def document_block_mask(
+    rows: tuple[tuple[int, ...], ...], pattern: Pattern, device: torch.device
+) -> BlockMask:
+    """The block mask of packed rows (each row's document lengths, end to end): the
+    pattern's band kept inside each document. Derived from the cached block mask at the
+    rows' width, block by block, as :func:`padded_block_mask` is: a block is computed when
+    the band computes it and its query and key blocks hold a common document, and whole when
+    the band's is whole and both blocks lie in one and the same document. Its ``mask_mod``
+    is the band's and the same document; one batch entry per row."""
+    t = sum(rows[0])
+    prepare(t, pattern, device)
+    base = _block_masks[(t, *pattern.key(), str(indexed_device(device)))]
+    size = base.BLOCK_SIZE[1]
+    with _shareable():
+        first, last = (r.to(device) for r in _document_ranges(rows, size))
+        meet = (first[:, :, None] <= last[:, None, :]) & (first[:, None, :] <= last[:, :, None])
+        one = first == last
+        alone = one[:, :, None] & one[:, None, :] & (first[:, :, None] == first[:, None, :])
+        computed, full = _base_blocks(base)
+        computed = computed & meet[:, None]  # (b, 1, nq, nkv)
+        full = full & alone[:, None]
+        doc = _document_ids(rows).to(device)
+    allowed = mask_mod(pattern, device)
+
+    def inside(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return allowed(b, h, q_idx, kv_idx) & (doc[b, q_idx] == doc[b, kv_idx])
+
+    return BlockMask.from_kv_blocks(
+        *_ordered(computed & ~full),
+        *_ordered(full),
+        BLOCK_SIZE=base.BLOCK_SIZE,
+        mask_mod=inside,
+        seq_lengths=(t, t),
+    )
+
+
+def document_pairs(rows: tuple[tuple[int, ...], ...], pattern: Pattern, block: int = BLOCK) -> int:
+    """Query-key pairs in the blocks :func:`document_block_mask` computes, summed over the
+    rows, with no mask built (the FLOP count's, arithmetic): for each query block, the keys
+    of every key block in the band's :func:`computed_blocks` that holds a document of the
+    query block's."""
+    t = sum(rows[0])
+    band = computed_blocks(t, pattern, block)
+    extent = [min(t, (s + 1) * block) - s * block for s in range(len(band))]
+    pairs = 0
+    for row in rows:
+        first, last = (r[0].tolist() for r in _document_ranges((row,), block))
+        for q, (lo, hi) in enumerate(band):
+            keys = sum(
+                extent[s]
+                for s in range(lo // block, hi // block + 1)
+                if first[q] <= last[s] and first[s] <= last[q]
+            )
+            pairs += extent[q] * keys
+    return pairs
+
+
 def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tensor) -> BlockMask:
     """The block mask of ``base``'s pattern with the padded keys (``key_padding_mask``
     (b, n), True = padded) hidden too, one batch entry per sequence: its ``mask_mod`` is
@@ -153,11 +239,8 @@ def padded_block_mask(base: BlockMask, allowed: MaskMod, key_padding_mask: Tenso
     padded = F.pad(key_padding_mask, (0, blocks * size - n), value=True).view(b, blocks, size)
     real = F.pad(~key_padding_mask, (0, blocks * size - n), value=False).view(b, blocks, size)
     some_real, all_real = real.any(dim=-1), ~padded.any(dim=-1)  # (b, nkv)
-    computed = _dense(base.kv_num_blocks, base.kv_indices)  # (1, 1, nq, nkv) partial
-    full = torch.zeros_like(computed)
-    if base.full_kv_num_blocks is not None:
-        full = _dense(base.full_kv_num_blocks, base.full_kv_indices)
-    computed = (computed | full) & some_real[:, None, None, :]  # (b, 1, nq, nkv)
+    computed, full = _base_blocks(base)  # (1, 1, nq, nkv)
+    computed = computed & some_real[:, None, None, :]  # (b, 1, nq, nkv)
     full = full & all_real[:, None, None, :]
     pad = key_padding_mask
 

@@ -40,6 +40,7 @@ blocks, not pairs) is not modeled.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ from attnbench.attention import block_masks
 from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.block_masks import BLOCK, computed_blocks
 from attnbench.attention.cache import kv_elements
+from attnbench.attention.packing import Packing
 from attnbench.validators import check_bool, check_choice, check_int
 
 PATTERNS = ("full", "causal", "window")
@@ -101,6 +103,15 @@ def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, g
         return kernel()(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
     finally:
         dynamo.recompile_limit, dynamo.fail_on_recompile_limit_hit = limits
+
+
+def _check_dtype(x: Tensor) -> None:
+    """The CPU kernel's dtypes, refused in one line before anything runs."""
+    if x.device.type == "cpu" and x.dtype == torch.float64:
+        raise ValueError(
+            "dtype: flex's compiled CPU kernel takes float32, float16 or bfloat16 "
+            "(PyTorch 2.13), got float64"
+        )
 
 
 @dataclass
@@ -153,6 +164,8 @@ class FlexConfig:
         "block sparsity to exploit (vanilla and sdpa serve it exactly)"
     ),
     summary="torch FlexAttention (compiled, block-sparse): pattern full|causal|window",
+    packs="one kernel call over the row: a document block mask keeps the pattern inside each "
+    "document and skips the blocks across two",
 )
 class FlexAttention(MultiHeadAttention):
     def prepare(self, n: int, device: torch.device | str) -> float:
@@ -162,11 +175,7 @@ class FlexAttention(MultiHeadAttention):
         return block_masks.prepare(n, self.cfg, device)
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        if x.device.type == "cpu" and x.dtype == torch.float64:
-            raise ValueError(
-                "dtype: flex's compiled CPU kernel takes float32, float16 or bfloat16 "
-                "(PyTorch 2.13), got float64"
-            )
+        _check_dtype(x)
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
         gqa = self.kv_heads != self.n_heads
         if x.device.type == "meta":  # the fused kernel's allocations, never n × n
@@ -187,6 +196,42 @@ class FlexAttention(MultiHeadAttention):
         mask = block_masks.block_mask(q.shape[-2], self.cfg, x.device, key_padding_mask)
         out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :n, :]
         return self.merge_heads(out)  # (b, n, d)
+
+    def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
+        """One kernel call over the packed rows with a document mask: the pattern's band
+        kept inside each document (:func:`block_masks.document_block_mask`), the blocks
+        across two documents skipped. On meta, a fused kernel over the row stands in, as
+        for :meth:`attend`; on a CPU a row shorter than :data:`CPU_MIN_LEN` is lengthened
+        by a filler document and only its own rows kept."""
+        _check_dtype(x)
+        q, k, v = self.qkv_heads(x)
+        gqa = self.kv_heads != self.n_heads
+        if x.device.type == "meta":
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa
+            )
+            return self.merge_heads(out)
+        t, rows = x.shape[1], packing.rows
+        if x.device.type == "cpu" and t < CPU_MIN_LEN and not torch.compiler.is_compiling():
+            grow = CPU_MIN_LEN - t  # see attend: the CPU kernel's wrong rows below 64
+            q, k, v = (F.pad(u, (0, 0, 0, grow)) for u in (q, k, v))
+            rows = tuple((*row, grow) for row in rows)
+        mask = block_masks.document_block_mask(rows, self.cfg, x.device)
+        out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :t, :]
+        return self.merge_heads(out)
+
+    def packed_attention_flops(self, packing: Packing) -> int:
+        """QKᵀ and P·V over every block pair the document block mask computes, 4·d per
+        query-key pair (:func:`block_masks.document_pairs`: the band's blocks that hold a
+        common document)."""
+        rows = Counter(packing.rows)
+        pairs = sum(c * block_masks.document_pairs((row,), self.cfg) for row, c in rows.items())
+        return 4 * pairs * self.d_model
+
+    def packed_flops_backward(self, packing: Packing) -> int:
+        """One pass over the row, backward as :meth:`flops_backward`: twice the forward and
+        the block-sparse QKᵀ recomputed (a CUDA figure: no CPU backward)."""
+        return 2 * self.packed_flops(packing) + self.packed_attention_flops(packing) // 2
 
     def context_elements(self, n: int) -> int:
         """Keys and values as the pattern keeps them: ``window`` min(w, n) of every key/value
