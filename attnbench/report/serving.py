@@ -34,7 +34,7 @@ from attnbench.report.grid import Grid
 from attnbench.report.ratio import baselines, compared, compiled, kv_heads, setting
 from attnbench.report.tables import RatioTable, context, fill
 from attnbench.row import Row, as_rows, printable
-from attnbench.workload.decode import mix_label
+from attnbench.workload.decode_mix import mix_label
 
 MODE = "decode"
 MAX = "max"

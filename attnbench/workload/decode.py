@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-import attnbench.lengths as draws
 from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes
 from attnbench.measure.timing import Timing, time_parts
@@ -34,33 +32,26 @@ from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
 from attnbench.validators import check_int
 from attnbench.workload.base import DTYPES, Work, Workload, setting
-from attnbench.workload.decode_memory import (
-    ServingScenario,
-    left_pads,
+from attnbench.workload.decode_memory import ServingScenario, state_dtype
+from attnbench.workload.decode_mix import (
+    CONTEXTS,
+    WARMUP,
+    context,
+    mix_label,
+    own_figures,
     prompt_len,
     prompts,
-    state_dtype,
+    prompts_field,
 )
-from attnbench.workload.draw import DRAW, draw_words
+from attnbench.workload.draw import DRAW
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
 STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
-WARMUP = 2  # decode steps not counted: the first ones pay for lazy initialisation
 # cells whose prompts a CPU cannot prefill within time_budget_s (Decode.cost_s decides, the
 # work reads it): their steps are timed over states filled with random values instead
 _NO_PREFILL: set[Cell] = set()
-
-
-def context(cell: Cell, prompt: int | None = None) -> int:
-    """The mean number of positions a timed step's new token reads (itself included): the
-    prompt (the longest, its left padding included, unless ``prompt`` names one), the steps
-    before it, itself. What FLOPs and bytes per token are given at."""
-    n = prompt_len(cell) if prompt is None else prompt
-    tokens = setting(cell, "decode_tokens")
-    first, last = n + WARMUP + 1, n + tokens
-    return (first + last) // 2 if tokens > WARMUP else n + 1
 
 
 class DecodeWork(ServingScenario):
@@ -157,7 +148,7 @@ class DecodeWork(ServingScenario):
         p = self.prefill_timing
         return {
             "decode": {
-                **self._own(itemsize),
+                **own_figures(self.model, self.cell, self.b, itemsize),
                 "prefill_s": None if p is None else p.median,
                 "prefill_iqr_s": None if p is None else p.iqr,
                 "prefill_samples_s": None if p is None else list(p.samples),
@@ -174,19 +165,6 @@ class DecodeWork(ServingScenario):
             }
         }
 
-    def _own(self, itemsize: int) -> dict[str, Any]:
-        """With a mix of contexts: the mean context the b sequences' own tokens make, and
-        the bytes their caches or states hold at it (what a step reads of real tokens;
-        ``state_read_bytes`` is what it reads, left padding included)."""
-        pads = left_pads(self.cell, self.b)
-        if pads is None:
-            return {}
-        own = [context(self.cell, self.n - pad) for pad in pads]
-        return {
-            "own_context": round(statistics.fmean(own)),
-            "own_state_read_bytes": sum(self.model.state_bytes(c, itemsize) for c in own),
-        }
-
 
 def _timed_tokens(name: str, value: Any) -> int:
     """More tokens than the :data:`WARMUP` steps, so that at least one step is timed: the
@@ -198,14 +176,6 @@ def _timed_tokens(name: str, value: Any) -> int:
             f"timed), got {value!r}"
         )
     return tokens
-
-
-CONTEXTS = ("n", "drawn")
-
-
-def mix_label(item: Any) -> str:
-    """A label's words for a mix of contexts (:func:`~attnbench.workload.draw.draw_words`)."""
-    return f", contexts {draw_words(item)}" if setting(item, "contexts") == "drawn" else ""
 
 
 class Decode(Workload):
@@ -301,14 +271,7 @@ class Decode(Workload):
         """The bytes one sequence keeps at n + decode_tokens, every layer, in the state's
         dtype on the cell's device (``model`` is in the cell's dtype)."""
         itemsize = state_dtype(cell, next(model.parameters()).dtype).itemsize
-        tokens = setting(cell, "decode_tokens")
-        static = model.state_bytes(prompt_len(cell) + tokens, itemsize)
-        lengths = prompts(cell)
-        if lengths is None:
-            return {"state_bytes": static}
-        own = statistics.fmean(model.state_bytes(n + tokens, itemsize) for n in lengths)
-        mix = {"own_state_bytes": round(own), "state_padding_share": 1 - own / static}
-        return {"state_bytes": static, "prompts": {**draws.summary(lengths), **mix}}
+        return prompts_field(model, cell, itemsize)
 
     def cost_s(
         self, model: nn.Module, cell: Cell, b: int, flops_per_s: float

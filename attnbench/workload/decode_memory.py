@@ -14,7 +14,6 @@ steps are timed is :class:`attnbench.workload.decode.DecodeWork`'s.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +21,7 @@ from torch import Tensor, nn
 
 from attnbench.measure.memory import tracked_peak
 from attnbench.workload.base import DTYPES, Work, setting
-from attnbench.workload.draw import draw_of
+from attnbench.workload.decode_mix import left_pads, prompt_len
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -32,30 +31,6 @@ def state_dtype(cell: Cell, compute: torch.dtype) -> torch.dtype:
     """The cache's or state's dtype: ``state_dtype``, or the compute dtype for ``auto``."""
     chosen = setting(cell, "state_dtype")
     return compute if chosen == "auto" else DTYPES[chosen]
-
-
-@lru_cache(maxsize=256)
-def prompts(cell: Cell) -> tuple[int, ...] | None:
-    """``contexts=drawn``: the cell's draw, the prompts' lengths in the order sequences take
-    them (sequence i the draw's i mod D-th); ``contexts=n``: None, every prompt n tokens."""
-    return draw_of(cell) if setting(cell, "contexts") == "drawn" else None
-
-
-def prompt_len(cell: Cell) -> int:
-    """The longest prompt: what every slot is positioned after (the others are left-padded
-    to it) and every cache allocated for, as a static cache is for its longest."""
-    lengths = prompts(cell)
-    return cell.n if lengths is None else max(lengths)
-
-
-def left_pads(cell: Cell, b: int) -> list[int] | None:
-    """Each of b sequences' left padding, the longest prompt less its own; None without a
-    mix (every prompt n)."""
-    lengths = prompts(cell)
-    if lengths is None:
-        return None
-    longest = max(lengths)
-    return [longest - lengths[i % len(lengths)] for i in range(b)]
 
 
 class ServingScenario(Work):
