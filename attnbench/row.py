@@ -53,8 +53,8 @@ from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the 
     STATUSES,
     extra_fields,
 )
+from attnbench.row_upgrade import later_settings, upgrade_1
 from attnbench.store import numbered_lines
-from attnbench.workload import find as find_workload
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -202,9 +202,9 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
     extra = extra_fields()
     values = {k: v for k, v in data.items() if k in NAMES or k in extra}
     if schema == 1:
-        values.update(_upgrade_1(data))
+        values.update(upgrade_1(data))
     values["schema"] = SCHEMA
-    values.update(_later(values))
+    values.update(later_settings(values))
     for f in FIELDS:
         if f.name in values:
             continue
@@ -215,33 +215,6 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
         (BY_NAME.get(name) or extra[name]).read_check(name, value)
     check_figures(values["task"], values["quality"])
     return values
-
-
-def _upgrade_1(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 → 2: ``batch_asked`` from the stored cell, ``budget`` from the registry
-    (the one time a row's reading asks it: rows of schema 2 carry the name)."""
-    cell = data.get("cell")
-    out: dict[str, Any] = {"mode": "inference", "budget": None}
-    out["batch_asked"] = cell.get("batch", "max") if isinstance(cell, dict) else "max"
-    if data.get("k") is not None and isinstance(data.get("attention"), str):
-        from attnbench import registry
-
-        try:
-            out["budget"] = registry.info(data["attention"]).budget
-        except ValueError:  # a plugin's rows, the plugin not loaded here: unknown
-            out["budget"] = None
-    return out
-
-
-def _later(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings its workload declared after the row was stored (absent, or null as a
-    row made without them writes them), at their defaults: what the row measured
-    (:attr:`attnbench.workload.Workload.later`)."""
-    work = find_workload(values.get("mode", "inference"))
-    if work is None or not work.later:
-        return {}
-    defaults = {s.name: s.default for s in work.settings}
-    return {name: defaults[name] for name in work.later if values.get(name) is None}
 
 
 class BadRow(ValueError):
