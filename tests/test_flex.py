@@ -433,3 +433,28 @@ def _band_attention(q, k, v, cfg: FlexConfig, scale: float) -> torch.Tensor:
     scores = (q @ k.transpose(-2, -1)) * scale
     scores = scores.masked_fill(~((d >= lo) & (d <= hi)), float("-inf"))
     return torch.softmax(scores, -1) @ v
+
+
+def test_a_packed_row_peaks_as_the_unpacked_row_does() -> None:
+    """The document block mask is all a packed call adds: a packed row's peak on the CPU
+    profiler is the unpacked row's plus at most the mask's build (blocks, not pairs: 7.7 kB
+    here, 1.3 %, which the memory model leaves out as it does a padded call's mask), and on
+    meta the two are one fused call over the row, so the memory model's figure for flex
+    (held to the profiler at a base layer in test_memory_model.py) is the packed row's."""
+    from attnbench.attention.packing import Packing
+    from attnbench.measure.memory import profiled_peak, tracked_peak
+
+    m = _flex("causal", 64, True)
+    x = torch.randn(2, N, D)
+    packing = Packing.of([(37, 100, 5, 40, 18)] * 2)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        m(x), m(x, packing=packing)  # compiled, once each
+        alone = profiled_peak(lambda: m(x))
+        packed = profiled_peak(lambda: m(x, packing=packing))
+        build = profiled_peak(lambda: block_masks.document_block_mask(packing.rows, m.cfg, cpu))
+    assert 0 <= packed - alone <= build, (packed, alone, build)
+    meta = copy.deepcopy(m).to("meta")
+    y = torch.empty(2, N, D, device="meta")
+    with torch.inference_mode():
+        assert tracked_peak(lambda: meta(y, packing=packing), 0) == tracked_peak(lambda: meta(y), 0)

@@ -34,8 +34,8 @@ On meta tensors (the memory model) no block mask is built and the kernel does no
 fused kernel's allocations stand in through ``scaled_dot_product_attention`` on the same
 q, k, v (its output; in a training step what the device's fused kernel saves, and its
 backward), which the memory model already follows for ``sdpa``: a fused kernel that, like
-FlexAttention, never makes the n × n scores. A padded call's per-call block mask (small:
-blocks, not pairs) is not modeled.
+FlexAttention, never makes the n × n scores. A padded or packed call's per-call block mask
+(small: blocks, not pairs) is not modeled.
 """
 
 from __future__ import annotations
