@@ -331,3 +331,18 @@ def test_a_decode_row_without_its_settings_is_named_not_blamed_on_the_baseline(
     else:  # vanilla's row left out, by name: then there is no baseline row at 2048, truly
         assert "| 2048 | –² | –² | –² |" in time
         assert "² no vanilla baseline row at n=2048" in md
+
+
+def test_rows_are_set_beside_their_baseline_by_the_draw_they_use() -> None:
+    """Every prompt n: the draw's settings are unused (a cell's key leaves them out), so a
+    row whose unused seed differs is still set beside the baseline; a mix of prompts: two
+    seeds are two draws, and an explicit list is compared by the list alone."""
+    from attnbench.report.ratio import group
+
+    base = _row("vanilla", 512, t=0.01, contexts="n", length_seed=0)
+    assert group(_row("sdpa", 512, t=0.01, contexts="n", length_seed=7)) == group(base)
+    drawn = _row("vanilla", 512, t=0.01, contexts="drawn", length_seed=0)
+    assert group(_row("sdpa", 512, t=0.01, contexts="drawn", length_seed=7)) != group(drawn)
+    listed = _row("vanilla", 512, t=0.01, contexts="drawn", lengths=[3, 9], length_seed=0)
+    other = _row("sdpa", 512, t=0.01, contexts="drawn", lengths=[3, 9], length_seed=7)
+    assert group(other) == group(listed) != group(drawn)

@@ -114,11 +114,8 @@ class LocalAttention(MultiHeadAttention):
         return self.attention_flops(packing.batch, packing.width)
 
     def packed_flops_backward(self, packing: Packing) -> int:
-        """One pass over each row of T: the row's backward with its band's blocks as
-        :meth:`packed_attention_flops` counts them."""
-        b, t = packing.batch, packing.width
-        band = self.packed_attention_flops(packing) - self.attention_flops(b, t)
-        return self.flops_backward(b, t) + 2 * band
+        """One blocked pass over each row of T, backward as forward: the row's own count."""
+        return self.flops_backward(packing.batch, packing.width)
 
     def recomputed_flops(self, b: int, n: int) -> int:
         """The flash kernel's backward recomputes the blocked QKᵀ."""

@@ -97,12 +97,15 @@ def group(row: Row) -> tuple:
 
 
 def _draw(row: Row) -> tuple:
-    """The draw of lengths a row's settings name (decode's ``contexts=drawn``, packed's
-    documents): rows of two draws serve different sequences."""
-    lengths = row.lengths
+    """The draw of lengths a row uses (decode's ``contexts=drawn``, packed's documents):
+    rows of two draws serve different sequences. Only the settings in use, as a cell's key
+    has them (``Decode.keyed``): none with every prompt n, the list where it is explicit."""
+    if row.contexts == "n":
+        return (row.contexts,)
+    if row.lengths is not None:
+        return (row.contexts, tuple(row.lengths))
     return (
         row.contexts,
-        tuple(lengths) if isinstance(lengths, list) else lengths,
         row.distribution,
         row.total_tokens,
         row.length_mean,

@@ -225,10 +225,11 @@ class Decode(Workload):
         tokens = setting(cell, "decode_tokens")
         need = module_bytes(model) + model.state_bytes(longest + tokens, itemsize)
         if need > usable:
+            key = "lengths" if setting(cell, "lengths") is not None else "distribution"
             what = (
                 f"n: a context of n={cell.n}"
                 if prompts(cell) is None
-                else (f"lengths: the longest prompt, {longest} tokens,")
+                else f"{key}: the longest prompt, {longest} tokens,"
             )
             raise ValueError(
                 f"{what} plus decode_tokens={tokens} needs "
