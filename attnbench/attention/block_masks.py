@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from attnbench.attention.base import indexed_device
+from attnbench.attention.packing import Packing
 
 BLOCK = 128  # create_block_mask's BLOCK_SIZE: the kernel's unit of sparsity
 UNBOUNDED = 2**31 - 1  # an i − j bound no sequence reaches
@@ -156,17 +157,10 @@ def _document_ranges(rows: tuple[tuple[int, ...], ...], size: int) -> tuple[Tens
     common document exactly when these ranges meet."""
     t = sum(rows[0])
     blocks = -(-t // size)
-    ids = _document_ids(rows)
+    ids = Packing(rows).documents("cpu")
     ids = torch.cat([ids, ids[:, -1:].expand(-1, blocks * size - t)], dim=1)  # the last's
     ids = ids.view(len(rows), blocks, size)
     return ids[..., 0], ids[..., -1]
-
-
-def _document_ids(rows: tuple[tuple[int, ...], ...]) -> Tensor:
-    """(b, T) int64 on the CPU: each position's document, numbered from 0 along its row."""
-    return torch.stack(
-        [torch.arange(len(row)).repeat_interleave(torch.tensor(row)) for row in rows]
-    )
 
 
 def document_block_mask(
@@ -190,7 +184,7 @@ def document_block_mask(
         computed, full = _base_blocks(base)
         computed = computed & meet[:, None]  # (b, 1, nq, nkv)
         full = full & alone[:, None]
-        doc = _document_ids(rows).to(device)
+        doc = Packing(rows).documents("cpu").to(device)
     allowed = mask_mod(pattern, device)
 
     def inside(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
