@@ -27,6 +27,7 @@ from attnbench.cell_rules import (
     check_k,
     check_n_fits,
     check_settings,
+    check_traceable,
     on_gpu,
     resolve_ceiling,
 )
@@ -226,7 +227,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     params = cell.mechanism_params()
     # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta
     with torch.device("meta"):
-        registry.create(
+        layer = registry.create(
             cell.attention,
             d_model=cell.d_model,
             n_heads=cell.n_heads,
@@ -235,6 +236,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
             **params,
         )
     work.check(cell, params, ceiling - preset.overhead_bytes)
+    check_traceable(cell, layer)  # after the workload's check: a draw is checked there
     gpu = on_gpu(cell, preset)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
         raise ValueError(f"mode: attention={cell.attention} {why}")
@@ -252,6 +254,8 @@ def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
     out = asdict(cell)
     out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
     out["model"] = cell.shape
+    if cell.ceiling_bytes is not None and preset.machine_memory:
+        out["ceiling_given"] = True  # not the machine's memory: keyed by its bytes
     return out
 
 
@@ -260,9 +264,13 @@ def key(cell: Cell, preset: presets.Preset) -> str:
     that workload's settings enter it, except for the default workload's cells, which keep
     the keys they had before ``mode`` existed, so older run directories resume. A thread
     count asked for enters it (a sweep over ``timing.threads`` is one cell per count);
-    following the allocation, the default, does not."""
+    following the allocation, the default, does not. Nothing this machine decides alone
+    enters it: a preset whose memory is the machine's own (``cpu``) is keyed, at its default
+    ceiling, as ``machine``, and the row records the bytes beside the key."""
     s = spec(cell, preset)
     fields = {f: s[f] for f in KEY_FIELDS}
+    if cell.ceiling_bytes is None and preset.machine_memory:
+        fields["ceiling_bytes"] = MACHINE
     if cell.threads is not None:
         fields["threads"] = cell.threads
     if cell.mode != DEFAULT_MODE:
@@ -274,3 +282,6 @@ def key(cell: Cell, preset: presets.Preset) -> str:
         fields.update(compile=True, compile_mode=cell.compile_mode)
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+
+MACHINE = "machine"  # a key's ceiling where it is the machine's whole memory

@@ -36,7 +36,6 @@ a report escapes it for each format it writes (:mod:`attnbench.report.text`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,7 @@ from attnbench.row_fields import (  # noqa: F401 (STATUSES, MEMORY_SOURCES: the 
     extra_fields,
 )
 from attnbench.row_upgrade import later_settings, upgrade_1
-from attnbench.store import numbered_lines
+from attnbench.store import json_line, numbered_lines
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -158,7 +157,7 @@ class _Record:
         return {"schema": d.pop("schema"), **d, **extra}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=str)
+        return json_line(self.to_dict()).rstrip("\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Row:

@@ -6,9 +6,7 @@ cell's ``key``, and a cell whose key is already in the file is not run again. A 
 killed in the middle of a line leaves at most that partial line, which the next append
 cuts away, so a killed run loses at most the cell in flight and never corrupts the file.
 
-The stored keys are an index kept per process (:class:`_Index`): each look-up parses only
-the bytes appended since the last one, so the cost of a cell does not grow with the run
-(a 5 000-row run re-read whole for every cell spent most of its time re-parsing). A write
+Reading the file, and the index of its keys, is :mod:`attnbench.store_read`'s. A write
 that fails (disk full, read-only, no permission) is a :class:`StoreError`, one line naming
 the path and the errno, and leaves the rows already stored as they were.
 """
@@ -18,17 +16,39 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from attnbench.store_read import (  # noqa: F401 (CorruptLine, numbered_lines: read from here)
+    CorruptLine,
+    Rekey,
+    _own_key,
+    numbered_lines,
+    read_rows,
+    stored_keys,
+)
 
 if TYPE_CHECKING:
     from attnbench.row import Row
 
 CELLS = "cells.jsonl"  # a run directory's rows: the one place this name is written
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as one JSON line: the one encoder of everything a run directory stores.
+    A value JSON cannot hold is a ``TypeError`` naming its type, not its ``str``: a config
+    list once reached a row as ``"[10, 20, 30]"``, which no reader takes back as a list."""
+    return json.dumps(record, default=_plain_json) + "\n"
+
+
+def _plain_json(value: Any) -> Any:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item") and callable(value.item):  # a numpy or torch scalar
+        return value.item()
+    raise TypeError(f"a stored row cannot hold a {type(value).__name__}: {value!r:.80}")
 
 
 class StoreError(OSError):
@@ -62,127 +82,15 @@ def replace_file(path: Path, text: str) -> None:
         raise _failed(path, e) from None
 
 
-class CorruptLine(ValueError):
-    """A line of ``cells.jsonl`` that is not a JSON row, with its 1-based number."""
-
-    def __init__(self, path: Path, line_no: int, text: str, why: str = "not a JSON row") -> None:
-        super().__init__(f"{path}:{line_no}: {why}: {text[:80]!r}")
-        self.line_no = line_no
-
-
-def _rows_in(
-    path: Path, data: bytes, *, first: int = 1, strict: bool = True
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, JSON object) for the lines of ``data``, numbered from ``first``; see
-    :func:`numbered_lines` (the index parses appended bytes with the same rules)."""
-    lines = data.split(b"\n")
-    last = first + len(lines) - 1
-    for i, raw in enumerate(lines, first):
-        if not raw.strip():
-            continue
-        last_unterminated = i == last and not data.endswith(b"\n")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if last_unterminated and not strict:
-                continue
-            raise CorruptLine(
-                path,
-                i,
-                repr(raw[max(0, e.start - 20) : e.end + 20]),
-                f"not UTF-8 (byte {e.start + 1})",
-            ) from None
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError
-        except (ValueError, RecursionError):
-            if last_unterminated and not strict:
-                continue
-            raise CorruptLine(path, i, line) from None
-        yield i, row
-
-
-def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(1-based line number, JSON object) for every line of a ``cells.jsonl``. A bad line
-    (not JSON, not an object, not UTF-8) raises :class:`CorruptLine` naming its number; with
-    ``strict=False`` only a final line without its newline (a writer killed mid-line) is
-    tolerated and left out."""
-    if not path.exists():
-        return
-    yield from _rows_in(path, path.read_bytes(), strict=strict)
-
-
-def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
-    """Every line of a ``cells.jsonl`` as a plain JSON object, as stored (see
-    :func:`numbered_lines`); :func:`attnbench.row.read` checks them against the schema."""
-    return [row for _, row in numbered_lines(path, strict=strict)]
-
-
-def _read_from(f: Any, offset: int) -> bytes:
-    """The bytes of open file ``f`` from ``offset`` to its end (one place, so that a test
-    can count what the index reads)."""
-    f.seek(offset)
-    return f.read()
-
-
-@dataclass
-class _Index:
-    """The keys of a ``cells.jsonl`` up to ``offset`` (just after a newline), and how to
-    tell that the file is still the one they were read from: its inode and the last full
-    line before ``offset`` (a rewrite renames a new file in; an edit changes that line)."""
-
-    inode: tuple[int, int] = (0, 0)
-    offset: int = 0
-    lines: int = 0
-    last_line: bytes = b""
-    keys: set[Any] = field(default_factory=set)
-
-
-_INDEXES: dict[str, _Index] = {}
-_INDEX_LOCK = threading.Lock()
-
-
-def stored_keys(path: Path) -> set[Any]:
-    """The ``key`` of every row of ``path`` (a final half-written line left out, as
-    ``read_rows(strict=False)`` does), reading only what was appended since the last call
-    in this process; the file read whole again only when it was replaced or edited."""
-    with _INDEX_LOCK:
-        name = os.path.abspath(path)
-        index = _INDEXES.setdefault(name, _Index())
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            _INDEXES[name] = _Index()
-            return set()
-        with f:
-            st = os.fstat(f.fileno())
-            inode, known = (st.st_dev, st.st_ino), index.last_line
-            data = None
-            if inode == index.inode and st.st_size >= index.offset:
-                chunk = _read_from(f, index.offset - len(known))
-                data = chunk[len(known) :] if chunk.startswith(known) else None
-            if data is None:  # a new file, or replaced, cut short or edited: read it whole
-                index = _INDEXES[name] = _Index(inode=inode)
-                data = _read_from(f, 0)
-        cut = data.rfind(b"\n") + 1
-        whole, rest = data[:cut], data[cut:]
-        keys = {row.get("key") for _, row in _rows_in(path, whole, first=index.lines + 1)}
-        index.keys |= keys
-        if whole:
-            index.offset += len(whole)
-            index.lines += whole.count(b"\n")
-            index.last_line = whole[whole.rfind(b"\n", 0, len(whole) - 1) + 1 :]
-        tail = _rows_in(path, rest, first=index.lines + 1, strict=False)
-        return index.keys | {row.get("key") for _, row in tail}
-
-
 class RunStore:
-    """One run directory: ``cells.jsonl``, ``config.yaml`` and ``env.json``."""
+    """One run directory: ``cells.jsonl``, ``config.yaml`` and ``env.json``. ``rekey`` gives
+    the key a stored row answers to today (:func:`attnbench.cell.stored_key`: rows keyed by
+    an older rule still resume); by default, its stored ``key``."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, rekey: Rekey = _own_key) -> None:
         self.dir = Path(run_dir)
         self.cells = self.dir / CELLS
+        self.rekey = rekey
 
     @contextmanager
     def _locked(self) -> Iterator[Any]:
@@ -200,7 +108,12 @@ class RunStore:
 
     def done(self) -> set[str]:
         """The keys stored so far (an index: only newly appended rows are parsed)."""
-        return stored_keys(self.cells)
+        return stored_keys(self.cells, self.rekey)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The stored rows, each with its ``key`` as it answers today (a half-written last
+        line left out)."""
+        return [{**r, "key": self.rekey(r)} for r in read_rows(self.cells, strict=False)]
 
     def append(self, row: Row | dict[str, Any], *, replace: bool = False) -> bool:
         """Append ``row`` (a :class:`~attnbench.row.Row`, or any JSON object with a ``key``)
@@ -209,13 +122,13 @@ class RunStore:
         leaves the file as it was."""
         record = row if isinstance(row, dict) else row.to_dict()
         key = record["key"]
-        line = json.dumps(record, default=str) + "\n"
+        line = json_line(record)
         with self._locked():
             self._cut_partial_line()
-            if key in stored_keys(self.cells):
+            if key in stored_keys(self.cells, self.rekey):
                 if not replace:
                     return False
-                kept = [r for r in read_rows(self.cells, strict=False) if r.get("key") != key]
+                kept = [r for r in read_rows(self.cells, strict=False) if self.rekey(r) != key]
                 self._rewrite(kept)
             _append_line(self.cells, line, sync=True)
         return True
@@ -248,7 +161,7 @@ class RunStore:
                     raise _failed(self.cells, e) from None
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        replace_file(self.cells, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+        replace_file(self.cells, "".join(json_line(r) for r in rows))
 
     def write_once(self, name: str, text: str) -> None:
         """Write a run-level file (resolved config, environment) atomically, unless it
@@ -261,7 +174,7 @@ class RunStore:
     def add_line(self, name: str, record: dict[str, Any]) -> None:
         """Append one JSON line to a run-level log (e.g. the commands that wrote here)."""
         with self._locked():
-            _append_line(self.dir / name, json.dumps(record, default=str) + "\n", sync=False)
+            _append_line(self.dir / name, json_line(record), sync=False)
 
 
 def _append_line(path: Path, line: str, *, sync: bool) -> None:

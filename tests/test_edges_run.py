@@ -15,7 +15,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,11 @@ from omegaconf import OmegaConf
 from attnbench.cell import Cell, validate
 from attnbench.measure import presets
 from attnbench.store import RunStore, StoreError, read_rows, replace_file
-from attnbench.sweep.config import prevalidate, run_dir
+from attnbench.sweep.config import prevalidate
+from attnbench.sweep.paths import run_dir
 from attnbench.validators import check_name
 from attnbench.writable import check_writable
+from tests.conftest import CLI
 
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")
 
@@ -290,7 +291,7 @@ def test_a_read_only_or_full_file_system_is_one_line_exit_2(
     test's own: it goes with the process, nothing is left mounted."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
-    run = " ".join([sys.executable, "-m", "attnbench.cli", "run", *TINY, "n=32"])
+    run = " ".join([*CLI, "run", *TINY, "n=32"])
     script = (
         f"mount -t tmpfs -o {mount} tmpfs {mnt} && {fill.format(mnt=mnt)} cd {tmp_path} && "
         f"{run} out_dir={mnt}"
@@ -299,7 +300,6 @@ def test_a_read_only_or_full_file_system_is_one_line_exit_2(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
         capture_output=True,
         text=True,
-        timeout=300,
     )
     one_line_exit_2(out, f"out_dir: cannot write {mnt}/single/.hydra: {needle}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fs"] and not any(mnt.iterdir())

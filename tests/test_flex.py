@@ -364,7 +364,7 @@ def test_the_cli_refuses_a_bad_window_in_one_line(tmp_path, cli_in_process) -> N
         "attention.params.pattern=window",
         "k=7",
         "n=256",
-        f"hydra.run.dir={tmp_path}",
+        f"out_dir={tmp_path}",
         cwd=tmp_path,
     )
     assert done.returncode == 2, done.stderr

@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from attnbench import store as store_mod
+from attnbench import store_read
 from attnbench.store import CorruptLine, RunStore, read_rows
 from attnbench.sweep import config as sweep_config
 from attnbench.sweep.compose import compose_each
@@ -181,14 +181,14 @@ def test_every_cell_of_a_large_sweep_is_still_validated(
 def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The bytes every index look-up reads."""
     reads: list[int] = []
-    real = store_mod._read_from
+    real = store_read._read_from
 
     def read_from(f: Any, offset: int) -> bytes:
         data = real(f, offset)
         reads.append(len(data))
         return data
 
-    monkeypatch.setattr(store_mod, "_read_from", read_from)
+    monkeypatch.setattr(store_read, "_read_from", read_from)
     return reads
 
 

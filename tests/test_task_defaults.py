@@ -44,20 +44,58 @@ def test_a_quality_task_brings_its_own_model_device_dtype_batch_and_n() -> None:
     )  # fmt: skip
 
 
+STORED_RAM = 25_276_502_016  # the reference runs' machine: what its kernel said it had
+
+
+@pytest.mark.parametrize("ram", [STORED_RAM, STORED_RAM + 8192, STORED_RAM - 3 * 4096, 2**35])
 @pytest.mark.parametrize("sweep", ["approx", "spectrum", "listops", "recall"])
 def test_a_quality_sweep_plans_the_cells_its_reference_run_stored(
-    sweep: str, tmp_path: Path
+    sweep: str, ram: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every cell a shipped quality sweep plans is one its committed reference run stored,
-    under the same key (so that run resumes): the sweep composes as it did."""
+    under the key the stored row answers to (so that run resumes): the sweep composes as it
+    did, on a machine whose RAM is the reference machine's, a few kB off it (another
+    machine of its kind; a reboot) or another size. The ``cpu`` preset's ceiling is the
+    machine's memory, which no key holds to the byte."""
+    from attnbench.measure import presets
+    from attnbench.resume import stored_key
     from attnbench.sweep.config import prevalidate
 
+    monkeypatch.setattr(presets, "host_memory_bytes", lambda: ram)
     plan = prevalidate([f"+sweep={sweep}", f"out_dir={tmp_path}"])
     stored = ROOT / "results" / "reference" / f"{sweep}-cpu-cpu" / "cells.jsonl"
-    keys = {json.loads(line)["key"] for line in stored.read_text().splitlines()}
+    rows = [json.loads(line) for line in stored.read_text().splitlines()]
+    assert {r["ceiling_bytes"] for r in rows} == {STORED_RAM}
     assert {Path(d).name for d, _ in plan} == {"cpu-cpu"}
-    assert plan and {key for _, key in plan} <= keys
+    assert plan and {key for _, key in plan} <= {stored_key(r) for r in rows}
     assert not any(tmp_path.iterdir()), "planning writes nothing"
+
+
+def test_a_reference_run_resumes_on_a_machine_with_other_ram(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process
+) -> None:
+    """The committed spectrum run, copied, resumed by ``attnbench run`` on a machine whose
+    RAM is 8 kB off the reference machine's and whose CPU has another name: every cell done
+    before, none measured, the file as it was; its report made from the stored rows."""
+    import shutil
+
+    from attnbench import env
+    from attnbench.measure import presets
+
+    monkeypatch.setattr(presets, "host_memory_bytes", lambda: STORED_RAM + 8192)
+    monkeypatch.setattr(env, "cpu_name", lambda: "Another CPU of the same kind")
+    env.environment.cache_clear()
+    run = tmp_path / "spectrum" / "cpu-cpu"
+    shutil.copytree(ROOT / "results" / "reference" / "spectrum-cpu-cpu", run)
+    before = (run / "cells.jsonl").read_bytes()
+    out = cli_in_process(
+        "run", "+sweep=spectrum", f"out_dir={tmp_path}", "progress=false", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    # the sweep's one cell (the run's other row is of its listops inputs' command)
+    assert "attnbench: 0 of 1 cell to measure" in out.stdout
+    assert out.stdout.count("done before") == 1
+    assert (run / "cells.jsonl").read_bytes() == before
 
 
 def test_the_documented_task_defaults_are_the_composed_ones() -> None:

@@ -24,6 +24,10 @@ class Preset:
     total_bytes: int  # what the device reports as its memory
     overhead_bytes: int  # CUDA context and library workspaces, outside torch's allocator
     peak_flops: dict[str, float] = field(default_factory=dict)
+    # total_bytes read off this machine at run time (the cpu preset's RAM), not a datasheet
+    # figure: a cell's key names "the machine's memory", never these bytes, which differ by
+    # kilobytes between two machines of one kind and after a reboot
+    machine_memory: bool = False
 
     @property
     def is_gpu(self) -> bool:
@@ -80,11 +84,13 @@ def load(name: str) -> Preset:
 
 def from_dict(raw: dict) -> Preset:
     """A preset from its YAML fields (as loaded, or as Hydra composed them)."""
-    total = raw["total_bytes"] if raw["total_bytes"] is not None else host_memory_bytes()
+    machine = raw["total_bytes"] is None
+    total = host_memory_bytes() if machine else raw["total_bytes"]
     return Preset(
         raw["name"],
         raw["gpu"],
         int(total),
         int(raw["overhead_bytes"]),
         {k: float(v) for k, v in (raw["peak_flops"] or {}).items()},
+        machine_memory=machine,
     )

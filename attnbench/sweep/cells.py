@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
 
 from attnbench import registry, workload
 from attnbench.cell import Cell
@@ -18,7 +18,11 @@ from attnbench.validators import check_bool, check_int, parse_size
 
 
 def _plain(value: Any) -> Any:
-    """Hashable plain data from config values (lists become tuples)."""
+    """Hashable plain data from config values: a ``ListConfig`` or list becomes a tuple, so
+    that a row stores a list as a JSON list (a ``ListConfig`` reached ``json.dumps`` as its
+    ``str``, ``"[10, 20]"``, which no reader takes back) and a launcher can serialise it."""
+    if isinstance(value, Container):
+        value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, (list, tuple)):
         return tuple(_plain(v) for v in value)
     return value
@@ -68,7 +72,7 @@ _ABSENT = object()
 
 
 def _read(cfg: DictConfig, field: str, key: str) -> Any:
-    value = setting(cfg, key)
+    value = _plain(setting(cfg, key))
     floats = DECLARED.get(field) is not None and DECLARED[field].type is float
     return float(value) if floats and isinstance(value, (int, float)) else value
 
@@ -87,10 +91,10 @@ def _mode_settings(cfg: DictConfig, mode: Any) -> dict[str, Any]:
         for s in work.settings:
             if name == mode:
                 builtin = name in workload.BUILTINS
-                own[s.name] = setting(cfg, s.key) if builtin else cfg.get(s.key, s.default)
+                own[s.name] = _plain(setting(cfg, s.key) if builtin else cfg.get(s.key, s.default))
                 s.validate(own[s.name])
             elif (value := OmegaConf.select(cfg, s.key, default=_ABSENT)) is not _ABSENT:
-                s.validate(value)
+                s.validate(_plain(value))
     return own
 
 

@@ -68,16 +68,13 @@ def plan() -> list[tuple[str, str]]:
 def rows_of(plan: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """This command's rows as stored, from every run directory it writes to (a half-written
     last line, a job killed mid-append, is left out)."""
-    from attnbench.store import RunStore, read_rows  # not at the top: the reaper loads us alone
+    from attnbench.resume import stored_key  # not at the top: the reaper loads us alone
+    from attnbench.store import RunStore
 
     wanted = set(plan)
     rows = []
     for d in sorted({d for d, _ in plan}):
-        rows += [
-            r
-            for r in read_rows(RunStore(Path(d)).cells, strict=False)
-            if (d, r.get("key")) in wanted
-        ]
+        rows += [r for r in RunStore(Path(d), rekey=stored_key).rows() if (d, r["key"]) in wanted]
     return rows
 
 
@@ -150,13 +147,16 @@ def claim(key: str) -> bool:
 
 
 @contextmanager
-def hold(run_dir: Path, key: str, waiting: Callable[[str], None]) -> Iterator[None]:
+def hold(
+    run_dir: Path, key: str, waiting: Callable[[str], None], label: str = ""
+) -> Iterator[None]:
     """Hold the claim on ``key`` in ``run_dir`` — across commands — while the cell is
     measured and stored. When another process holds it, call ``waiting`` once (with who
     holds it) and wait: the holder stores the cell, and the caller, looking again, finds it
     stored. An ``flock``, so a holder that dies (even SIGKILLed) releases it at once; the
     file is unlinked by its holder, and an acquirer that locked a file unlinked meanwhile
-    starts over, so two can never hold the same key."""
+    starts over, so two can never hold the same key. The file holds the holder's command
+    and the cell's ``label``: what the progress display says is running (:func:`running`)."""
     path = Path(run_dir) / RUN_CLAIMS / key
     told = False
     while True:
@@ -171,7 +171,8 @@ def hold(run_dir: Path, key: str, waiting: Callable[[str], None]) -> Iterator[No
             except BlockingIOError:
                 if not told:  # the holder's command, if it has written it yet
                     told = True
-                    pid = os.pread(fd, 100, 0).decode(errors="replace").strip().split("-")[0]
+                    held = os.pread(fd, 100, 0).decode(errors="replace").split("\n")[0]
+                    pid = held.strip().split("-")[0]
                     waiting(f"pid {pid}" if pid.isdigit() else "another process")
                 fcntl.flock(fd, fcntl.LOCK_EX)  # Ctrl-C and SIGTERM still interrupt this
             if _same_file(path, fd):
@@ -182,10 +183,34 @@ def hold(run_dir: Path, key: str, waiting: Callable[[str], None]) -> Iterator[No
         os.close(fd)  # unlinked by its last holder while we waited: take the new one
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{invocation() or os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{invocation() or os.getpid()}\n{label}\n".encode(), 0)
         yield
     finally:
         _release(path, fd)
+
+
+def running(plan: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """The cells of ``plan`` this command is measuring now: (label, since when, Unix time),
+    read from the claims its jobs hold (:func:`hold`), under any launcher. A claim another
+    command holds is that command's cell (this one waits for it, and says so)."""
+    inv = invocation()
+    wanted = set(plan)
+    found = []
+    for d in sorted({d for d, _ in plan}) if inv else []:
+        try:  # one listing per run directory, not a look per cell of the plan
+            held = [p for p in (Path(d) / RUN_CLAIMS).iterdir() if (d, p.name) in wanted]
+        except OSError:  # nothing claimed there
+            continue
+        for path in held:
+            try:
+                with path.open("rb") as f:
+                    holder, _, label = f.read(4096).decode(errors="replace").partition("\n")
+                since = path.stat().st_mtime
+            except OSError:  # stored and released meanwhile
+                continue
+            if holder.strip() == inv and label.strip():
+                found.append((label.strip(), since))
+    return sorted(found, key=lambda x: x[1])
 
 
 def _same_file(path: Path, fd: int) -> bool:

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_store import ConfigStore
 from hydra.core.object_type import ObjectType
@@ -30,17 +29,18 @@ from attnbench import registry
 from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.quality import tasks
+from attnbench.quality.estimate import note as training_note
 from attnbench.registry import BUILTINS
+from attnbench.sweep import help as help_keys
 from attnbench.sweep import keys, slurm
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
+from attnbench.sweep.paths import check_hydra_dirs, run_dir
 from attnbench.validators import (
     check_bool,
     check_choice,
-    check_fits,
     check_limit,
-    check_name,
     check_number,
 )
 from attnbench.writable import check_writable
@@ -48,29 +48,11 @@ from attnbench.writable import check_writable
 CONFIG_MODULE = "attnbench.conf"
 
 
-def run_dir(cfg: DictConfig) -> Path:
-    """``<out_dir>/<sweep_name>/<run>``; run ``auto`` names the device and where it runs, so
-    the same command resumes in the same place. ``run`` and ``sweep_name`` are names (one
-    path component), so a run never writes outside ``out_dir``; an empty ``out_dir`` would
-    silently mean the current directory."""
-    out_dir = cfg.out_dir
-    if isinstance(out_dir, int) and not isinstance(out_dir, bool):
-        out_dir = str(out_dir)
-    if not isinstance(out_dir, str) or not out_dir.strip():
-        raise ValueError(f"out_dir: must be a directory path, got {out_dir!r}")
-    sweep = check_name("sweep_name", cfg.sweep_name)
-    run = check_name("run", cfg.run)
-    if run == "auto":
-        here = "cuda" if torch.cuda.is_available() and cfg.device.gpu else "cpu"
-        run = check_name("run", f"{cfg.device.name}-{here}")
-    check_fits(out_dir, {"sweep_name": sweep, "run": run})
-    return Path(out_dir) / sweep / run
-
-
 def register_user_options() -> None:
     """A mechanism or a quality task registered in Python but without a YAML file is still an
     ``attention`` or ``task`` option (a mechanism with its default parameters, a task with the
     config's model, device, dtype and batch): it shows up in sweeps with no extra step."""
+    help_keys.register()  # and in the keys --help lists
     cs = ConfigStore.instance()
     for name in set(registry.names()) - set(BUILTINS):
         cs.store(group="attention", name=name, node={"name": name, "params": {}})
@@ -96,6 +78,11 @@ def _one_line(e: BaseException, config_dir: str | None = None) -> str:
         return _unknown(group, option, options)
     if found := re.search(r"Could not override '([^']+)'\.\s+To append to your config use", text):
         return keys.unknown(found.group(1), keys.known_keys([config_dir] if config_dir else []))
+    if found := re.search(r"Could not delete from config\. '([^']+)' does not exist", text):
+        return keys.removed(found.group(1), keys.known_keys([config_dir] if config_dir else []))
+    if found := re.match(r"LexerNoViableAltException: (.*)\n( *)\^", text):
+        line, at = found.group(1), len(found.group(2)) - len("LexerNoViableAltException: ")
+        return keys.unreadable(line, at, keys.known_keys([config_dir] if config_dir else []))
     return " ".join(text.split())
 
 
@@ -254,6 +241,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     Each run directory and Hydra's ``<out_dir>/<sweep_name>/.hydra`` must be writable: a
     read-only or misplaced ``out_dir`` is one line here, not a traceback once cells ran."""
     overrides, valued, bare = split_args(args)
+    hydra_dirs = check_hydra_dirs(overrides)
     launcher: list[str] = []
     jobs, is_sweep = expand_jobs(
         overrides,
@@ -282,6 +270,8 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         cells.validate(cell, preset)
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
             resolve_threads(cell.threads)
+            if line := training_note(cell):  # hours of training: said before it starts
+                once[line] = None
         planned = (where, cells.key(cell, preset))
         if cfg.k is not None and cell.k is None:  # said whether or not k was swept
             once[f"{cell.attention} ignores k: measured once"] = None
@@ -296,5 +286,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         )
     for d in sorted({Path(d) for d, _ in plan}):  # Hydra's output directory first
         check_writable("out_dir", d.parent / ".hydra")
+        for key, path in hydra_dirs:  # one given: under a file, say, it would fail late
+            check_writable(key, d.parent.parent / path)
         check_writable("out_dir", d)
     return list(plan)

@@ -9,7 +9,6 @@ A timeout or a crashed cell is a row with status ``error``, never a hole in the 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -31,13 +30,15 @@ from attnbench.cell import Cell
 from attnbench.cell_rules import left_out
 from attnbench.env import environment
 from attnbench.measure import presets
+from attnbench.resume import stored_key
 from attnbench.row import Row
 from attnbench.runner import run_cell
-from attnbench.store import RunStore, StoreError, read_rows
+from attnbench.store import RunStore, StoreError
 from attnbench.sweep import claims, interrupts
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg
-from attnbench.sweep.config import register_user_options, run_dir
+from attnbench.sweep.config import register_user_options
 from attnbench.sweep.finish import busy_line
+from attnbench.sweep.paths import run_dir
 from attnbench.validators import check_limit
 
 
@@ -79,11 +80,11 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate
     isolated cell killed by Ctrl-C or SIGTERM is no row: it was interrupted, not broken, and
     the next command measures it."""
     if isolate:
-        parent = os.getpid()  # the cell dies with this process (see _die_with_parent)
+        parent = os.getpid()  # the cell dies with this process (cell_process.die_with_parent)
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "attnbench.sweep.job", "--cell", payload],
+                [sys.executable, "-m", "attnbench.sweep.cell_process", "--cell", payload],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -142,7 +143,7 @@ def _job(cfg: DictConfig) -> Row | None:
     if in_sweep and left_out(cell):
         return None
     preset = preset_from_cfg(cfg)
-    store = RunStore(run_dir(cfg))
+    store = RunStore(run_dir(cfg), rekey=stored_key)
     key = cells.key(cell, preset)
     rerun = bool(cfg.rerun)
     if not claims.claim(key):
@@ -154,7 +155,7 @@ def _job(cfg: DictConfig) -> Row | None:
     def waiting(who: str) -> None:
         print(f"  waiting: {cell.label} is being measured by another command ({who})", flush=True)
 
-    with claims.hold(store.dir, key, waiting):
+    with claims.hold(store.dir, key, waiting, cell.label):
         if _stored(store, key, rerun):  # by another command, while this one waited
             print(f"  done before: {cell.label}", flush=True)
             return None
@@ -202,10 +203,7 @@ def _stored(store: RunStore, key: str, rerun: bool) -> bool:
     if not rerun:
         return True
     since = claims.started() or float("inf")
-    return any(
-        r.get("key") == key and (r.get("finished_at") or 0) >= since
-        for r in read_rows(store.cells, strict=False)
-    )
+    return any(r["key"] == key and (r.get("finished_at") or 0) >= since for r in store.rows())
 
 
 def record_command(store: RunStore, cfg: DictConfig, sweep: dict | None = None) -> None:
@@ -256,31 +254,3 @@ def hydra_main() -> None:
 
     register_user_options()
     hydra.main(config_path="pkg://attnbench.conf", config_name="config", version_base="1.3")(job)()
-
-
-def _die_with_parent(parent: int) -> None:
-    """An isolated cell dies with the job that started it: the kernel sends it SIGKILL when
-    its parent goes (``prctl(PR_SET_PDEATHSIG)``, Linux). A parent already gone by the time
-    this runs is caught by the pid check; before it runs (imports), the command's reaper
-    covers the cell, as it covers every process of the command."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux
-        return
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _main_cell(payload: str) -> int:
-    """``python -m attnbench.sweep.job --cell JSON``: one isolated cell, its row on stdout."""
-    data = json.loads(payload)
-    if "parent" in data:
-        _die_with_parent(int(data["parent"]))
-    cell = Cell.from_dict(data["cell"])
-    row = run_cell(cell, cells.validate(cell, presets.Preset(**data["preset"])))
-    print(row.to_json())
-    return 0
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--cell":
-    sys.exit(_main_cell(sys.argv[2]))
