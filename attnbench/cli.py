@@ -2,116 +2,23 @@
 
 ``run`` is taken off the command line before Hydra sees it; ``list`` and ``demo`` are plain
 argparse, as are ``report`` (see :mod:`attnbench.report.files`) and ``check``. What
-``demo``, ``report`` and ``check`` do is in :mod:`attnbench.commands`; here, the parser.
+``demo``, ``report`` and ``check`` do is in :mod:`attnbench.commands`, ``list`` in
+:mod:`attnbench.listing`; here, the parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from attnbench import commands
+from attnbench.listing import cmd_list, markdown_table  # noqa: F401 (README's table: a test)
+from attnbench.plugins import PluginError
 from attnbench.validators import argtype, parse_fraction, parse_int, parse_path
 
 # torch, rich and the measuring code are imported by the commands that use them, so that
 # `attnbench --help` and a typo's one line come back without loading torch
-
-
-def decode_cell(why: str | None) -> str:
-    """The ``decode`` column: yes, or why not cut to its first clause (the whole reason is
-    ``info().cannot_decode``)."""
-    return "yes" if why is None else re.split(r"[:;(]", why, maxsplit=1)[0].strip()
-
-
-WEIGHTS_N = 4096  # the length a fixed-length mechanism's weights (Linformer's E, F) are sized for
-
-
-def layer_weights(name: str) -> str:
-    """Parameters of one layer of ``name`` at its defaults, in the base model's shape
-    (conf/model/base.yaml) and n = :data:`WEIGHTS_N`, counted on meta; vanilla's are
-    4·d·(d + 1). ``-`` where the layer cannot be built here."""
-    import torch
-    from omegaconf import OmegaConf
-
-    import conf
-    from attnbench import registry
-
-    base = OmegaConf.load(Path(conf.__file__).parent / "model" / "base.yaml")
-    try:
-        with torch.device("meta"):
-            layer = registry.create(
-                name, d_model=base.d_model, n_heads=base.n_heads, max_seq_len=WEIGHTS_N
-            )
-    except Exception:  # a mechanism whose package is absent: its row says so already
-        return "-"
-    return f"{sum(p.numel() for p in layer.parameters()) / 1e6:.2f}M"
-
-
-def mechanism_rows() -> list[tuple[str, ...]]:
-    """One row per mechanism from ``info()``: the source of README's table and ``list``."""
-    from attnbench import registry  # loads torch: not for --help
-
-    rows = []
-    for name in registry.names():
-        i = registry.info(name)
-        rows.append(
-            (
-                name,
-                i.summary,
-                "only" if i.causal_only else "yes" if i.causal else "no",
-                "yes" if i.padding_mask else "no",
-                ", ".join(i.devices),
-                ", ".join(i.dtypes),
-                i.budget or "-",
-                decode_cell(i.cannot_decode),
-                "yes" if i.gqa else "no",
-                "yes" if i.compiles else "no",
-                layer_weights(name),
-                i.limits or "-",
-            )
-        )
-    return rows
-
-
-HEADERS = (
-    "name",
-    "what",
-    "causal",
-    "padding mask",
-    "devices",
-    "dtypes",
-    "budget (k)",
-    "decode",
-    "gqa",
-    "compiles",
-    "weights/layer",
-    "limits",
-)
-
-
-def markdown_table() -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(c.replace("|", r"\|") for c in r) + " |" for r in mechanism_rows()]
-    return "\n".join(lines)
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    from attnbench import registry
-
-    if args.markdown:
-        print(markdown_table())
-        return 0
-    from rich.table import Table
-
-    table = Table(*HEADERS, "available here", title="attnbench mechanisms")
-    table.columns[0].no_wrap = True
-    for row in mechanism_rows():
-        why = registry.info(row[0]).unavailable
-        table.add_row(*row, "yes" if why is None else f"no: {why}")
-    commands.make_console().print(table)
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,14 +193,18 @@ def cmd_run(args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["run"]:  # taken off before Hydra sees the command line
-        return cmd_run(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
-    except KeyboardInterrupt:  # a report is written in one rename: nothing is half-written
-        print(f"\nattnbench {args.command}: interrupted; nothing was changed", file=sys.stderr)
-        return 130
+        if argv[:1] == ["run"]:  # taken off before Hydra sees the command line
+            return cmd_run(argv[1:])
+        args = build_parser().parse_args(argv)
+        try:
+            return args.fn(args)
+        except KeyboardInterrupt:  # a report is written in one rename: nothing is half-written
+            print(f"\nattnbench {args.command}: interrupted; nothing was changed", file=sys.stderr)
+            return 130
+    except PluginError as e:  # wherever the command first looked at its plugins: before it wrote
+        print(f"attnbench {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     and exit 2 (a crash is not a regression), an interrupt one line and exit 130."""
 
     from attnbench.check import Misuse
+    from attnbench.plugins import PluginError
 
     # CI cancels with SIGTERM: unwind, so that the temporary worktree and workers go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -139,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             out=make_console(),
         )
-    except Misuse as e:
+    except (Misuse, PluginError) as e:
         print(f"attnbench check: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("attnbench check: interrupted", file=sys.stderr)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnbench.attention.packing import Packing
-from attnbench.registry import gqa_kwargs, make_config, mechanism_class
+from attnbench.registry import built, gqa_kwargs, make_config, mechanism_class
 from attnbench.validators import check_int
 
 
@@ -211,12 +211,11 @@ def build_model(
     check_int("layers", layers)
     check_int("d_ff", d_ff)
     cfg = make_config(attention, params)
-    attns = mechanism_class(attention).build_stack(
-        layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        max_seq_len=max_seq_len,
-        cfg=cfg,
-        **gqa_kwargs(attention, n_heads, kv_heads),
+    gqa = gqa_kwargs(attention, n_heads, kv_heads)
+    attns = built(  # a plugin's layers: their outputs checked as they run
+        attention,
+        lambda: mechanism_class(attention).build_stack(
+            layers, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa
+        ),
     )
     return Encoder(attns, d_model, d_ff).eval()

@@ -10,16 +10,14 @@ class, so nothing dispatches on them (see STYLE.md, "avoid" 3).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
 from torch import nn
 
+from attnbench import plugins
 from attnbench.attention import (
     deltanet,
     flex,
@@ -39,11 +37,11 @@ from attnbench.attention import (
 )
 from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.packing import PER_DOCUMENT
+from attnbench.plugins import PLUGIN_ENV as PLUGIN_ENV
+from attnbench.plugins import PLUGIN_GROUP as PLUGIN_GROUP
 
 DTYPES = ("fp32", "fp16", "bf16")
 DEVICES = ("cpu", "cuda")
-PLUGIN_ENV = "ATTNBENCH_PLUGINS"
-PLUGIN_GROUP = "attnbench.mechanisms"
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,8 @@ def _check_class(name: str, cls: type, causal: bool, cannot_decode: str | None) 
 
 
 def load_plugins() -> None:
-    """Import user mechanisms (and workloads) named by entry points or by ``$ATTNBENCH_PLUGINS``.
+    """Import user mechanisms (and workloads) named by entry points or by ``$ATTNBENCH_PLUGINS``
+    (:func:`attnbench.plugins.load`: one that cannot be loaded is one ``PluginError`` line).
 
     Done lazily, once, so that ``import attnbench`` stays cheap and a plugin can itself
     ``import attnbench`` to use the decorator.
@@ -197,13 +196,7 @@ def load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
-    for ep in entry_points(group=PLUGIN_GROUP):
-        ep.load()
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGIN_ENV, "").split(","))):
-        try:
-            importlib.import_module(module)
-        except ImportError as e:  # raised again on every call until fixed, never swallowed
-            raise ImportError(f"{PLUGIN_ENV}: cannot import {module!r}: {e}") from e
+    plugins.load()  # PluginError: one line; raised again on every call until fixed
     _plugins_loaded = True
 
 
@@ -277,9 +270,28 @@ def create(
     """
     cfg = make_config(name, params)
     gqa = gqa_kwargs(name, n_heads, kv_heads)
-    return _spec(name).cls(
-        d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa
-    )
+    cls = _spec(name).cls
+    kwargs = dict(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa)
+    (layer,) = built(name, lambda: [cls(**kwargs)])
+    return layer
+
+
+def built(name: str, build: Callable[[], list[MultiHeadAttention]]) -> list[MultiHeadAttention]:
+    """The layers ``build`` makes of mechanism ``name``, however they are built (:func:`create`,
+    the model). A plugin's are held to a forward's contract as they run
+    (:func:`attnbench.plugins.watch`), and an error its constructor raises, but a bad
+    parameter's ``ValueError``, is one ``ValueError`` line naming it: its cell is refused."""
+    if name in BUILTINS:
+        return build()
+    who = f"attention={name} (plugin {_spec(name).cls.__module__})"
+    try:
+        layers = build()
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{who}: building its layer raised {plugins.why(e, '')}") from e
+    plugins.watch(layers, who)
+    return layers
 
 
 def _declared(module: ModuleType) -> type[MultiHeadAttention]:

@@ -21,7 +21,7 @@ import gc
 
 import torch
 
-from attnbench import registry, timed
+from attnbench import plugins, registry, timed
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -143,7 +143,8 @@ def _run(cell: Cell, res: Resolved, found: Found) -> None:
     except torch.OutOfMemoryError as e:
         found.stop("oom", _first_line(e))
     except Exception as e:  # a row with the reason, never a hole in the sweep
-        found.stop("error", f"{type(e).__name__}: {_first_line(e)}")
+        blamed = plugins.fault(e)  # a plugin's mechanism at fault: named, in its words
+        found.stop("error", blamed or f"{type(e).__name__}: {_first_line(e)}")
 
 
 def _first_line(e: BaseException) -> str:

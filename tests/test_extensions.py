@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,12 @@ PLUGINS = ",".join(f"tests.toys.{t}" for t in TOYS)
 TINY = ("n=64", "batch=1", "device=cpu", "dtype=fp32", "model=tiny", "progress=false")
 
 
-@pytest.fixture
-def plugins_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``$ATTNBENCH_PLUGINS`` names the four toys, not yet loaded in this process; after the
-    test every registry they add to is as it was, so that the rest of the suite sees the
-    built-ins only."""
-    monkeypatch.setenv(registry.PLUGIN_ENV, PLUGINS)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
+@contextmanager
+def registries_kept() -> Iterator[None]:
+    """Every registry a plugin adds to, and the Hydra options of its mechanisms and tasks,
+    as they were before, afterwards: the rest of the suite sees the built-ins only."""
+    from attnbench.report import sections  # noqa: F401  (its built-ins in what is kept)
+
     saved = [
         (d, dict(d))
         for d in (
@@ -45,16 +45,29 @@ def plugins_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         )
     ]  # fmt: skip
     repo = ConfigStore.instance().repo
-    attention = dict(repo.get("attention", {}))
+    options = {group: dict(repo.get(group, {})) for group in ("attention", "task")}
+    try:
+        yield
+    finally:
+        for d, before in saved:
+            d.clear()
+            d.update(before)
+        for group, before in options.items():
+            if group in repo:
+                repo[group].clear()
+                repo[group].update(before)
+
+
+@pytest.fixture
+def plugins_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``$ATTNBENCH_PLUGINS`` names the four toys, not yet loaded in this process; after the
+    test every registry they add to is as it was (:func:`registries_kept`)."""
+    monkeypatch.setenv(registry.PLUGIN_ENV, PLUGINS)
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
     for toy in TOYS:
         sys.modules.pop(f"tests.toys.{toy}", None)
-    yield
-    for d, before in saved:
-        d.clear()
-        d.update(before)
-    if "attention" in repo:
-        repo["attention"].clear()
-        repo["attention"].update(attention)
+    with registries_kept():
+        yield
     for toy in TOYS:
         sys.modules.pop(f"tests.toys.{toy}", None)
 

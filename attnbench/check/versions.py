@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from attnbench import plugins
 from attnbench.check import Misuse
 from attnbench.env import with_malloc_fixed
 
@@ -101,18 +102,15 @@ def expected_modules(root: Path) -> dict[str, str]:
     """Where, relative to the repository root, the driver found attnbench and the user's
     plugins: each worker must import its own copies from the same place in its own tree.
     Modules from outside the repository (an installed attnbench) are not version-specific."""
-    names = [
-        "attnbench",
-        *filter(None, (m.strip() for m in os.environ.get("ATTNBENCH_PLUGINS", "").split(","))),
-    ]
+    try:
+        modules = [importlib.import_module("attnbench"), *map(plugins.imported, plugins.named())]
+    except plugins.PluginError as e:
+        raise Misuse(str(e)) from None
     out = {}
-    for name in names:
-        try:
-            path = Path(importlib.import_module(name).__file__ or "").resolve()
-        except ImportError as e:
-            raise Misuse(f"ATTNBENCH_PLUGINS: cannot import {name!r}: {e}") from None
+    for module in modules:
+        path = Path(module.__file__ or "").resolve()
         if path.is_relative_to(root.resolve()):
-            out[name] = str(path.relative_to(root.resolve()))
+            out[module.__name__] = str(path.relative_to(root.resolve()))
     return out
 
 

@@ -61,9 +61,13 @@ _WORKLOADS: dict[str, Workload] = {}
 
 def register(workload: Workload) -> Workload:
     """Make ``workload`` a ``mode=`` choice, its declared settings owned by it (``mode=NAME``;
-    each a top-level config key, ``docs/architecture.md``, "Add a workload")."""
+    each a top-level config key, ``docs/architecture.md``, "Add a workload"). A name already
+    taken is refused, as the mechanisms' registry refuses one: a plugin's ``packed`` would
+    otherwise time its own step in rows that say ``mode=packed``."""
     if not workload.name.isidentifier():
         raise ValueError(f"workload name must be an identifier, got {workload.name!r}")
+    if workload.name in _WORKLOADS:
+        raise ValueError(f"register: workload {workload.name!r} is already registered")
     workload.settings = tuple(s.owned(f"mode={workload.name}") for s in workload.settings)
     _WORKLOADS[workload.name] = workload
     return workload
