@@ -8,9 +8,11 @@ and the gate ask :func:`left_out` and :func:`kept_k` before a cell exists to val
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from attnbench import registry
 from attnbench.attention.base import check_kv_heads
@@ -19,6 +21,7 @@ from attnbench.quality import tasks
 from attnbench.settings import CELL_FIELDS, resolve
 from attnbench.validators import check_bool, check_int
 from attnbench.workload import DEFAULT as DEFAULT_MODE
+from attnbench.workload.base import MAX_LOOP_STEPS
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -181,6 +184,52 @@ def check_budget(cell: Cell) -> None:
         if info.budget not in dict(cell.params):
             what = "its budget" if info.budget == "k" else f"its budget, {info.budget}"
             raise ValueError(f"k: attention={cell.attention} needs k ({what}), got null")
+
+
+def check_traceable(cell: Cell, layer: nn.Module) -> None:
+    """A cost cell whose memory model would trace more than :data:`MAX_LOOP_STEPS` Python
+    steps is refused before it traces (``layer``: one of its layers, on meta). Beyond it,
+    modeling alone runs for many minutes before the time budget is consulted (retnet at
+    n = 10⁶ traced for over 590 s and stored nothing): the key named is the one that sets
+    the steps' number (``n``, the draw's ``total_tokens``, decode's ``prefill_chunk``)."""
+    if cell.task != "cost" or not hasattr(layer, "loop_steps"):  # a quality task trains
+        return  # real tensors (nothing traced); a plugin's layer may not count its steps
+    per_layer, key = cell.workload.loop_steps(cell, layer)
+    if (steps := per_layer * cell.layers) <= MAX_LOOP_STEPS:
+        return
+    size = next((f for f in ("chunk", "chunk_size") if hasattr(layer.cfg, f)), None)
+    other = (f", a larger attention.params.{size}" if size else "") + " or fewer layers"
+    allowed = f"a smaller {key}{other}"
+    if key in ("n", "prefill_chunk") and (most := _largest(cell, layer, key)):
+        allowed = f"{key} <= {most} here{other}"
+    raise ValueError(
+        f"{key}: the memory model traces {cell.attention} on meta one Python step at a time "
+        f"(a chunk of a recurrence, a packed document): {per_layer} steps per layer × "
+        f"{cell.layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
+        f"(each traced step would take minutes); allowed: {allowed}"
+    )
+
+
+def _largest(cell: Cell, layer: nn.Module, key: str) -> int | None:
+    """The largest value of ``key`` (``n`` or decode's ``prefill_chunk``, cheap to try: no
+    draw) within :data:`MAX_LOOP_STEPS`, by bisection (the steps grow with it); None if even
+    1 is over it."""
+
+    def steps(value: int) -> int:
+        changed = (
+            replace(cell, n=value)
+            if key == "n"
+            else replace(cell, mode_settings={**cell.settings, key: value})
+        )
+        return cell.workload.loop_steps(changed, layer)[0] * cell.layers
+
+    low, high = 1, cell.n
+    if steps(low) > MAX_LOOP_STEPS:
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if steps(mid) <= MAX_LOOP_STEPS else (low, mid - 1)
+    return low
 
 
 def check_n_fits(cell: Cell, usable: int) -> None:

@@ -37,6 +37,12 @@ SIGMA_MAX = 10.0
 # the regime in which a few long documents hold much of the tokens (documents above x hold
 # (length_min/x)^(α−1) of the unclipped tail's tokens: 43 % above 64·length_min).
 ALPHA = 1.2
+# The most lengths a draw or an explicit list may hold: every length is stored in the row
+# (``packed.lengths``, ``prompts.lengths``: ~0.4 MB of JSON at this count) and drawn in Python
+# (~0.1 s). A packed batch's documents and a decode mix's prompts (one per sequence, taken in
+# turn) need far fewer: +sweep=packed draws about 30. A draw stops at the next one, so its
+# cost is bounded before it runs, whatever ``total_tokens`` says.
+MAX_LENGTHS = 1 << 16
 
 
 def draw(
@@ -102,6 +108,11 @@ def explicit(lengths: Sequence[int], max_len: int | None = None) -> tuple[int, .
         raise ValueError(f"lengths: must be a list of lengths, got {lengths!r}")
     if not lengths:
         raise ValueError(f"lengths: must be a list of at least one length, got {lengths!r}")
+    if len(lengths) > MAX_LENGTHS:
+        raise ValueError(
+            f"lengths: must be a list of at most {MAX_LENGTHS} lengths (each is stored in the "
+            f"row), got {len(lengths)}"
+        )
     if max_len is None:
         return tuple(check_int(f"lengths[{i}]", n) for i, n in enumerate(lengths))
     max_len = check_int("max_len", max_len)
@@ -191,9 +202,18 @@ def _budget(total_tokens: Any, length_min: int) -> int:
 
 def _until(sample: Callable[[], int], total_tokens: int, seed: int) -> tuple[int, ...]:
     """Lengths from ``sample`` while their sum stays within ``total_tokens``: the first that
-    would pass it is dropped and ends the draw; none drawn is a budget too small."""
+    would pass it is dropped and ends the draw; none drawn is a budget too small, more than
+    :data:`MAX_LENGTHS` a budget too large. That refusal is exact: a draw is a prefix of the
+    draw under any larger budget, so the largest budget holding at most ``MAX_LENGTHS``
+    lengths is their sum plus the next length, less one."""
     lengths, used = [], 0
     while used + (n := sample()) <= total_tokens:
+        if len(lengths) == MAX_LENGTHS:
+            raise ValueError(
+                f"total_tokens: must be at most {used + n - 1} with these draw settings (a "
+                f"draw holds at most {MAX_LENGTHS} lengths, each stored in the row; seed "
+                f"{seed}'s first {MAX_LENGTHS} sum to {used} tokens), got {total_tokens!r}"
+            )
         lengths.append(n)
         used += n
     if not lengths:

@@ -133,7 +133,7 @@ BAD = [
     ("gla", {"chunk": 2.5}, r"^chunk: must be an integer >= 1, got 2.5$"),
     ("mamba2", {"groups": 3}, r"^groups: must divide n_heads=4 \(one of 1, 2, 4\), got 3$"),
     ("mamba2", {"d_state": 0}, r"^d_state: must be an integer >= 1, got 0$"),
-    ("deltanet", {"conv": -1}, r"^conv: must be an integer >= 0, got -1$"),
+    ("deltanet", {"conv": -1}, r"^conv: must be an integer in \[0, 64\], got -1$"),
     ("gated_deltanet", {"causal": False}, r"^causal: gated_deltanet is causal only \("),
     ("retnet", {"conv": 4}, r"^retnet: unknown parameter 'conv'; allowed: causal, chunk, kernel$"),
 ]

@@ -100,6 +100,29 @@ class MultiHeadAttention(nn.Module):
         each boundary, a document mask) overrides it."""
         return each_document(self.attend, x, packing)
 
+    # -- what the memory model's trace runs in Python (cell_rules.check_traceable) ----------
+
+    step_chunk: int | None = None  # a chunked causal core's positions per Python step
+    packs_in_one_pass = False  # attend_packed is one pass over the row (local, flex)
+
+    def loop_steps(self, n: int) -> int:
+        """The Python-level steps one call over rows of n positions takes, each a handful of
+        ops the memory model traces on meta one at a time: a causal chunked core's chunks
+        (the mixers, causal linear and Performer), else 1 (one pass of tensor ops)."""
+        return 1 if (chunk := self._chunk()) is None else -(-n // chunk)
+
+    def packed_loop_steps(self, lengths: tuple[int, ...]) -> int:
+        """The same for one packed row of documents of ``lengths`` (a draw's copies run each
+        document once for all of them): one pass over the row where the layer packs in one
+        (a chunked core resets its state at each start), else each document's own, as
+        :meth:`attend_packed` runs here."""
+        if self.packs_in_one_pass or self._chunk() is not None:
+            return self.loop_steps(sum(lengths))
+        return sum(self.loop_steps(n) for n in lengths)
+
+    def _chunk(self) -> int | None:
+        return self.step_chunk if getattr(self.cfg, "causal", False) else None
+
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build the per-length structures a forward at length ``n`` on ``device`` needs
         (flex's block mask) ahead of the first forward, and return the seconds spent building

@@ -168,6 +168,8 @@ class FlexConfig:
     "document and skips the blocks across two",
 )
 class FlexAttention(MultiHeadAttention):
+    packs_in_one_pass = True  # one kernel call over the row, a document block mask
+
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build and cache the block mask at length n (:func:`block_masks.prepare`): the
         seconds it took, 0.0 when it was cached already (by this layer or another) and on

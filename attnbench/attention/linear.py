@@ -146,6 +146,10 @@ class LinearAttention(MultiHeadAttention):
             out = per_document(linear_attention, packing, q_f, k_f, v)
         return self.merge_heads(out.to(x.dtype))
 
+    @property
+    def step_chunk(self) -> int:  # causal: the prefix sums' chunks, one Python step each
+        return self.cfg.chunk_size
+
     def packed_attention_flops(self, packing: Packing) -> int:
         """Causal: one chunked pass of the gated recurrence over each row of T, the values
         one column wider for the normaliser; not causal: each document's sums alone."""

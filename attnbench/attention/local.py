@@ -101,6 +101,8 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
     summary="sliding-window band |i−j| ≤ w/2 (causal: the w keys up to i), blocked, O(n·w)",
 )
 class LocalAttention(MultiHeadAttention):
+    packs_in_one_pass = True  # the band over the row, cut at each document's ends
+
     def attention_flops(self, b: int, n: int) -> int:
         """QKᵀ and P·V over whole blocks: each of the nb·B padded queries meets
         (1 + c_b + c_f)·B keys, 2 matmuls of 2·d FLOPs a pair. The masked-out parts of each

@@ -46,6 +46,7 @@ PACKS = (
     "one pass: the state reset to zeros at each document's start (a short convolution cut there)"
 )
 DEFAULT_CONV = 4  # the short convolution's kernel in Mamba-2, DeltaNet and Gated DeltaNet
+MAX_CONV = 64  # a short one: K elementwise passes no time estimate counts (docs/mechanisms.md)
 NORM_EPS = 1e-6
 
 
@@ -60,14 +61,15 @@ KERNELS = ("torch", "fla")  # our chunked cores, or flash-linear-attention's (CU
 
 def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: object = 0) -> None:
     """The settings every mixer's config shares: ``causal`` must be true (see
-    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) >= 0,
-    ``kernel`` one of :data:`KERNELS`, ``fla`` only where it can run (CUDA, the package
-    installed) and at its own chunk of 64."""
+    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) in
+    [0, :data:`MAX_CONV`], ``kernel`` one of :data:`KERNELS`, ``fla`` only where it can run
+    (CUDA, the package installed) and at its own chunk of 64. A chunk past n is one chunk
+    of n; a small one's cost is :func:`attnbench.cell_rules.check_traceable`'s."""
     check_bool("causal", causal)
     if not causal:
         raise ValueError(f"causal: {name} is causal only ({CAUSAL_ONLY}); got false")
     check_int("chunk", chunk)
-    check_int("conv", conv, low=0)
+    check_int("conv", conv, low=0, high=MAX_CONV)
     check_choice("kernel", kernel, KERNELS)
     if kernel == "fla":
         if why := fla_kernels.why_unavailable():
@@ -270,6 +272,10 @@ class RecurrentMixer(MultiHeadAttention):
         """Every linear layer (the four projections and the mixer's own) plus the core's
         :meth:`attention_flops`."""
         return b * n * self.linear_flops_per_token() + self.attention_flops(b, n)
+
+    @property
+    def step_chunk(self) -> int:  # the chunked core's: one Python step each (past n: one)
+        return self.cfg.chunk
 
     def packed_attention_flops(self, packing: Packing) -> int:
         """One chunked pass over each row of T, the resets costing no matmul."""

@@ -64,17 +64,22 @@ from torch import Tensor, nn
 from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.validators import check_bool, check_int
 
+# the most pseudo-inverse iterations: each is a Python step of four m × m matmuls per head
+# (traced one by one on meta); 40 already reach float64's precision (the module's docstring)
+MAX_PINV_ITERATIONS = 100
+CONV_KERNEL = 33  # the authors' kernel for their 512-token pre-training
+
 
 @dataclass
 class NystromformerConfig:
     num_landmarks: int = 64
     pinv_iterations: int = 6
-    conv_kernel: int = 33  # taps of the depthwise convolution of V, odd; 0 = none
+    conv_kernel: int = CONV_KERNEL  # taps of the depthwise convolution of V, odd; 0 = none
     causal: bool = False
 
     def __post_init__(self) -> None:
         check_int("num_landmarks", self.num_landmarks)
-        check_int("pinv_iterations", self.pinv_iterations)
+        check_int("pinv_iterations", self.pinv_iterations, high=MAX_PINV_ITERATIONS)
         check_int("conv_kernel", self.conv_kernel, low=0)
         if self.conv_kernel % 2 == 0 and self.conv_kernel:
             raise ValueError(
@@ -158,6 +163,12 @@ class NystromformerAttention(MultiHeadAttention):
     ) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
         kernel = cfg.conv_kernel
+        if kernel > (most := max(2 * max_seq_len - 1, CONV_KERNEL)):  # taps that add nothing
+            raise ValueError(  # but time: a CPU's depthwise conv of 10⁶ taps runs for hours
+                f"conv_kernel: must be at most {most} (2n - 1, or the authors' {CONV_KERNEL}: "
+                f"a tap further than n - 1 positions from its query reads only padding), "
+                f"got {kernel}"
+            )
         # the authors' parameter: one (kernel × 1) filter per head, as a Conv2d over (n, dh)
         # planes, so weights port from their code and nystrom-attention's res_conv unchanged
         # (and initialised as theirs); :meth:`convolve` applies it

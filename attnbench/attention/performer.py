@@ -37,11 +37,7 @@ from dataclasses import dataclass
 
 import torch
 from performer_pytorch import FastAttention
-from performer_pytorch.performer_pytorch import (
-    generalized_kernel,
-    linear_attention,
-    softmax_kernel,
-)
+from performer_pytorch.performer_pytorch import generalized_kernel, linear_attention, softmax_kernel
 from torch import Tensor
 
 from attnbench.attention import gated_scan
@@ -98,6 +94,8 @@ class PerformerConfig:
     summary="FAVOR+ random features, linear in n (performer-pytorch); kernel softmax|relu",
 )
 class PerformerAttention(MultiHeadAttention):
+    step_chunk = CHUNK  # causal: the prefix sums' chunks, one Python step each
+
     def __init__(
         self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: PerformerConfig
     ) -> None:

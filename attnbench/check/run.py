@@ -20,6 +20,7 @@ from rich.console import Console
 from attnbench.check import Misuse, busy, sampling, suite, verdicts, versions
 from attnbench.check import baseline as baseline_mode
 from attnbench.env import fingerprint
+from attnbench.writable import check_file
 
 DEFAULT_JSON = Path("results/check/latest.json")
 BUSY = busy.BUSY
@@ -54,8 +55,7 @@ def run(
     settings; ``out`` gets the table, stderr the progress bar and warnings.
     Busy cells are timed again, then ``check.on_busy`` decides (:mod:`attnbench.check.busy`).
     """
-    if sum(x is not None for x in (against, baseline, write_baseline)) > 1:
-        raise Misuse("--against, --baseline and --write-baseline exclude each other")
+    _check_flags(against, baseline, write_baseline, json_path)
     out = out or Console()
     err = Console(stderr=True)
     started = time.time()
@@ -85,6 +85,21 @@ def run(
     meta = _meta(a_name, a_commit, suite_name, settings, here, started, got, a_compiled)
     samples = {"A": a, "B": got.versions["B"]}
     return _conclude(results, meta, samples, got.contended, json_path, settings["on_busy"])
+
+
+def _check_flags(
+    against: str | None, baseline: Path | None, write_baseline: Path | None, json_path: Path
+) -> None:
+    """The flags alone, before anything else: one mode at most, and the file this check's
+    results go to (``--write-baseline``'s, else ``--json``'s) writable, before the minutes
+    of timing that make them."""
+    if sum(x is not None for x in (against, baseline, write_baseline)) > 1:
+        raise Misuse("--against, --baseline and --write-baseline exclude each other")
+    written = ("--write-baseline", write_baseline) if write_baseline else ("--json", json_path)
+    try:
+        check_file(*written)
+    except ValueError as e:
+        raise Misuse(str(e)) from None
 
 
 def _sampler(

@@ -25,6 +25,13 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # existed were all of it, and their run directories still resume), and only its tables stand
 # beside the paper's
 DEFAULT = "inference"
+# The most Python-level steps (a chunk of a recurrence, a packed document, a prefill call;
+# each a handful of ops) one step may take over every layer where no time estimate sees them:
+# the memory model traces them one at a time on meta (:func:`attnbench.cell_rules.
+# check_traceable`), 3-5 traced steps per cell before the time budget is consulted. Measured
+# on a 2-core CPU: 2.4 ms a step for retnet's forward, 7 ms for deltanet's training step, so
+# at this bound about 2 minutes of modeling for a forward and 8 for a training step.
+MAX_LOOP_STEPS = 1 << 14
 
 
 class Work:
@@ -125,6 +132,13 @@ class Workload:
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
         """Refuse, in one ``ValueError`` line, a cell this workload cannot measure beyond what
         every cell is checked for; ``usable``: the bytes its allocator may hand out."""
+
+    def loop_steps(self, cell: Cell, layer: nn.Module) -> tuple[int, str]:
+        """The Python-level steps one layer takes in one step of this workload
+        (:meth:`~attnbench.attention.base.MultiHeadAttention.loop_steps`: a chunked
+        recurrence's chunks, a packed row's documents), which the memory model traces on meta
+        one by one, and the key that sets their number: ``n`` for a forward of n positions."""
+        return layer.loop_steps(cell.n), "n"
 
     def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
         """The step's input at batch b: b sequences of n embeddings."""

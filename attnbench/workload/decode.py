@@ -30,9 +30,13 @@ from attnbench.measure.memory import module_bytes
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
-from attnbench.validators import check_int
-from attnbench.workload.base import DTYPES, Work, Workload, setting
-from attnbench.workload.decode_memory import ServingScenario, state_dtype
+from attnbench.workload.base import DTYPES, MAX_LOOP_STEPS, Work, Workload, setting
+from attnbench.workload.decode_memory import (
+    ServingScenario,
+    prefill_steps,
+    state_dtype,
+    traced_steps,
+)
 from attnbench.workload.decode_mix import (
     CONTEXTS,
     WARMUP,
@@ -42,6 +46,7 @@ from attnbench.workload.decode_mix import (
     prompt_len,
     prompts,
     prompts_field,
+    timed_tokens,
 )
 from attnbench.workload.draw import DRAW
 
@@ -166,25 +171,13 @@ class DecodeWork(ServingScenario):
         }
 
 
-def _timed_tokens(name: str, value: Any) -> int:
-    """More tokens than the :data:`WARMUP` steps, so that at least one step is timed: the
-    rule :meth:`Decode.time` applies, checked before anything runs."""
-    tokens = check_int(name, value)
-    if tokens <= WARMUP:
-        raise ValueError(
-            f"{name}: must be an integer > {WARMUP} (the first {WARMUP} steps are warm-up, not "
-            f"timed), got {value!r}"
-        )
-    return tokens
-
-
 class Decode(Workload):
     name = "decode"
     doc = "serving: prefill a prompt of n tokens, then time each of decode_tokens steps"
     what = "decode step"
     settings = (
         Setting("decode_tokens", 128, "tokens generated after the prompt of n (each step"
-                f" timed but the first {WARMUP})", int, _timed_tokens),
+                f" timed but the first {WARMUP})", int, timed_tokens),
         Setting("state_dtype", "auto", "the cache's or state's dtype (`auto`: the cell's)",
                 str, choice(STATE_DTYPES)),
         Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt"
@@ -237,6 +230,10 @@ class Decode(Workload):
                 f"{usable} bytes {cell.device} leaves usable; allowed: a shorter context"
             )
 
+    def loop_steps(self, cell: Cell, layer: nn.Module) -> tuple[int, str]:
+        """What the memory model traces (``decode_memory.traced_steps``)."""
+        return traced_steps(layer, cell), "prefill_chunk"
+
     def label(self, cell: Cell) -> str:
         kv = f", kv_heads={cell.kv_heads}" if getattr(cell, "kv_heads", None) else ""
         if not kv and isinstance(getattr(cell, "model", None), dict):
@@ -285,9 +282,11 @@ class Decode(Workload):
         flops = model.step_flops(b, context(cell))
         step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
         steps = step * setting(cell, "decode_tokens")
-        # a warm-up, 3 timed; then copies
+        # a warm-up, 3 timed; then copies. A prefill of more Python steps (its calls, its
+        # chunks) than MAX_LOOP_STEPS is not timed either: no FLOP count sees their overhead
         prefills = model.flops(1, prompt_len(cell)) / flops_per_s * 4
-        if steps + prefills <= cell.time_budget_s:
+        calls = prefill_steps(model.layers[0].attn, cell) * len(model.layers)
+        if steps + prefills <= cell.time_budget_s and calls <= MAX_LOOP_STEPS:
             _NO_PREFILL.discard(cell)
             return step, steps + prefills
         _NO_PREFILL.add(cell)  # the steps alone, over random states

@@ -33,6 +33,24 @@ def state_dtype(cell: Cell, compute: torch.dtype) -> torch.dtype:
     return compute if chosen == "auto" else DTYPES[chosen]
 
 
+def prefill_steps(layer: nn.Module, cell: Cell) -> int:
+    """The Python-level steps of one sequence's prefill in ``layer``: each call's
+    (``prefill_chunk`` tokens, the last one shorter); 0 for a plugin's layer that does not
+    count them. What a CPU's time estimate cannot see (``Decode.cost_s``)."""
+    if not hasattr(layer, "loop_steps"):
+        return 0
+    chunk = setting(cell, "prefill_chunk") or cell.n
+    whole, rest = divmod(prompt_len(cell), chunk)
+    return whole * layer.loop_steps(chunk) + (layer.loop_steps(rest) if rest else 0)
+
+
+def traced_steps(layer: nn.Module, cell: Cell) -> int:
+    """What the memory model traces of them (:meth:`ServingScenario._traced_prefill`): three
+    calls of ``prefill_chunk`` tokens and one step of a token."""
+    call = min(setting(cell, "prefill_chunk") or cell.n, prompt_len(cell))
+    return 3 * layer.loop_steps(call) + layer.loop_steps(1)
+
+
 class ServingScenario(Work):
     """The serving scenario at the batch of ``x`` (b, 1, d), the tokens of one step: b
     states resident, one sequence's prompt prefilled into its slot, one step of all b."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 import attnbench.lengths as draws
+from attnbench.validators import check_int
 from attnbench.workload.base import setting
 from attnbench.workload.draw import draw_of, draw_words
 
@@ -28,6 +29,27 @@ if TYPE_CHECKING:
 
 CONTEXTS = ("n", "drawn")
 WARMUP = 2  # decode steps not counted: the first ones pay for lazy initialisation
+# The most tokens a cell generates: each is a step a GPU times in full (no budget there), ~11
+# minutes at 10 ms a step; the steps' mean context, n + decode_tokens / 2, is n's to set.
+MAX_DECODE_TOKENS = 1 << 16
+
+
+def timed_tokens(name: str, value: Any) -> int:
+    """``decode_tokens``' check: more tokens than the :data:`WARMUP` steps, so that at least
+    one step is timed (the rule ``Decode.time`` applies, checked before anything runs), and
+    at most :data:`MAX_DECODE_TOKENS`."""
+    tokens = check_int(name, value)
+    if tokens <= WARMUP:
+        raise ValueError(
+            f"{name}: must be an integer > {WARMUP} (the first {WARMUP} steps are warm-up, not "
+            f"timed), got {value!r}"
+        )
+    if tokens > MAX_DECODE_TOKENS:
+        raise ValueError(
+            f"{name}: must be an integer <= {MAX_DECODE_TOKENS} (each token is a step a GPU "
+            f"times; a longer context is n's to set), got {value!r}"
+        )
+    return tokens
 
 
 @lru_cache(maxsize=256)

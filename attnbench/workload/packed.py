@@ -97,6 +97,12 @@ class Plan:
             return model.packed_flops(Packing.of([self.lengths]))
         return sum(model.flops(len(batch), max(batch)) for batch in self.batches)
 
+    def loop_steps(self, layer: nn.Module) -> int:
+        """One copy's Python-level steps in one layer: the packed row's, else each batch's."""
+        if self.layout == "packed":
+            return layer.packed_loop_steps(self.lengths)
+        return sum(layer.loop_steps(max(batch)) for batch in self.batches)
+
     def flops_backward(self, model: nn.Module) -> int:
         """Backward FLOPs of one copy in this layout, from the formulas."""
         if self.layout == "packed":
@@ -176,6 +182,11 @@ class Packed(Workload):
         self.plan(cell)
         if why := self.refuses_cell(cell):
             raise ValueError(f"layout: {cell.attention} {why}; use padded or bucketed")
+
+    def loop_steps(self, cell: Cell, layer: nn.Module) -> tuple[int, str]:
+        """The draw's: its documents' steps in the cell's layout."""
+        key = "lengths" if setting(cell, "lengths") is not None else "total_tokens"
+        return self.plan(cell).loop_steps(layer), key
 
     def label(self, cell: Cell) -> str:
         what = train_label(setting(cell, "optimizer"), False) if self.train else ""
