@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from attnbench.measure import contention as contention_keys
+from attnbench.quality import tasks
 from attnbench.validators import check_int, check_number
 
 # the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
@@ -100,17 +101,28 @@ def positive(name: str, value: Any) -> None:
     count(name, value, low=1)
 
 
-def seconds(name: str, value: Any, high: float | None = None) -> None:
-    """A finite number >= 0. An integer too large for a float (10**400) is refused here:
-    ``check_number``'s ``math.isfinite`` would raise ``OverflowError`` on it."""
+def number(name: str, value: Any, low: float | None = 0, high: float | None = None) -> None:
+    """A finite number in [low, high]. An integer too large for a float (10**400) is refused
+    here: ``check_number``'s ``math.isfinite`` would raise ``OverflowError`` on it."""
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             float(value)
         except OverflowError:
+            least = "" if low is None else f" >= {low:g}"
             raise ValueError(
-                f"{name}: must be a number >= 0 that a float can hold, got {value!r}"
+                f"{name}: must be a number{least} that a float can hold, got {value!r}"
             ) from None
-    check_number(name, value, low=0, high=high)
+    check_number(name, value, low=low, high=high)
+
+
+def seconds(name: str, value: Any, high: float | None = None) -> None:
+    """A finite number >= 0 (at most ``high``)."""
+    number(name, value, high=high)
+
+
+def share(name: str, value: Any) -> None:
+    """A part of a whole: a number in [0, 1]."""
+    number(name, value, high=1)
 
 
 def timestamp(name: str, value: Any) -> None:
@@ -188,68 +200,43 @@ def json_value(name: str, value: Any) -> None:
             raise ValueError(f"{where}: must be a JSON value, got {shorten(repr(v))}")
 
 
-DECODE_SECONDS = ("prefill_s", "prefill_iqr_s")
-DECODE_COUNTS = (
-    "prefill_chunk", "steps", "context", "read_bytes", "state_read_bytes", "own_context",
-    "own_state_read_bytes",
-)  # fmt: skip
-DECODE_RATES = ("tokens_per_s", "bytes_per_s", "copy_bytes_per_s")
+def lengths(name: str, value: Any) -> None:
+    """A draw's lengths: a non-empty list of positive counts."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{name}: must be a non-empty list, got {shorten(repr(value))}")
+    for i, n in enumerate(value):
+        count(f"{name}[{i}]", n, low=1)
 
 
-def decode(name: str, value: Any) -> None:
-    """A decode row's serving figures (attnbench/workload/decode.py): seconds, counts and
-    rates as such, the prefill's samples as samples; nothing else but text."""
+def cell_spec(name: str, value: Any) -> None:
+    """The cell a row stores (:class:`attnbench.cell.Cell` as JSON), read as it is but for
+    what a report reads back: a quality row's settings (the seed, MQAR's pairs, the setup
+    rows are grouped by), [setting, value] pairs, each of its task's declared setting's kind
+    (an integer where the default is one, a list where it is a list; one this version does
+    not declare a number, text or flag)."""
     mapping(name, value)
-    json_value(name, value)
-    for key, v in value.items():
-        where = f"{name}.{key}"
-        if v is None:  # no prefill timed (filled_by: random)
-            continue
-        if key in DECODE_SECONDS or key in DECODE_RATES:
-            seconds(where, v)
-        elif key in DECODE_COUNTS:
-            count(where, v)
-        elif key == "prefill_samples_s":
-            samples(where, v)
-
-
-DRAW_COUNTS = ("documents", "real_tokens", "padded_tokens", "max_len")
-PACKED_COUNTS = ("layout_tokens", "batches", "flops_real", "flops_layout")
-PROMPTS_COUNTS = ("own_state_bytes",)
-
-
-def _draw(name: str, value: Any, counts: tuple[str, ...], shares: tuple[str, ...]) -> None:
-    """A draw's record (:func:`attnbench.lengths.summary`) and a workload's figures beside
-    it: counts as counts, the lengths a list of positive counts, shares in [0, 1]."""
-    mapping(name, value)
-    json_value(name, value)
-    for key, v in value.items():
-        where = f"{name}.{key}"
-        if key in DRAW_COUNTS or key in counts:
-            count(where, v)
-        elif key == "lengths":
-            if not isinstance(v, list) or not v:
-                raise ValueError(f"{where}: must be a non-empty list, got {v!r}")
-            for i, n in enumerate(v):
-                count(f"{where}[{i}]", n, low=1)
-        elif key == "padding_share" or key in shares:
-            if not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ValueError(f"{where}: must be a number in [0, 1], got {v!r}")
-
-
-def packed(name: str, value: Any) -> None:
-    """A packed row's draw and FLOPs (attnbench/workload/packed.py)."""
-    _draw(name, value, PACKED_COUNTS, ())
-    v = value.get("flops_wasted_share")  # below 0 where one pass over the row costs less
-    if v is not None and (not isinstance(v, (int, float)) or not v <= 1):  # than each alone
-        raise ValueError(f"{name}.flops_wasted_share: must be a number at most 1, got {v!r}")
-
-
-def prompts(name: str, value: Any) -> None:
-    """A decode row's mix of contexts (attnbench/workload/decode.py, ``contexts=drawn``):
-    the draw, a sequence's own cache or state bytes on average, the share of the allocated
-    ones its left padding takes."""
-    _draw(name, value, PROMPTS_COUNTS, ("state_padding_share",))
+    pairs, where = value.get("quality", []), f"{name}.quality"
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs
+    ):
+        got = shorten(repr(pairs))
+        raise ValueError(f"{where}: must be a list of [setting, value] pairs, got {got}")
+    task = tasks.REGISTRY.get(value["task"]) if isinstance(value.get("task"), str) else None
+    if task is None:  # cost, or a plugin's task not loaded here: no report reads them
+        return
+    declared = {s.name: s.default for s in task.settings}
+    for key, v in pairs:
+        at, default = f"{where}.{key}", declared.get(key)
+        if key in declared and (default is None or isinstance(default, (list, tuple))):
+            if not isinstance(v, list):  # a list (MQAR's lrs), or a carried block of pairs
+                raise ValueError(f"{at}: must be a list, got {shorten(repr(v))}")
+        elif isinstance(default, int) and not isinstance(default, bool):
+            count(at, v)
+        elif isinstance(default, float):
+            number(at, v, low=None)
+        elif isinstance(v, (dict, list)) or (default is not None and type(v) is not type(default)):
+            kind = type(default).__name__ if default is not None else "number, text or flag"
+            raise ValueError(f"{at}: must be a {kind}, got {shorten(repr(v))}")
 
 
 def quality(name: str, value: Any) -> None:

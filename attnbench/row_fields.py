@@ -21,25 +21,23 @@ from attnbench.quality.tasks import TASKS
 from attnbench.registry import DTYPES
 from attnbench.row_checks import (
     batch_asked,
+    cell_spec,
     contention,
     count,
-    decode,
     env,
     identifier,
-    mapping,
     model,
     model_error,
-    packed,
     params,
     parts,
     positive,
-    prompts,
     quality,
     samples,
     seconds,
     text,
     timestamp,
 )
+from attnbench.row_nested import decode, packed, prompts
 from attnbench.settings import Setting
 from attnbench.validators import check_bool, check_choice
 from attnbench.workload import BUILTIN_WORKLOADS, workload_settings
@@ -230,7 +228,7 @@ FIELDS: tuple[Field, ...] = (
     _f("wall_s", float | None, seconds, "s", "stored", "the cell's wall time"),
     _f("finished_at", float | None, timestamp, "s", "stored", "when it was stored (Unix time)"),
     _f("invocation", str | None, text, "", "stored", "the command that stored it"),
-    _f("cell", dict[str, Any] | None, mapping, "", "stored", "the full cell spec",
+    _f("cell", dict[str, Any] | None, cell_spec, "", "stored", "the full cell spec",
        column="nested"),
     _f("schema", int, count, "", "stored", f"{SCHEMA} (a row without it is schema 1, upgraded on"
        " reading)", default=SCHEMA),
@@ -258,8 +256,10 @@ def register(field: Field, derive: Callable[[dict[str, Any]], Any]) -> Field:
     ``docs/architecture.md``, "Add a row field"). ``derive`` makes its value from the fields
     :func:`attnbench.measured.assemble` fills (None: not known for this row); stored rows
     without it read as ``field.missing``, and a stored value is checked on reading."""
-    if not field.name.isidentifier() or field.name in BY_NAME or field.name in EXTRA:
-        raise ValueError(f"row field: must be a new identifier, got {field.name!r}")
+    if not field.name.isidentifier():
+        raise ValueError(f"row field: must be an identifier, got {field.name!r}")
+    if field.name in BY_NAME or field.name in EXTRA:
+        raise ValueError(f"register: row field {field.name!r} is already registered")
     EXTRA[field.name], DERIVE[field.name] = field, derive
     return field
 

@@ -240,9 +240,13 @@ def test_a_declared_quality_figure_of_the_wrong_kind_is_refused() -> None:
         Row.from_dict({**GOOD, "task": "listops", "quality": {"peak_bytes": -1}})
     with pytest.raises(ValueError, match=r"^quality.cosine: must be a finite number, got nan$"):
         Row.from_dict({**approx, "quality": {"cosine": math.nan}})
-    # undefined (None) and undeclared figures are kept as they are
-    row = Row.from_dict({**approx, "quality": {"row_error": None, "later": [1, "x"]}})
-    assert row.quality == {"row_error": None, "later": [1, "x"]}
+    # every figure a report reads is there; an optional one undefined (None) and an
+    # undeclared one are kept as they are
+    stored = json.loads((REFERENCE.parent.parent / "approx-cpu-cpu/cells.jsonl").open().readline())
+    figures = {**stored["quality"], "row_error": None, "later": [1, "x"]}
+    assert Row.from_dict({**approx, "quality": figures}).quality == figures
+    with pytest.raises(ValueError, match=r"^quality.cosine: missing \(every task=approx row"):
+        Row.from_dict({**approx, "quality": {k: v for k, v in figures.items() if k != "cosine"}})
 
 
 def test_a_row_refuses_a_name_no_field_has() -> None:

@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 
 import attnbench
-from attnbench import cli
+from attnbench import cli, row_nested
+from attnbench.quality import tasks
 from attnbench.report import files
 from attnbench.report.text import latex, markdown
 from attnbench.row import printable, shown
@@ -78,7 +79,7 @@ HOSTILE: dict[str, Any] = {
     "long": LONG,
 }
 # a report's cells are a ratio, a mark, or one of the paper's signs: nothing else, ever
-CELL = re.compile(r"^(-|–|OOM|\d+\.\d+x?)([⁰¹²³⁴⁵⁶⁷⁸⁹]+(,[⁰¹²³⁴⁵⁶⁷⁸⁹]+)*)?$")
+CELL = re.compile(r"^(-|n/m|OOM|\d+\.\d+x?)([⁰¹²³⁴⁵⁶⁷⁸⁹]+(,[⁰¹²³⁴⁵⁶⁷⁸⁹]+)*)?$")  # marks.py
 # what a LaTeX line of a table may hold: booktabs, \times, and the escapes of tables.LATEX
 TEX_COMMANDS = {
     "begin",
@@ -148,13 +149,18 @@ def _finite(constant: str) -> None:
     raise AssertionError(f"report.json holds {constant}")
 
 
-def check_outputs(out: Path) -> None:
-    """Every file of a report holds a row's text escaped for its format."""
+def check_outputs(out: Path, documents: tuple[str, ...] = ("table3",)) -> None:
+    """Every file of a report holds a row's text escaped for its format; ``documents``: the
+    Markdown and LaTeX documents it must have written (``table3``, ``packed``, ``serving``)."""
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"index.html", "table3.md", "table3.tex", "report.json"} <= names
+    assert {
+        "index.html",
+        "report.json",
+        *(f"{d}.{x}" for d in documents for x in "md tex".split()),
+    } <= names
     for name in names:
         assert re.fullmatch(
-            r"[a-z0-9-]+-(time|memory)\.csv|table3\.(md|tex)|index\.html|report\.json|"
+            r"[a-z0-9-]+-(time|memory)\.csv|[a-z0-9]+\.(md|tex)|index\.html|report\.json|"
             r"plots/[a-z0-9-]+\.(png|svg)",
             name,
         ), name
@@ -169,13 +175,14 @@ def check_outputs(out: Path) -> None:
         for c in table["cells"]:
             assert CELL.match(c["text"]), c  # hostile data never becomes a cell
             assert c["value"] is None or math.isfinite(c["value"])
-    for line in (out / "table3.tex").read_text().splitlines():
+    tex = [line for d in documents for line in (out / f"{d}.tex").read_text().splitlines()]
+    for line in tex:
         if line.startswith("%") or not line:
             continue  # a comment: inert up to the line's end, which nothing can put early
         commands = set(re.findall(r"\\([A-Za-z]+|.)", line))
         assert commands <= TEX_COMMANDS, (line, commands - TEX_COMMANDS)
         assert re.fullmatch(r"\\(begin|end)\{tabular\}(\{r+\})?|\\[a-z]+rule|.* \\\\", line), line
-    md = (out / "table3.md").read_text()
+    md = "\n\n".join((out / f"{d}.md").read_text() for d in documents)
     assert not re.search(r"(?<!\\)[<>&\[\]`]", md), "unescaped Markdown markup"
     for block in md.split("\n\n"):  # each table (the efficiency lengths, each ratio table)
         rows = [ln for ln in block.splitlines() if ln.startswith("|")]
@@ -191,7 +198,11 @@ def check_outputs(out: Path) -> None:
 
 
 def _case(
-    tmp: Path, capsys: pytest.CaptureFixture[str], rows: list[dict[str, Any]], what: str
+    tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    rows: list[dict[str, Any]],
+    what: str,
+    documents: tuple[str, ...] = ("table3",),
 ) -> str:
     """One hostile file through report and load: 'refused' or 'tolerated'."""
     run, out = tmp / "run", tmp / "out"
@@ -217,7 +228,7 @@ def _case(
     for line in err.splitlines():  # a row no table can use is named, in one short line
         assert " is in no table: " in line and len(line) < 2100, (what, line[:300])
     assert loaded is None, (what, loaded)  # a row a report takes, load takes too
-    check_outputs(out)
+    check_outputs(out, documents)
     for p in sorted(out.rglob("*"), reverse=True):
         p.unlink() if p.is_file() else p.rmdir()
     out.rmdir()
@@ -273,6 +284,135 @@ def test_hostile_key_names_in_nested_objects(
         outcome = _case(scratch, capsys, rows, f"row {row} {nested}[{name!r}]")
         if nested in ("params", "model") and not key.isidentifier():
             assert outcome == "refused", (nested, name)
+
+
+def _reference(run: str, picks: tuple[int, ...]) -> list[dict[str, Any]]:
+    lines = (ROOT / "results/reference" / run / "cells.jsonl").read_text().splitlines()
+    return [json.loads(lines[i]) for i in picks]
+
+
+# a whole (small) table of each workload and quality task with nested figures: vanilla and
+# sdpa padded and packed on one draw; vanilla and linear at b=1, every prompt n and a drawn
+# mix; each task's baseline and a mechanism (approx: on random inputs and trained ones)
+NESTED_BASE = {
+    "packed": _reference("packed-v100_16gb-cpu", (0, 2, 12, 14)),
+    "serving": _reference("serving_mix-v100_16gb-cpu", (0, 3, 18, 21)),
+    "approx": _reference("approx-cpu-cpu", (0, 1, 32, 33)),
+    "spectrum": _reference("spectrum-cpu-cpu", (0, 1)),
+    "listops": _reference("listops-cpu-cpu", (0, 2)),
+    "recall": _reference("recall-cpu-cpu", (0, 3)),
+}
+DOCUMENTS = {"packed": ("packed",), "serving": ("serving",)}  # else ("quality",)
+# (run, row, field): the baseline's row and a mechanism's, in each nested object they have
+NESTED_TARGETS = [
+    *(("packed", i, "packed") for i in (0, 3)),
+    *(("serving", i, field) for i in (1, 3) for field in ("prompts", "decode")),
+    ("serving", 2, "decode"),
+    *(("approx", i, "quality") for i in (1, 3)),
+    *((run, i, "quality") for run in ("spectrum", "listops", "recall") for i in (0, 1)),
+    *((run, 1, "cell") for run in ("listops", "recall")),
+]
+
+
+def _nested_targets() -> Iterator[tuple[str, int, tuple[str, str]]]:
+    """(run, row, path) for every key of each target's nested object and a key it lacks."""
+    for run, i, field in NESTED_TARGETS:
+        for key in [*NESTED_BASE[run][i][field], "extra"]:
+            yield run, i, (field, key)
+
+
+def _required(run: str, row: int, field: str) -> dict[str, str]:
+    """The keys of a nested object a report reads, each with its kind: every row holding
+    the object has them (:data:`attnbench.row_nested.NESTED`, a task's figures)."""
+    if field == "quality":
+        task = tasks.REGISTRY[NESTED_BASE[run][row]["task"]]
+        return {f.name: f.kind for f in task.figures if not f.optional}
+    if field == "cell":
+        return {}
+    return dict.fromkeys(row_nested.NESTED[field].required, "number")
+
+
+@pytest.mark.parametrize(
+    ("run", "row", "path"),
+    list(_nested_targets()),
+    ids=lambda x: ".".join(x) if isinstance(x, tuple) else str(x),
+)
+def test_every_nested_figure_replaced_by_hostile_values(
+    run: str,
+    row: int,
+    path: tuple[str, str],
+    scratch: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The draw, FLOPs and serving figures inside ``packed``, ``prompts`` and ``decode``, a
+    quality task's figures and the settings a report reads from a row's stored ``cell``: a
+    key a report reads (:func:`_required`) refuses whatever is not its figure, deleted too;
+    any other is refused or read tolerantly, never a traceback."""
+    outcomes = {}
+    for name, value in [*HOSTILE.items(), ("deleted", _DELETE)]:
+        rows = json.loads(json.dumps(NESTED_BASE[run]))
+        _set(rows[row], path, value)
+        what = f"{run} row {row} {'.'.join(path)}={name}"
+        outcomes[name] = _case(scratch, capsys, rows, what, DOCUMENTS.get(run, ("quality",)))
+    kind = _required(run, row, path[0]).get(path[1])
+    wrong = {
+        "number": ("str", "list", "dict", "bool", "nan", "inf", "10**400"),
+        "count": ("str", "list", "dict", "bool", "-1", "float", "2**63"),
+    }.get(kind or "", ())
+    below = () if path[1] == "flops_wasted_share" else ("-1",)  # < 0: packing beats each alone
+    if kind is not None:
+        for name in (*wrong, *(below if path[0] != "quality" else ()), "null", "deleted"):
+            assert outcomes[name] == "refused", (path, name)
+
+
+@pytest.mark.parametrize(
+    ("run", "row", "path", "value", "needle"),
+    [
+        ("packed", 2, ("packed", "real_tokens"), _DELETE, "packed.real_tokens: missing"),
+        ("packed", 0, ("packed", "real_tokens"), 0, "packed.real_tokens: must be an integer >= 1"),
+        ("packed", 0, ("packed", "lengths"), [], "packed.lengths: must be a non-empty list"),
+        ("packed", 0, ("packed", "padding_share"), True, "packed.padding_share: must be a number"
+         " in [0, 1], got True"),
+        ("packed", 0, ("packed", "flops_wasted_share"), None, "packed.flops_wasted_share: must"
+         " be a number <= 1, got None"),
+        ("serving", 3, ("prompts", "own_state_bytes"), _DELETE, "prompts.own_state_bytes: missing"),
+        ("serving", 3, ("decode", "bytes_per_s"), "fast", "decode.bytes_per_s: must be a number"),
+        ("approx", 1, ("quality", "rel_frobenius"), _DELETE, "quality.rel_frobenius: missing"
+         " (every task=approx row holds it)"),
+        ("listops", 0, ("quality", "test_accuracy"), None, "quality.test_accuracy: must not be"
+         " null"),
+        ("approx", 1, ("quality", "cosine"), 10**400, "quality.cosine: must be a number"),
+        ("approx", 1, ("quality", "inputs"), "trained", "quality.inputs: must be one of random,"
+         " listops"),
+        ("spectrum", 0, ("quality", "index"), 513, "quality.index: must be in [1, 512] (the"
+         " curves), got 513"),
+        ("spectrum", 0, ("quality", "at_index"), [[0.5]], "quality.at_index: must have a row per"
+         " layer of cumulative (12)"),
+        ("recall", 1, ("cell", "quality"), [["seed", "x"]], "cell.quality.seed: must be an"
+         " integer >= 0, got 'x'"),
+        ("listops", 1, ("cell", "quality"), [["steps", [1]]], "cell.quality.steps: must be an"
+         " integer >= 0, got [1]"),
+        ("listops", 1, ("cell", "quality"), "seed", "cell.quality: must be a list of [setting,"
+         " value] pairs"),
+    ],
+)  # fmt: skip
+def test_a_nested_figure_refused_names_the_file_the_line_and_the_key(
+    run: str,
+    row: int,
+    path: tuple[str, str],
+    value: Any,
+    needle: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = json.loads(json.dumps(NESTED_BASE[run]))
+    _set(rows[row], path, value)
+    _write(tmp_path / "run", rows)
+    code, err = _report(tmp_path / "run", tmp_path / "out", capsys)
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists(), err
+    assert f"cells.jsonl:{row + 1}: {needle}" in err, err
+    with pytest.raises(ValueError, match=re.escape(f"cells.jsonl:{row + 1}: {needle}")):
+        attnbench.load(tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -486,7 +626,7 @@ def test_a_run_dir_named_with_a_newline(tmp_path: Path, capsys: pytest.CaptureFi
     code, err = _report(run, tmp_path / "out", capsys)
     assert code == 0, err
     check_outputs(tmp_path / "out")
-    assert "% attnbench report: run\\n\\input{x}<b>" in (tmp_path / "out/table3.tex").read_text()
+    assert "run\\n\\input{x}<b>/cells.jsonl" in (tmp_path / "out/table3.tex").read_text()
     code, err = _report(tmp_path / "missing\nline", tmp_path / "out2", capsys)
     assert code == 2 and err.count("\n") == 1 and "missing\\nline" in err
 
@@ -508,7 +648,7 @@ def test_a_ratio_beyond_a_float_is_no_cell(tmp_path: Path) -> None:
     _write(tmp_path / "run", rows)
     report = files.build(tmp_path / "run")
     time = report.tables[0]
-    assert time.value[(512, 128)] is None and time.text[(512, 128)] == "–¹"
+    assert time.value[(512, 128)] is None and time.text[(512, 128)] == "n/m¹"
     assert "time ratio beyond a float's range" in time.footnotes[0]
 
 

@@ -25,10 +25,9 @@ import sys
 import time
 from typing import Any
 
-# the protocol gets its own copy of stdout; fd 1 then points at stderr, so that a print()
-# in the code under test (a plugin's, say) cannot corrupt a reply
-_PROTOCOL = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
+# the protocol's own copy of stdout, taken first thing in main(): fd 1 then points at
+# stderr, so that a print() in the code under test (a plugin's, say) cannot corrupt a reply
+_PROTOCOL: Any = None
 
 
 # a decode sample's layer and state are placed after a hole of up to this many bytes, drawn
@@ -246,6 +245,9 @@ def _placed(
 
 
 def main(root: str) -> int:
+    global _PROTOCOL
+    _PROTOCOL = os.fdopen(os.dup(1), "w")  # before any import of the version's code
+    os.dup2(2, 1)
     import torch
 
     import attnbench  # its __file__: which tree this worker imports
@@ -334,5 +336,27 @@ def _build(i: int, c: dict[str, Any], device: Any, sync: Any) -> tuple[Any, dict
     return _timer(layer, x, c, sync), {}
 
 
+def _root(argv: list[str]) -> str:
+    """The version's tree from the command line; a mistyped call is one line, exit code 2
+    (argparse, the stdlib: this file imports nothing of attnbench)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m attnbench.check.worker",
+        description="One version's timing process for attnbench check, driven over "
+        "stdin/stdout (a JSON request and a JSON reply a line): the check starts one per "
+        "version, by path, inside that version's tree. Not a command to type: use "
+        "attnbench check.",
+    )
+    parser.add_argument("root", metavar="ROOT", help="the version's tree")
+    root = parser.parse_args(argv).root
+    if not os.path.isdir(root):
+        parser.exit(2, f"{parser.prog}: error: ROOT: {root!r} is not a directory\n")
+    if sys.stdin.isatty():
+        parser.exit(2, f"{parser.prog}: error: stdin is a terminal: it reads the requests "
+                    "of attnbench check, a JSON line each\n")  # fmt: skip
+    return root
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(_root(sys.argv[1:])))

@@ -22,12 +22,16 @@ INPUTS = ("random", "listops")
 
 @dataclass(frozen=True)
 class Figure:
-    """A key of a row's ``quality``; ``kind`` is what its stored value is (None is allowed
-    wherever a figure may be undefined: a mechanism without rows has no ``row_error``)."""
+    """A key of a row's ``quality``; ``kind`` is what its stored value is. Every row of the
+    task holds it, of its kind (a report reads it), unless it is ``optional``: absent from
+    some rows (``inputs=listops`` only) or null where it is undefined (a mechanism without
+    rows has no ``row_error``). ``choices``: the values a text figure may take."""
 
     name: str
-    kind: str  # number | count | text | list | flag
+    kind: str  # number | count | text | list | flag | curves (lists of numbers, one a row)
     doc: str
+    optional: bool = False
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class Task:
     # True: the task trains every mechanism with a causal form causally whatever the cell's
     # ``causal`` says (MQAR, as Zoology's language models), so a causal-only one is not refused
     trains_causally: bool = False
+    # what a report reads of the figures together (each already of its kind): a ValueError line
+    figure_rules: Callable[[dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         owned = tuple(s.owned(f"task={self.name}", f"quality.{self.name}.") for s in self.settings)
@@ -100,6 +106,20 @@ def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
     recall.check_fits(cell.n, cell.d_model, prefix="quality.mqar.", **s)
 
 
+def _spectrum_figures(q: dict[str, Any]) -> None:
+    """The spectrum's table reads every layer's curve at ``index`` and a row of heads per
+    layer beside it; its figure draws those rows as an image (each as long)."""
+    curves, heads, index = q["cumulative"], q["at_index"], q["index"]
+    if len(heads) != len(curves) or len({len(h) for h in heads}) != 1:
+        raise ValueError(
+            f"quality.at_index: must have a row per layer of cumulative ({len(curves)}), "
+            f"each of every head, got rows of {[len(h) for h in heads]} values"
+        )
+    shortest = min(len(c) for c in curves)
+    if not 1 <= index <= shortest:
+        raise ValueError(f"quality.index: must be in [1, {shortest}] (the curves), got {index}")
+
+
 _SEED = Setting("seed", 0, "the first seed of the inputs and weights")
 _BATCH = Setting("batch", 2, "sequences per measurement")
 _LISTOPS = classify.DEFAULTS  # the training's own defaults, as MQAR's are recall.DEFAULTS
@@ -107,8 +127,10 @@ _INPUTS = Setting("inputs", "random", "random (fresh seeded layers) or listops (
 _CARRY = Setting(
     "listops", None, "the trained model's quality.listops settings", dict, carried=True
 )
-_INPUTS_FIGURE = Figure("inputs", "text", "random or listops")
-_TRAINED = Figure("model_accuracy", "number", "inputs=listops: the trained model's accuracy")
+_INPUTS_FIGURE = Figure("inputs", "text", "random or listops", choices=INPUTS)
+_TRAINED = Figure(
+    "model_accuracy", "number", "inputs=listops: the trained model's accuracy", optional=True
+)
 
 BUILTIN_TASKS: dict[str, Task] = {
     t.name: t
@@ -127,10 +149,17 @@ BUILTIN_TASKS: dict[str, Task] = {
                 _INPUTS_FIGURE,
                 Figure("rel_frobenius", "number", "‖Y − Ŷ‖_F / ‖Y‖_F on real positions"),
                 Figure("cosine", "number", "mean cosine of y_i and ŷ_i over real tokens"),
-                Figure("row_error", "number", "mean TV distance of implied and softmax rows"),
+                Figure(
+                    "row_error",
+                    "number",
+                    "mean TV distance of implied and softmax rows",
+                    optional=True,
+                ),
                 Figure("uniform_rel_frobenius", "number", "uniform attention's rel_frobenius"),
-                Figure("uniform_row_error", "number", "uniform attention's row_error"),
-                Figure("layers", "list", "inputs=listops: each layer's figures"),
+                Figure(
+                    "uniform_row_error", "number", "uniform attention's row_error", optional=True
+                ),
+                Figure("layers", "list", "inputs=listops: each layer's figures", optional=True),
                 _TRAINED,
             ),
             _check_approx,
@@ -144,12 +173,13 @@ BUILTIN_TASKS: dict[str, Task] = {
                 _INPUTS_FIGURE,
                 Figure("n", "count", "the sequence length (points per curve)"),
                 Figure("index", "count", "the singular value at_index reads"),
-                Figure("cumulative", "list", "per layer: normalised cumulative singular values"),
-                Figure("at_index", "list", "layers × heads: the cumulative value at index"),
+                Figure("cumulative", "curves", "per layer: normalised cumulative singular values"),
+                Figure("at_index", "curves", "layers × heads: the cumulative value at index"),
                 _TRAINED,
             ),
             _check_spectrum,
             runs.spectrum,
+            figure_rules=_spectrum_figures,
         ),
         Task(
             "listops",

@@ -21,6 +21,7 @@ This module imports no cell: :mod:`attnbench.cell` imports it to validate a qual
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from attnbench.quality.builtin_tasks import BUILTIN_TASKS, INPUTS, Figure, Task
@@ -41,9 +42,12 @@ TASKS = ("cost", *BUILTINS)  # what a stored row's task may be without a plugin
 def register(task: Task) -> Task:
     """Make ``task`` a ``task=`` choice (from a plugin named by ``$ATTNBENCH_PLUGINS`` too):
     its settings become ``quality.<name>.*`` keys, its figures the row's ``quality``
-    (``docs/architecture.md``, "Add a quality task")."""
-    if not task.name.isidentifier() or task.name == "cost" or task.name in BUILTINS:
+    (``docs/architecture.md``, "Add a quality task"). A name already taken, a built-in's
+    or another plugin's, is refused: rows would carry one task's figures under the other's."""
+    if not task.name.isidentifier() or task.name == "cost":
         raise ValueError(f"task name must be a new identifier, not cost, got {task.name!r}")
+    if task.name in REGISTRY:
+        raise ValueError(f"register: task {task.name!r} is already registered")
     REGISTRY[task.name] = task
     return task
 
@@ -88,25 +92,54 @@ def run(cell: Cell) -> dict[str, Any]:
     return REGISTRY[cell.task].run(cell, quality_settings(cell))
 
 
+def _finite(v: Any) -> bool:
+    """A real number a float holds, finite (10**400 is no figure: formatting it raises)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 _FIGURES = {
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "number": _finite,
+    "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63,
     "text": lambda v: isinstance(v, str),
     "list": lambda v: isinstance(v, list),
     "flag": lambda v: isinstance(v, bool),
+    "curves": lambda v: (
+        isinstance(v, list)
+        and bool(v)
+        and all(isinstance(c, list) and c and all(map(_finite, c)) for c in v)
+    ),
 }
+_KINDS = {"curves": "non-empty list of lists of numbers"}
 
 
 def check_figures(task: str, quality: dict[str, Any] | None) -> None:
-    """Each figure ``task`` declares is of its kind where a stored row holds it (None: an
-    undefined figure); figures it does not declare are kept as they are. The caller
-    (:func:`attnbench.row.read`) shortens the message."""
+    """Each figure ``task`` declares is of its kind in a stored row (a number finite), then
+    there (an optional one may be absent or null), then as its task's ``figure_rules`` read
+    them together; figures it does not declare are kept as they are. What a report reads of
+    a row is so there: a hand-edited row is one line naming the figure, never a traceback
+    in a report. The caller (:func:`attnbench.row.read`) shortens the message."""
     if task not in REGISTRY or not quality:
         return
-    for figure in REGISTRY[task].figures:
+    declared = REGISTRY[task]
+    for figure in declared.figures:
         v = quality.get(figure.name)
         if v is not None and not _FIGURES[figure.kind](v):
-            raise ValueError(f"quality.{figure.name}: must be a {figure.kind}, got {v!r}")
+            kind = _KINDS.get(figure.kind, figure.kind)
+            raise ValueError(f"quality.{figure.name}: must be a {kind}, got {v!r}")
+        if v is not None and figure.choices:
+            check_choice(f"quality.{figure.name}", v, figure.choices)
+    for figure in declared.figures:
+        if figure.optional or quality.get(figure.name) is not None:
+            continue
+        what = "must not be null" if figure.name in quality else "missing"
+        raise ValueError(f"quality.{figure.name}: {what} (every task={task} row holds it)")
+    if declared.figure_rules is not None:
+        declared.figure_rules(quality)
 
 
 def markdown_table() -> str:
@@ -116,6 +149,8 @@ def markdown_table() -> str:
         settings = ", ".join(
             f"`{s.name}`" + ("" if s.carried else f" ({s.default})") for s in t.settings
         )
-        figures = "; ".join(f"`{f.name}` ({f.kind}): {f.doc}" for f in t.figures)
+        figures = "; ".join(
+            f"`{f.name}` ({f.kind}{', optional' if f.optional else ''}): {f.doc}" for f in t.figures
+        )
         lines.append(f"| `{t.name}`: {t.doc} | {settings} | {figures} |")
     return "\n".join(lines)

@@ -28,11 +28,13 @@ def distinct(
     read: list[tuple[Path, list[tuple[int, Row]]]],
 ) -> tuple[list[Row], list[str]]:
     """The rows that count (in the order read, a replaced row's place taken by the row that
-    replaced it) and one line per row left out, given each file's rows with their line
-    numbers; a file named twice (the same file through two paths) is read once, a row no
+    replaced it) and one line per row left out (past :data:`SAY_EACH` rows of a file that
+    repeat cells read before, one line with their count), given each file's rows with their
+    line numbers; a file named twice (the same file through two paths) is read once, a row no
     table can use (:func:`unusable`) is left out by name."""
     chosen: dict[object, tuple[str, Row]] = {}
-    said: list[str] = []
+    said: list[str | tuple[Path, str]] = []  # a line, or where a file's repeats are said
+    again: dict[tuple[Path, str], list[tuple[str, str]]] = {}
     seen_files: dict[Path, Path] = {}
     for path, rows in read:
         same = seen_files.setdefault(path.resolve(), path)
@@ -45,15 +47,21 @@ def distinct(
             if key in chosen:
                 before, old = chosen[key]
                 if old.to_dict() == r.to_dict():
-                    said.append(f"{where} repeats {before} exactly: counted once")
+                    kind, first = "exact", f"{where} repeats {before}"
+                    line = f"{first} exactly: counted once"
                 else:
-                    said.append(
+                    kind, first = "differ", f"{where} and {before}, {cell_words(r)}"
+                    line = (
                         f"{where} and {before} are the same cell ({cell_words(r)}) with "
                         f"different figures: {where} counts, the later (docs/reports.md, "
                         "'Two rows of one cell')"
                     )
+                if (path, kind) not in again:
+                    said.append((path, kind))
+                again.setdefault((path, kind), []).append((line, first))
                 chosen.pop(key)  # re-inserted below: a later row takes the later place
             chosen[key] = (where, r)
+    lines = [line for s in said for line in ([s] if isinstance(s, str) else _again(*s, again[s]))]
     tables = [s for s in outline.sections() if s.document is not None]
     kept = []
     for where, r in chosen.values():
@@ -63,8 +71,26 @@ def distinct(
         if why is None:
             kept.append(r)
         else:
-            said.append(f"{where}: {cell_words(r)} ({r.task}) is in no table: {why}")
-    return kept, said
+            lines.append(f"{where}: {cell_words(r)} ({r.task}) is in no table: {why}")
+    return kept, lines
+
+
+SAY_EACH = 3  # a file's rows of cells read before, said one by one up to this many
+
+
+def _again(path: Path, kind: str, rows: list[tuple[str, str]]) -> list[str]:
+    """One file's rows of cells read before (``exact``: copies of the earlier row;
+    ``differ``: other figures), given as (the line for one, a few words for the first): a
+    line each, or past :data:`SAY_EACH` one line with their count and the first, so that a
+    file of one row pasted 12 000 times is one line, not 12 000 (docs/reports.md, 'Two rows
+    of one cell')."""
+    if len(rows) <= SAY_EACH:
+        return [line for line, _ in rows]
+    what = {
+        "exact": "repeat a row read before exactly: each counted once",
+        "differ": "are cells read before with different figures: each counts, not the earlier",
+    }[kind]
+    return [f"{_shown(path)}: {len(rows)} rows {what} (the first: {rows[0][1]})"]
 
 
 def unusable(row: Row) -> str | None:

@@ -56,6 +56,32 @@ def _write(path: Path, comment: str, body: str) -> None:
     path.write_text(text[: found.start(1)] + body + text[found.end(1) :])
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """``python -m attnbench.sweep.declared``: both files rewritten, in a source checkout
+    only (an installed attnbench ships conf/ as attnbench.conf, and no docs): anywhere else
+    one line and exit code 2, nothing written."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m attnbench.sweep.declared",
+        description="Regenerate, from the settings' declarations, the settings part of "
+        "conf/config.yaml and the settings table of docs/running.md: a developer's step "
+        "after changing a declaration, in a source checkout (tests hold both files to it). "
+        "Not needed to run attnbench.",
+    )
+    parser.parse_args(argv)
+    missing = next((p for p in (ROOT / "pyproject.toml", CONFIG, DOCS) if not p.is_file()), None)
+    if missing is not None:
+        print(
+            f"{parser.prog}: error: no {missing.relative_to(ROOT)} in {ROOT}: it rewrites "
+            "files of a source checkout (git clone), not of an installed attnbench",
+            file=sys.stderr,
+        )
+        return 2
     _write(CONFIG, "#", config_block())
     _write(DOCS, "<!--", docs_table() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

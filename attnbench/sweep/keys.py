@@ -103,3 +103,29 @@ def unknown(key: str, known: set[str]) -> str:
     else:
         hint = ""
     return f"{key}: unknown key{hint} (attnbench run --help lists the keys)"
+
+
+def removed(key: str, known: set[str]) -> str:
+    """The line for ``~key`` where Hydra says the key "does not exist": Hydra removes no key
+    whose value is null, so a known key here is one set to null (``k``, ``ceiling``)."""
+    if key in known:
+        return f"{key}: cannot be removed (its value is null); set {key}=null instead"
+    if key.startswith(OPEN):
+        return f"{key}: cannot be removed: not there, or its value is null"
+    return unknown(key, known)
+
+
+def unreadable(line: str, at: int, known: set[str]) -> str:
+    """The line for an override Hydra's grammar cannot read, ``at`` where it stopped: in the
+    key, a key nobody knows; in the value, a value to quote (unquoted, a value is ASCII
+    letters, digits and a few signs: ``run=résumé`` must be ``'run="résumé"'``)."""
+    key, eq, value = line.partition("=")
+    name = key.lstrip("+~")
+    if not eq or at < len(key):
+        return unknown(name, known)
+    how = "in double quotes, the whole override in single quotes"
+    if "," in value:  # a sweep: each value apart
+        how = f"each such value {how}"
+    elif not set(value) & set("'\"\\"):
+        how = f"""'{key}="{value}"'"""
+    return f"{name}: the value {value!r} can only be given quoted: {how}"
