@@ -4,10 +4,11 @@ structures, the compile), then timed at the batch the runner chose, on the prese
 this CPU.
 
 On a CPU (no GPU of the preset's kind here) the step is timed in fp32 at the workload's
-``cpu_batch``, and only if its cost, estimated from this CPU's GEMM rate
-(:mod:`attnbench.measure.gemm`), fits ``time_budget_s``; a cell over budget says so in
-``reason``, and says too when the rate was read on a busy CPU. The runner keeps the memory
-model, the max batch and the GPU's probes; this module is what it calls to time.
+``cpu_batch``, and only if its cost, estimated from this CPU's quiet GEMM rate
+(:mod:`attnbench.measure.gemm`), fits ``time_budget_s`` (:func:`budget_verdict`); a cell
+over budget says so in ``reason``, and a cell timed or skipped because the CPU was
+contended says that instead. The runner keeps the memory model, the max batch and the GPU's
+probes; this module is what it calls to time.
 """
 
 from __future__ import annotations
@@ -20,31 +21,57 @@ from attnbench import prepare
 from attnbench.cell import Cell, Resolved
 from attnbench.env import environment
 from attnbench.measure import gemm
+from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import StepTiming
 from attnbench.measured import Found, Memory
 from attnbench.workload import Work, random_input
 
+# A contended CPU may stretch a cell's timing to this many times ``time_budget_s``: a
+# cell that fits the budget on a quiet CPU is timed under load up to there (its samples
+# judged one by one, busy if too few ran uncontended), and beyond, skipped for the load.
+LOAD_STRETCH = 2.0
+
+
+def budget_verdict(timing_s: float, slowdown: float, budget_s: float) -> str | None:
+    """Whether a CPU cell is timed (None) or why not: ``cost`` where its timing, estimated
+    at this CPU's quiet rate, is over ``budget_s``; ``load`` where it fits on a quiet CPU
+    but the contention read (``slowdown``: the quiet rate over the rate read now) would make
+    it over :data:`LOAD_STRETCH` budgets. Decided on the quiet rate, so that a busy machine
+    still times what it can, and a cell is never called too costly for the load's sake."""
+    if timing_s > budget_s:
+        return "cost"
+    if timing_s * slowdown > LOAD_STRETCH * budget_s:
+        return "load"
+    return None
+
 
 def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) -> None:
     """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
-    memory model's encoder) fits ``time_budget_s``."""
+    memory model's encoder) fits ``time_budget_s`` (:func:`budget_verdict`); a cell timed
+    or skipped under load says so in its reason."""
     workload = cell.workload
     b = workload.cpu_batch(cell)
     if b is None:
         found.reason = f"time not measured: {workload.no_cpu_time}"
         return
-    rate, busy = gemm.cpu_matmul_rate()
-    # estimated: the seconds of a step, and of the whole timing
-    step_s, timing_s = workload.cost_s(meta, cell, b, rate)
-    if timing_s > cell.time_budget_s:
+    rate = gemm.cpu_matmul_rate()
+    # estimated at the CPU's own rate: the seconds of a step, and of the whole timing
+    step_s, timing_s = workload.cost_s(meta, cell, b, rate.quiet)
+    verdict = budget_verdict(timing_s, rate.slowdown, cell.time_budget_s)
+    share = f"its GEMM rate read at {1 / rate.slowdown:.0%} of its own"
+    if verdict == "cost":
         found.reason = (
             f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
             f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
         )
-        if busy:  # the estimate may be the contention's, not the cell's: say so
-            found.reason += "; machine busy: the CPU's rate was measured while contended"
-            why = "the GEMM rate that estimates the cell's cost was read on a contended CPU"
-            found.contention = {"busy": True, "why": why}
+        return
+    if verdict == "load":
+        found.reason = (
+            f"{SKIPPED_FOR_LOAD}: its timing (~{timing_s:.0f} s on this CPU, quiet) fits "
+            f"time_budget_s={cell.time_budget_s:g}, but the CPU was contended ({share}): "
+            f"~{timing_s * rate.slowdown:.0f} s now; measure it again on a quieter machine"
+        )
+        found.contention = {"busy": True, "why": f"the CPU was contended ({share}): not timed"}
         return
     model = workload.build(cell, res.params, "cpu", torch.float32)
     x = random_input(workload, cell, b, "cpu", torch.float32)
@@ -62,6 +89,8 @@ def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) 
         # boundedly, and says so, rather than holding it until the machine is quiet
         patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
     )  # fmt: skip
+    if rate.busy and found.reason is None:  # a figure, but taken while the machine was loaded
+        found.reason = f"{TIMED_UNDER_LOAD}: the CPU was contended when it began ({share})"
 
 
 def ready(

@@ -208,7 +208,7 @@ def test_a_cpu_that_cannot_prefill_in_budget_times_steps_over_random_states(
     # enough (> 136 GFLOP/s) to prefill in the budget, and the rule was not exercised
     from attnbench.measure import gemm
 
-    monkeypatch.setattr(gemm, "cpu_matmul_rate", lambda: (5e10, False))
+    monkeypatch.setattr(gemm, "cpu_matmul_rate", lambda: gemm.Rate(5e10, 5e10, False))
     c = _cell(
         "linear",
         n=16384,

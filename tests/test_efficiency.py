@@ -38,7 +38,7 @@ def test_crossing_interpolates_in_log_log() -> None:
 def test_crossing_at_the_edges_claims_no_more_than_measured() -> None:
     assert crossing([(256, 1.3), (512, 2.0)])[1] == "≤ 256"
     assert crossing([(256, 0.3), (512, 0.9)])[1] == "> 512"
-    assert crossing([])[1] == "–"
+    assert crossing([])[1] == "n/m"
     # the baseline stops fitting: ahead with no ratio (None), nothing to interpolate towards
     n, text, between, _ = crossing([(1024, 0.8), (2048, None)])
     assert (n, text, between) == (None, "1024–2048", (1024, 2048))
@@ -65,7 +65,7 @@ def test_lengths_against_each_baseline_and_setting() -> None:
     assert got[("linear", "memory", "vanilla")].text == "≈ 256"  # equal at 256, ahead above
     assert ("linear (causal=True)", "time", "vanilla") not in got
     xformers = got[("xformers", "time", "vanilla")]
-    assert (xformers.text, xformers.n, xformers.compared) == ("–", None, ())
+    assert (xformers.text, xformers.n, xformers.compared) == ("n/m", None, ())
     assert xformers.note == "no n with both figures: xformers: skipped: None (n = 256, 512)"
     assert ("sdpa", "time", "vanilla") in got  # sdpa itself against vanilla
 
@@ -92,7 +92,7 @@ def test_markdown_table_has_a_row_per_mechanism_and_the_legend() -> None:
 
 def test_a_mechanism_never_timed_beside_the_baseline_says_why_not_a_blank() -> None:
     """A CPU run times few cells (the rest are estimated over timing.time_budget_s): a
-    mechanism with no n at which both times exist gets ``–`` and a numbered note giving
+    mechanism with no n at which both times exist gets ``n/m`` and a numbered note giving
     each reason and its n, in the table every format prints."""
     skipped = "time skipped: ~9 s per forward on this CPU; 7 forwards exceed time_budget_s=30"
     rows = [
@@ -107,11 +107,11 @@ def test_a_mechanism_never_timed_beside_the_baseline_says_why_not_a_blank() -> N
     got = {(x.mechanism, x.kind): x for x in efficiency_lengths(rows, ("vanilla",))}
     assert got[("linear k=256", "time")].text == "≤ 512"
     never = got[("linear k=512", "time")]
-    assert never.text == "–" and never.note == (
+    assert never.text == "n/m" and never.note == (
         "no n with both figures: time not measured: a CPU run was estimated over "
         "timing.time_budget_s (n = 1024); the baseline does not fit at b = 1 under the "
         "ceiling (measured) (n = 2048)"
     )
     g = grid(efficiency_lengths(rows, ("vanilla",)))
-    assert g.body[1] == ["linear k=512", "– (1)", "≤ 1024"]
+    assert g.body[1] == ["linear k=512", "n/m (1)", "≤ 1024"]
     assert g.notes[-1].startswith("(1) linear k=512, time against vanilla: no n with both")

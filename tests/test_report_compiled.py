@@ -190,7 +190,7 @@ def test_side_by_side_missing_twins_and_failed_rows() -> None:
     ]
     (grid,) = compiled.side_by_side(rows)
     assert grid.head[-1] == "compilations" and "mask build (s)" not in grid.head
-    assert _at(grid, "linear", "256")[2:5] == ["-", "20.0", "–¹"]
+    assert _at(grid, "linear", "256")[2:5] == ["-", "20.0", "n/m¹"]
     assert "¹ no row of the eager model beside it" in grid.notes
     assert _at(grid, "linear", "1024")[2:5] == ["OOM", "30.0", "OOM²"]
     assert "² the eager model does not fit at b = 1 under the ceiling (modeled)" in grid.notes

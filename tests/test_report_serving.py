@@ -134,8 +134,8 @@ def test_a_kv_heads_row_is_never_a_baseline() -> None:
     assert time.value[(512, "sdpa (kv_heads=3)")] == pytest.approx(5.0)  # 0.010 / 0.002
     # at 2048 the only vanilla row has kv_heads: no baseline, not a 10x against it
     assert time.value[(2048, "sdpa (kv_heads=3)")] is None
-    assert time.text[(2048, "sdpa (kv_heads=3)")] == "–²"
-    assert time.text[(2048, "vanilla (kv_heads=3)")] == "–²"
+    assert time.text[(2048, "sdpa (kv_heads=3)")] == "n/m²"
+    assert time.text[(2048, "vanilla (kv_heads=3)")] == "n/m²"
     assert "² no vanilla baseline row at n=2048" in time.footnotes
 
 
@@ -188,7 +188,7 @@ def test_undefined_cells_say_why() -> None:
         *(_row("linear", n, t=0.001) for n in (512, 2048, 8192)),
     ]
     time = _tables(rows)[("time", "serving-b1")]
-    assert [time.text[(n, "linear")] for n in (512, 2048, 8192)] == ["busy¹", "–²", "OOM³"]
+    assert [time.text[(n, "linear")] for n in (512, 2048, 8192)] == ["busy¹", "n/m²", "OOM³"]
     assert all(time.value[(n, "linear")] is None for n in (512, 2048, 8192))
     assert time.footnotes[1].startswith("² time skipped: ~0.2 s per decode step")
     # at a fixed batch, out of memory is at that batch, not at b = 1
@@ -234,12 +234,12 @@ def test_state_and_bandwidth_grids() -> None:
     assert state.head == ["n", "vanilla", "linear"]
     assert state.body == [["512", "21.2", "0.590"]]
     assert bandwidth.head == ["n", "vanilla", "linear", "copy (GB/s)"]
-    assert bandwidth.body == [["512", "13.0 (25%)", "–", "52.0"]]
+    assert bandwidth.body == [["512", "13.0 (25%)", "n/m", "52.0"]]
     # another process measured another copy bandwidth: its share is of its own, the range shown
     other = {"bytes_per_s": 10.0e9, "copy_bytes_per_s": 20.0e9}
     rows.append(_row("performer", 512, t=0.03, state_bytes=4_790_000, decode=other))
     _, bandwidth = state_grids(rows)
-    assert bandwidth.body == [["512", "13.0 (25%)", "–", "10.0 (50%)", "20.0–52.0"]]
+    assert bandwidth.body == [["512", "13.0 (25%)", "n/m", "10.0 (50%)", "20.0–52.0"]]
 
 
 def test_report_command_writes_the_serving_sections(
@@ -329,7 +329,7 @@ def test_a_decode_row_without_its_settings_is_named_not_blamed_on_the_baseline(
     if whose == "linear":  # its cell has no row; nothing blames the baseline
         assert "| 2048 | 2.00x¹ | 2.50x¹ | - |" in time and "baseline row" not in md
     else:  # vanilla's row left out, by name: then there is no baseline row at 2048, truly
-        assert "| 2048 | –² | –² | –² |" in time
+        assert "| 2048 | n/m² | n/m² | n/m² |" in time
         assert "² no vanilla baseline row at n=2048" in md
 
 

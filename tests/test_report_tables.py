@@ -16,10 +16,10 @@ from attnbench.row import Row
 from attnbench.store import CorruptLine, read_rows
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
-CONTEXT = (
-    "preset v100_16gb, run on Tesla V100-SXM2-16GB, fp16, model layers 12, "
-    "d_model 768, n_heads 12, d_ff 3072, ceiling 16944988160 bytes, attnbench 0.1.0, "
-    "2026-11-21"
+CONTEXT = (  # the preset's dtype beside its ceiling; the times as the rows took them
+    "preset v100_16gb (fp16, ceiling 16944988160 bytes), model layers 12, d_model 768, "
+    "n_heads 12, d_ff 3072; timed on cuda in fp16 at b = 20 to 170, run on "
+    "Tesla V100-SXM2-16GB; attnbench 0.1.0, 2026-11-21"
 )
 
 
@@ -40,7 +40,7 @@ def test_ratios_are_the_papers_definitions(tables) -> None:
 
 def test_honest_cells(tables) -> None:
     time, memory = tables["time"], tables["memory"]
-    assert time.text[(512, 256)] == "–¹" and time.value[(512, 256)] is None  # time skipped
+    assert time.text[(512, 256)] == "n/m¹" and time.value[(512, 256)] is None  # time skipped
     assert time.text[(1024, 256)] == "OOM²" and memory.text[(1024, 256)] == "OOM¹"  # ours OOMs
     assert time.text[(2048, 128)] == "OOM³"  # the baseline OOMs at b = 1: no number
     assert time.text[(2048, 256)] == "-"  # no such cell
@@ -51,7 +51,7 @@ def test_golden_markdown(tables) -> None:
     assert to_markdown(tables["time"]) == (
         "**time ratio: linformer (sharing=layerwise)** (rows n, columns k)\n\n"
         "| n | 128 | 256 |\n|---:|---:|---:|\n"
-        "| 512 | 1.25x | –¹ |\n| 1024 | 2.50x | OOM² |\n| 2048 | OOM³ | - |\n\n"
+        "| 512 | 1.25x | n/m¹ |\n| 1024 | 2.50x | OOM² |\n| 2048 | OOM³ | - |\n\n"
         "¹ time not measured: a CPU run was estimated over timing.time_budget_s  \n"
         "² this mechanism does not fit at b = 1 under the ceiling  \n"
         "³ the baseline does not fit at b = 1 under the ceiling (modeled)  \n"
@@ -147,7 +147,7 @@ def test_two_footnote_marks_on_one_cell_read_as_two() -> None:
     assert "512 & 1.25$\\times$$^{1,2}$ &" in to_latex(time)
     assert quotient(time, paper_table(time, load_paper())).text[(512, 128)] == "0.83¹,²"
     assert split_marks("1.14x¹²") == ("1.14x", ["¹²"])  # footnote twelve stays one mark
-    assert marked("OOM¹²", "³") == "OOM¹²,³" and marked("–") == "–"
+    assert marked("OOM¹²", "³") == "OOM¹²,³" and marked("n/m") == "n/m"
 
 
 def test_columns_are_named_after_the_mechanisms_budget() -> None:
@@ -169,7 +169,8 @@ def test_two_settings_of_one_mechanism_are_two_tables_never_one() -> None:
     ]
     tables = ratio_tables(rows + fp32)
     assert len(tables) == 4
-    assert sorted(t.context.split(", ")[2] for t in tables) == ["fp16"] * 2 + ["fp32"] * 2
+    dtypes = [t.context.split("(")[1].split(",")[0] for t in tables]  # the preset's (dtype, ..)
+    assert sorted(dtypes) == ["fp16"] * 2 + ["fp32"] * 2
     for t in tables:  # both halves of the fixture give the same ratios (times doubled)
         assert t.value[(512, 128)] == pytest.approx(1.25 if t.kind == "time" else 1.7)
 
@@ -205,10 +206,10 @@ def test_fixed_batch_rows_pair_with_the_same_batch_and_have_no_memory_ratio() ->
             )
     tables = ratio_tables(rows)
     assert len(tables) == 4  # linformer at b = 1 and at b = 8: never against each other
-    by = {(t.kind, t.context.split("fixed batch ")[1].split(",")[0]): t for t in tables}
+    by = {(t.kind, t.context.split("fixed batch ")[1].split(")")[0]): t for t in tables}
     assert by[("time", "1")].value[(512, 128)] == pytest.approx(1.25)
     assert by[("time", "8")].value[(512, 128)] == pytest.approx(1.25 / 2)
-    assert by[("memory", "8")].text[(512, 128)] == "–¹"
+    assert by[("memory", "8")].text[(512, 128)] == "n/m¹"
     assert by[("memory", "8")].footnotes[0] == "¹ fixed batch: no max batch was searched"
 
 

@@ -39,6 +39,13 @@ GPU_OTHERS = "gpu_others_bytes"
 FIELDS = ("delay", "cpu_share", "contended", "dropped_s", "load", "busy", "why", GPU_OTHERS)
 
 
+# how a CPU row's reason begins where the load, not the cell's cost, decided its timing
+# (attnbench.timed.budget_verdict): a report flags the ratio of the one, a sweep's last line
+# counts the other
+TIMED_UNDER_LOAD = "timed under load"
+SKIPPED_FOR_LOAD = "time skipped for load"
+
+
 def is_busy(stored: dict | None) -> bool:
     """Whether a stored ``contention`` says the time is no figure (a row, as a dict)."""
     return bool((stored or {}).get("busy"))

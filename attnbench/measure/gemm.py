@@ -8,26 +8,47 @@ reads the copy bandwidth), again while the CPU was busy when it was read.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from attnbench.measure.timing import time_forward
 
 _RATES: dict[int, float] = {}  # threads -> fp32 GEMM FLOP/s, once measured uncontended
+FLOPS = 2 * 1024**3  # one 1024 x 1024 by 1024 x 1024 matmul
 
 
-def cpu_matmul_rate() -> tuple[float, bool]:
-    """fp32 GEMM FLOP/s of this CPU at the threads in use, to estimate a CPU forward's cost,
-    and whether the CPU was busy when it was measured. Kept for the process once measured
-    on a quiet CPU; a busy reading is used once and measured again for the next cell, so
-    that one contended moment cannot skip the time of a whole sweep."""
+@dataclass(frozen=True)
+class Rate:
+    """This CPU's fp32 GEMM FLOP/s as read: ``quiet``, its own (what a step's cost is
+    estimated at); ``now``, what the load left it when read (``quiet`` on a quiet CPU);
+    ``busy``, whether the reading was contended."""
+
+    quiet: float
+    now: float
+    busy: bool
+
+    @property
+    def slowdown(self) -> float:
+        """How much longer than on a quiet CPU a step takes under the load read: 1 quiet."""
+        return max(self.quiet / self.now, 1.0)
+
+
+def cpu_matmul_rate() -> Rate:
+    """fp32 GEMM FLOP/s of this CPU at the threads in use, to estimate a CPU step's cost.
+    Kept for the process once measured on a quiet CPU. A contended reading is used once and
+    measured again for the next cell; its ``quiet`` rate is its fastest sample's (a sample
+    that had the cores: the median of contended ones is the load's, a time slice lost in a
+    40 ms matmul reads as a CPU many times slower), its ``now`` rate its median's."""
     threads = torch.get_num_threads()
     if threads in _RATES:
-        return _RATES[threads], False
+        return Rate(_RATES[threads], _RATES[threads], False)
     a, w = torch.randn(1024, 1024), torch.randn(1024, 1024)
     t = time_forward(
         lambda: a @ w, torch.device("cpu"), min_repeats=5, min_seconds=0.2, patience_s=2.0
     )
-    rate = 2 * 1024**3 / t.median
+    now = FLOPS / t.median
     if not t.busy:
-        _RATES[threads] = rate
-    return rate, t.busy
+        _RATES[threads] = now
+        return Rate(now, now, False)
+    return Rate(max(FLOPS / min(t.samples), now), now, True)

@@ -23,9 +23,8 @@ from typing import Any
 from attnbench.report.efficiency import budgeted, crossing, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
 from attnbench.report.grid import Grid, sig
+from attnbench.report.marks import BUSY, MISSING, OOM, SKIPPED
 from attnbench.report.ratio import (
-    BUSY,
-    SKIPPED,
     compiled,
     eager,
     group,
@@ -33,7 +32,7 @@ from attnbench.report.ratio import (
     ratio,
     unnamed,
 )
-from attnbench.report.tables import MISSING, context, marked, superscript
+from attnbench.report.tables import context, marked, superscript
 from attnbench.row import Row, as_rows, printable
 from attnbench.workload import label_of
 
@@ -73,11 +72,11 @@ def where(row: Row) -> str:
 
 def ms(row: Row | None) -> str:
     """A row's time per sequence in ms, or what it has instead: ``-`` (no row), ``OOM``,
-    ``error``, ``–`` (not timed), ``busy`` (timed on a contended CPU: no figure)."""
+    ``error``, ``n/m`` (not timed), ``busy`` (timed on a contended CPU: no figure)."""
     if row is None:
         return MISSING
     if row.status != "ok":
-        return "OOM" if row.status == "oom" else row.status if row.status == "error" else SKIPPED
+        return OOM if row.status == "oom" else row.status if row.status == "error" else SKIPPED
     if not row.time_per_seq_s:
         return SKIPPED
     return BUSY if row.busy else sig(row.time_per_seq_s * 1e3)
@@ -168,7 +167,7 @@ def side_by_side(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
                 f"Eager and {c} side by side: {where(first)}",
                 [head[i] for i in keep],
                 [[b[i] for i in keep] for b in body],
-                [SIDE, *mark.lines(), context([first])],
+                [SIDE, *mark.lines(), context([first, *(r for r in rows if unnamed(r) == at)])],
             )
         )
     return out

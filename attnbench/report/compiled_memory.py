@@ -14,7 +14,7 @@ from typing import Any
 
 from attnbench.report.compiled import applies, compiled_sets, plain, where
 from attnbench.report.grid import Grid, sig
-from attnbench.report.tables import MISSING
+from attnbench.report.marks import MISSING
 from attnbench.row import Row, as_rows, printable
 
 

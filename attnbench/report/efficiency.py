@@ -20,7 +20,7 @@ marked ``≈`` (it was not measured there). A mechanism already ahead at the sma
 gets ``≤ n``; one never ahead gets ``> n`` (the largest n compared), never a made-up figure.
 Where the ratio falls back below 1 after the crossing, the entry says so; a mechanism with no
 n at which both have a figure (a CPU run whose times were estimated over its budget, xformers
-without CUDA) gets ``–`` and a note of why, by n: a blank cell would say nothing. Pure
+without CUDA) gets ``n/m`` and a note of why, by n: a blank cell would say nothing. Pure
 functions of rows, like :mod:`attnbench.report.tables`.
 """
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.report.grid import Grid
-from attnbench.report.ratio import BUSY, compared, group, name, ratio, setting
+from attnbench.report.marks import BUSY, MISSING, SKIPPED
 from attnbench.report.ratio import baselines as baseline_rows
-from attnbench.report.tables import MISSING
+from attnbench.report.ratio import compared, group, name, ratio, setting
 from attnbench.row import Row, as_rows, printable
 
 KINDS = ("time", "memory")
@@ -48,7 +48,7 @@ class Length:
     baseline: str
     kind: str  # "time" or "memory"
     n: float | None  # the crossing (interpolated or swept); None when never ahead
-    text: str  # what a table prints: "≈ 1 410", "≤ 256", "> 2048", "–"
+    text: str  # what a table prints: "≈ 1 410", "≤ 256", "> 2048", "n/m"
     between: tuple[int, int] | None  # the swept n on either side of an interpolated crossing
     compared: tuple[int, ...]  # the n at which both had a figure
     note: str = ""  # e.g. "behind again at n = 8192"
@@ -67,7 +67,7 @@ def crossing(
     """(n, text, between, note) for ``points`` = [(n, ratio)] sorted by n; a ratio of
     None is ahead with no figure (the baseline did not fit one sequence)."""
     if not points:
-        return None, "–", None, "no n with both figures"
+        return None, SKIPPED, None, "no n with both figures"
     first = next((i for i, (_, v) in enumerate(points) if _ahead(v)), None)
     if first is None:
         return None, f"> {points[-1][0]}", None, ""
@@ -100,7 +100,7 @@ def efficiency_lengths(
     """Every mechanism's efficiency length against each baseline the rows hold, per
     setting, for each of ``kinds``; in the rows' order of mechanisms, each named by
     ``label`` (rows of one label and setting are one mechanism's points). A mechanism with
-    no n at which both have a figure gets ``–`` and a note saying why, never a blank."""
+    no n at which both have a figure gets ``n/m`` and a note saying why, never a blank."""
     rows = as_rows(rows)
     out: list[Length] = []
     for baseline in baselines:
@@ -174,8 +174,9 @@ LEGEND = (
     "≈: interpolated between the two swept n on either side (log n against log ratio), not "
     "measured there; ≤: ahead already at the smallest n compared; >: not ahead at any n "
     "compared (the largest given); a–b: crossed between two swept n where no ratio can be "
-    "interpolated (the baseline did not fit one sequence); -: no such pair (the baseline "
-    "itself, or no row of that baseline at the mechanism's setting)."
+    f"interpolated (the baseline did not fit one sequence); {SKIPPED}: no n at which both "
+    f"have a figure (its note says why); {MISSING}: no such pair (the baseline itself, or no "
+    "row of that baseline at the mechanism's setting)."
 )
 
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench import row
-from attnbench.report import html, outline, plots, sections, text
+from attnbench.report import html, marks, outline, plots, sections, text
 from attnbench.report.distinct import distinct
 from attnbench.report.outline import Part, Section
 from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
 from attnbench.report.replace import write as write
-from attnbench.report.tables import RatioTable, need_baseline, ratio_tables
+from attnbench.report.tables import RatioTable, about, need_baseline, ratio_tables
 from attnbench.report.terminal import print_tables as print_tables
 from attnbench.row import printable, shown
 from attnbench.store import CELLS, RunStore
@@ -177,6 +177,15 @@ def _stems(tables: list[RatioTable]) -> list[str]:
     return stems
 
 
+def _title(report: Report, document: str) -> str:
+    """A document's heading: what it is, then what its rows are (``Table 3 — sweep table3,
+    preset v100_16gb (ceiling 15.8 GiB), timed on cpu``), not the run directory's name."""
+    doc = outline.document(document)
+    used = [s for s in outline.sections() if s.document == document]
+    rows = [r for r in report.rows if any(s.applies(r) for s in used)]
+    return f"{doc.title or doc.name} — {about(rows or report.rows)}"
+
+
 def _intro(report: Report, document: str) -> str:
     rows_file = printable(str(report.run_dir / CELLS))
     intro = outline.document(document).intro
@@ -198,13 +207,14 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     (:func:`Report.documents`), a CSV per ratio table, the plots, the HTML page and
     ``report.json``."""
     files: dict[str, bytes] = {}
-    # a directory's name can hold a newline too: every format gets it on one line
-    title = printable(f"attnbench report: {report.run_dir.name}")
     md: dict[str, list[str]] = {}
     tex: dict[str, list[str]] = {}
     for doc in report.documents():
-        md[doc] = [f"# {text.markdown(title)}", "", text.markdown(_intro(report, doc)), ""]
-        tex[doc] = [text.comment(title), r"% needs \usepackage{booktabs}", ""]
+        # what the document is, then where its rows are (the run directory) and the marks
+        head = [_title(report, doc), _intro(report, doc), marks.LEGEND]
+        md[doc] = [f"# {text.markdown(head[0])}", ""]
+        md[doc] += [*(f"{text.markdown(line)}  " for line in head[1:]), ""]
+        tex[doc] = [*map(text.comment, head), r"% needs \usepackage{booktabs}", ""]
         if report.notes:  # rows that did not count, as stderr said: the reader sees them too
             md[doc] += [*(f"{text.markdown(note)}  " for note in report.notes), ""]
             tex[doc] += [*map(text.comment, report.notes), ""]
@@ -237,7 +247,8 @@ def render(report: Report, *, with_plots: bool = True) -> dict[str, bytes]:
     docs = report.documents()
     first = sections.SERVING if sections.SERVING in docs else sections.QUALITY
     intro = _intro(report, sections.TABLE3 if report.tables else first)
-    files["index.html"] = html.page(title, [intro, *report.notes], page).encode()
+    title = f"attnbench report — {about(report.rows)}"
+    files["index.html"] = html.page(title, [intro, marks.LEGEND, *report.notes], page).encode()
     head = {
         "run_dir": printable(str(report.run_dir)),
         "baseline": report.baseline,

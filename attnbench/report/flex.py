@@ -12,8 +12,9 @@ from typing import Any
 from attnbench import registry
 from attnbench.report.compiled import FLEX, LOCAL, Marks, against, applies, ms, where
 from attnbench.report.grid import Grid
+from attnbench.report.marks import MISSING
 from attnbench.report.ratio import compiled, eager, group, name, setting, unnamed
-from attnbench.report.tables import MISSING, context, marked
+from attnbench.report.tables import context, marked
 from attnbench.row import Row, as_rows, printable
 
 
@@ -53,7 +54,7 @@ def flex_beside_local(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
                 f"{printable(mech)} beside local at the same window: {where(first)}",
                 [h.format(c) for h in HEAD],
                 body,
-                [FLEX_NOTE.format(c), *mark.lines(), context([first])],
+                [FLEX_NOTE.format(c), *mark.lines(), context([first, *rows])],
             )
         )
     return out

@@ -76,12 +76,15 @@ class Document:
     a section of it applies to a row. ``intro``: what it says of its rows after where they
     are (``{0}``: the baseline's name). ``records``: the keys of ``report.json`` its sections
     record under, in the order the file has them; ``always``: those keys are there (empty)
-    even where none of its sections applies, as ``report.json`` has always had them."""
+    even where none of its sections applies, as ``report.json`` has always had them.
+    ``title``: what its heading calls it (``Table 3``; empty: its name), before what its
+    rows are (:func:`attnbench.report.tables.about`)."""
 
     name: str
     intro: str
     records: tuple[str, ...] = ()
     always: bool = False
+    title: str = ""
 
 
 # in order: the built-ins first (register_builtins), then the plugins' as they registered

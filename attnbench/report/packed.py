@@ -16,6 +16,7 @@ from typing import Any
 
 from attnbench import registry
 from attnbench.report.grid import Grid, sig
+from attnbench.report.marks import MISSING, SKIPPED
 from attnbench.report.ratio import label
 from attnbench.report.tables import context
 from attnbench.row import Row, as_rows, printable
@@ -23,7 +24,6 @@ from attnbench.row import Row, as_rows, printable
 MODES = ("packed", "packed_train")
 LAYOUTS = ("padded", "packed", "bucketed")  # the workload's, in the order its docs name them
 BASELINE = "vanilla"
-MISSING = "-"
 
 
 def applies(row: Row) -> bool:
@@ -63,8 +63,9 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             for layout in LAYOUTS:
                 r = at.get((n, layout))
                 t = _per_ktok(r)
-                line.append(MISSING if t is None else sig(t * 1e3))
-                line.append(MISSING if t is None or base_t is None else f"{base_t / t:.2f}x")
+                none = MISSING if r is None else SKIPPED  # no row, or a row not timed
+                line.append(none if t is None else sig(t * 1e3))
+                line.append(none if t is None or base_t is None else f"{base_t / t:.2f}x")
                 fits = None if r is None or r.max_batch is None else r.max_batch
                 line.append(MISSING if fits is None else str(fits * r.packed["real_tokens"]))
             padded, packed = (_per_ktok(at.get((n, x))) for x in ("padded", "packed"))
@@ -92,7 +93,8 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             f"layout is padding), n = {key[3]}"
         )
         work = f"{first.mode}: documents of real lengths in three layouts, "
-        out.append(Grid(title, list(HEAD), body, [NOTE, *_cannot(), context([first], work)]))
+        rows_here = [first, *at.values()]
+        out.append(Grid(title, list(HEAD), body, [NOTE, *_cannot(), context(rows_here, work)]))
     return out
 
 

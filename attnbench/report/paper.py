@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.report.tables import MISSING, RatioTable, marked, split_marks
+from attnbench.report.marks import MISSING
+from attnbench.report.tables import RatioTable, marked, split_marks
 from attnbench.workload import DEFAULT
 
 PAPER = "Linformer paper (Wang et al. 2020), Table 3"
@@ -76,7 +77,7 @@ def quotient(measured: RatioTable, paper: RatioTable) -> RatioTable:
         text,
         value,
         tuple(f for f in measured.footnotes if f.split(" ", 1)[0] in used),
-        "'-' where either table has no number; " + measured.context,
+        f"{MISSING} where either table has no number; " + measured.context,
         attention=measured.attention,
         column=measured.column,
     )

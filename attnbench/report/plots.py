@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnbench.report.marks import MISSING
 from attnbench.report.ratio import label, unnamed
-from attnbench.report.tables import MISSING, RatioTable
+from attnbench.report.tables import RatioTable
 from attnbench.row import Row, as_rows, shown
 from attnbench.workload import label_of
 

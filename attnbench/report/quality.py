@@ -18,6 +18,7 @@ from typing import Any
 
 from attnbench import cell
 from attnbench.report.grid import Grid
+from attnbench.report.marks import MISSING
 from attnbench.report.ratio import label
 from attnbench.row import Row, as_rows
 
@@ -51,7 +52,7 @@ def task_rows(rows: Iterable[Row | dict[str, Any]], task: str) -> list[Row]:
 
 
 def _fmt(v: Any, spec: str = ".3g") -> str:
-    return "–" if v is None else format(v, spec)
+    return MISSING if v is None else format(v, spec)
 
 
 def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
@@ -71,7 +72,7 @@ def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             for k in columns:
                 q = at.get((name, k))
                 cells.append(
-                    "-"
+                    MISSING
                     if q is None
                     else f"{_fmt(q['rel_frobenius'])} / {_fmt(q['cosine'], '.4f')} / "
                     f"{_fmt(q.get('row_error'))}"
@@ -83,7 +84,7 @@ def approx_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
         head = ["mechanism", *(f"k={k}" if k is not None else "no budget" for k in columns)]
         notes = [
             "Each cell: relative Frobenius error ‖Y − Ŷ‖/‖Y‖ / mean cosine similarity / mean "
-            "total-variation distance of the attention rows (– where the mechanism defines "
+            "total-variation distance of the attention rows (- where the mechanism defines "
             "none). k is each mechanism's budget (Linformer's k, Performer's nb_features, "
             "Nyströmformer's landmarks, local's window).",
             RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE,
@@ -164,7 +165,7 @@ def listops_table(rows: Iterable[Row | dict[str, Any]]) -> Grid | None:
                 *([str(_seed(r))] if seeds else []),
                 f"{100 * q['test_accuracy']:.2f} %",
                 f"{100 * q['majority_accuracy']:.2f} %",
-                "-" if lra is None else f"{lra[1]:.2f} % ({lra[0]})",
+                MISSING if lra is None else f"{lra[1]:.2f} % ({lra[0]})",
                 f"{q['steps_per_s']:.2f}",
                 f"{q['peak_bytes'] / 2**20:.1f} MiB",
                 f"{q.get('train_examples')}/{q.get('test_examples')}",

@@ -14,7 +14,7 @@ own baseline). What is compared is :func:`ratio`, the paper's section 5.3:
 
 A ratio is a number only where both rows measured the figure. Anywhere else it is
 undefined: its value is None and what a table shows is the status that made it so (``OOM``,
-``–``, or ``busy`` for a time taken on a contended CPU) with a footnote saying whose and why,
+``n/m``, or ``busy`` for a time taken on a contended CPU) with a footnote saying whose and why,
 never a number, and never an infinity that could be read as a measured speed-up.
 """
 
@@ -25,11 +25,10 @@ import math
 from dataclasses import dataclass
 
 from attnbench import cell
+from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import NOISY
+from attnbench.report.marks import BUSY, OOM, SKIPPED
 from attnbench.row import Row, printable
-
-SKIPPED = "–"  # the cell exists but this figure was not measured (footnote says why)
-BUSY = "busy"  # timed, but on a contended CPU: no figure (attnbench.measure.contention)
 
 
 def kv_heads(row: Row) -> int | None:
@@ -163,7 +162,7 @@ class Ratio:
 
     ``value`` is the ratio (> 1: the mechanism is ahead), finite, or None where it is
     undefined. ``text`` is what a table shows: ``1.25x``, or the status that left it
-    undefined (``OOM``, ``–``). ``notes`` are its footnotes, in order. ``outgrown`` is set
+    undefined (``OOM``, ``n/m``). ``notes`` are its footnotes, in order. ``outgrown`` is set
     where the ratio is undefined because the baseline does not fit one sequence under the
     ceiling while the mechanism's max batch search found room: for memory, the mechanism is
     ahead there without any ratio to show."""
@@ -178,6 +177,11 @@ def _why(reason: str | None) -> str:
     """A footnote for a skipped figure: one per kind of reason, not one per cell."""
     if reason and "exceed time_budget_s" in reason:
         return "time not measured: a CPU run was estimated over timing.time_budget_s"
+    if reason and reason.startswith(SKIPPED_FOR_LOAD):
+        return (
+            "time not measured: skipped for the load, not for its cost (the CPU was contended); "
+            "measure it again on a quieter machine"
+        )
     return (reason or "not timed").split(";")[0]
 
 
@@ -198,16 +202,16 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
     undefined and shown as ``OOM`` with the footnote that the baseline does not fit at
     b = 1, or at the fixed batch its cell asked (``outgrown`` where the mechanism fits).
     So is an out-of-memory mechanism; any other row that is not ``ok`` (skipped, error)
-    and a figure either row lacks give ``–`` with the reason; a time either row took on a
+    and a figure either row lacks give ``n/m`` with the reason; a time either row took on a
     contended CPU gives ``busy``; a quotient beyond a float's range is no ratio either. A
     defined ratio carries its caveats: memory modeled (or profiled) rather than measured,
-    time taken off the device or not at max batch, a noisy time."""
+    time taken off the device or not at max batch, a noisy time, a time taken under load."""
     if b.status == "oom":
         source = b.memory_source or "measured"
         note = f"the baseline does not fit at {_at(b)} under the ceiling ({source})"
-        return _undefined("OOM", note, outgrown=r.status == "ok" and bool(r.max_batch))
+        return _undefined(OOM, note, outgrown=r.status == "ok" and bool(r.max_batch))
     if r.status == "oom":
-        return _undefined("OOM", f"this mechanism does not fit at {_at(r)} under the ceiling")
+        return _undefined(OOM, f"this mechanism does not fit at {_at(r)} under the ceiling")
     if r.status != "ok" or b.status != "ok":
         bad = r if r.status != "ok" else b
         return _undefined(SKIPPED, f"{bad.attention}: {bad.status}: {bad.reason}")
@@ -237,6 +241,12 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
     v = tb / t
     if not math.isfinite(v):  # 1 s over 1e-320 s: no ratio a table can show
         return _undefined(SKIPPED, f"time ratio beyond a float's range: {tb!r} s / {t!r} s")
+    return Ratio(v, f"{v:.2f}x", _time_notes(r, b))
+
+
+def _time_notes(r: Row, b: Row) -> tuple[str, ...]:
+    """The caveats of a time ratio both rows gave: a time taken off the device or not at
+    max batch, a noisy one, one taken while the CPU was contended."""
     where = {(x.time_device, x.time_dtype, x.time_batch) for x in (r, b)}
     elsewhere = sorted((w for w in where if w[0] != "cuda"), key=str)
     notes = [
@@ -248,4 +258,10 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
         for x in (r, b)
         if (x.spread() or 0) > NOISY
     ]
-    return Ratio(v, f"{v:.2f}x", tuple(notes))
+    notes += [
+        f"{TIMED_UNDER_LOAD}: {x.attention}'s time was taken while the CPU was contended "
+        "(from its uncontended samples)"
+        for x in (r, b)
+        if (x.reason or "").startswith(TIMED_UNDER_LOAD)
+    ]
+    return tuple(notes)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from attnbench.report.grid import Grid
+from attnbench.report.marks import MISSING, SKIPPED
 from attnbench.report.recall_setups import Point, Setup, settings, setups, short_conv
 from attnbench.row import Row
 
@@ -34,7 +35,7 @@ ZOOLOGY = (
 
 def _accuracy(p: Point | None) -> str:
     if p is None or p.sd is None:
-        return "-" if p is None else f"{p.mean:.1f} %"
+        return MISSING if p is None else f"{p.mean:.1f} %"
     return f"{p.mean:.1f} ± {p.sd:.1f} % ({len(p.runs)} seeds)"
 
 
@@ -59,7 +60,7 @@ def accuracy_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             [config, _trained(s, config), *(_accuracy(s.at(config, p)) for p in s.pairs)]
             for config in s.configs
         ]
-        chance = ("-" if (c := s.chance(p)) is None else f"{100 * c:.1f} %" for p in s.pairs)
+        chance = (MISSING if (c := s.chance(p)) is None else f"{100 * c:.1f} %" for p in s.pairs)
         body.append(["chance (1/pairs)", "", *chance])
         first = settings(s.rows[0])
         model = ", ".join(f"{k} {v}" for k, v in (s.rows[0].model or {}).items())
@@ -102,10 +103,10 @@ def cost_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             body.append(
                 [
                     config,
-                    "–" if ms is None else f"{ms:.1f}{at}",
-                    "–" if peak is None else f"{peak / 2**20:.1f} MiB{at}",
-                    "–" if nbytes is None else f"{nbytes:,} B",
-                    "–" if elements is None else f"{elements:,}",
+                    SKIPPED if ms is None else f"{ms:.1f}{at}",
+                    SKIPPED if peak is None else f"{peak / 2**20:.1f} MiB{at}",
+                    SKIPPED if nbytes is None else f"{nbytes:,} B",
+                    SKIPPED if elements is None else f"{elements:,}",
                 ]
             )
         notes = [

@@ -56,21 +56,23 @@ PACKED = "packed"
 DOCUMENTS = (
     Document(TABLE3, " Time ratio = {0} time per sequence / mechanism's; memory ratio = "
              "mechanism max batch / {0}'s; each model at its own max batch (Linformer paper, "
-             "section 5.3).", ("tables", "efficiency_lengths"), always=True),
-    Document(QUALITY, " Quality rows: no time or memory ratios.", ("quality",), always=True),
+             "section 5.3).", ("tables", "efficiency_lengths"), always=True, title="Table 3"),
+    Document(QUALITY, " Quality rows: no time or memory ratios.", ("quality",), always=True,
+             title="Quality"),
     Document(SERVING, " Serving (mode=decode): time-per-token ratio = {0}'s time per "
              "generated token per sequence / the configuration's, at the same fixed batch; "
              "max-batch ratio = the configuration's max batch / {0}'s; {0} with every head's "
              "cache and the same state dtype is each configuration's baseline.",
-             ("serving_tables", "serving_efficiency_lengths", "serving_state")),
+             ("serving_tables", "serving_efficiency_lengths", "serving_state"),
+             title="Serving"),
     Document(COMPILED, " Compiled cells (compile=true: torch.compile of each encoder layer) "
              "beside eager ones: speed-up from compiling = eager time per sequence / compiled, "
              "at the same n, dtype, preset, batch and work; a compiled mechanism's ratios are "
              "against {0} compiled the same way, never the eager one; flex compiles its own "
-             "kernel even in the eager model.", ("compiled",)),
+             "kernel even in the eager model.", ("compiled",), title="Eager and compiled"),
     Document(PACKED, " Variable lengths (mode=packed, packed_train): one draw of documents "
              "padded, packed and bucketed, each time per real token; {0} padded is each "
-             "table's baseline.", ("packed_tables",)),
+             "table's baseline.", ("packed_tables",), title="Variable lengths"),
 )  # fmt: skip
 
 

@@ -125,7 +125,7 @@ def serving_tables(
     """Per set of rows (:func:`row_sets`): a time-per-token ratio table per fixed batch and
     the max-batch ratio table, each with the stem of its file (``serving-b1``, ``serving``);
     columns are configurations, the baseline's own not among them. A cell with no baseline
-    row beside it is a footnoted ``–``."""
+    row beside it is a footnoted ``n/m``."""
     sets = row_sets(rows)
     out = []
     for rows_here in sets:

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from attnbench.report.grid import Grid, sig
+from attnbench.report.marks import BUSY, MISSING, SKIPPED
 from attnbench.report.serving import columns, configuration, row_sets, words
-from attnbench.report.tables import MISSING
 from attnbench.row import Row
 
 
@@ -103,9 +103,9 @@ def _bandwidth(
             elif r.status != "ok":
                 cells.append(r.status or MISSING)
             elif not d.get("bytes_per_s"):
-                cells.append("–")
+                cells.append(SKIPPED)
             elif r.busy:
-                cells.append("busy")
+                cells.append(BUSY)
             else:
                 share = (
                     f" ({d['bytes_per_s'] / d['copy_bytes_per_s']:.0%})"
@@ -130,6 +130,6 @@ def _bandwidth(
             "state at the mean context, and the weights) over its median time; in brackets "
             "its share of the copy bandwidth the same process measured; copy: those at n "
             "(their range where they differ by over 10 %: each process measures its own). "
-            "–: not timed (time_budget_s); busy: timed on a contended CPU.",
+            f"{SKIPPED}: not timed (time_budget_s); {BUSY}: timed on a contended CPU.",
         ],
     )

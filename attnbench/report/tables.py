@@ -4,7 +4,8 @@ Pure functions of rows (``cells.jsonl``): no measuring, no files. For each effic
 mechanism (with its parameters) against the baseline at the same n, dtype, device and model
 (:func:`attnbench.report.ratio.group`), each cell is :func:`attnbench.report.ratio.ratio`:
 a number only where both rows measured it, else the status that left it undefined with a
-footnote. A cell with no row at all (k >= n) is ``-``, as in the paper.
+footnote. A cell with no row at all (k >= n) is ``-``, as in the paper (the marks:
+:mod:`attnbench.report.marks`).
 
 Escaping: a row's free text (a device, a reason, a parameter's value) may hold anything a
 JSON string can. It reaches a table through :func:`attnbench.row.printable`, once, where
@@ -23,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnbench.report.marks import MISSING, SKIPPED
 from attnbench.report.ratio import (
-    SKIPPED,
     baselines,
     compared,
     compiled,
@@ -35,8 +36,6 @@ from attnbench.report.ratio import (
 )
 from attnbench.row import Row, as_rows, printable, shorten
 from attnbench.workload import caption_of
-
-MISSING = "-"  # no such cell (e.g. k >= n), as in the paper
 
 
 @dataclass(frozen=True)
@@ -95,10 +94,58 @@ def compiling(row: Row) -> str:
     return ""
 
 
+def timed(rows: Iterable[Row]) -> str:
+    """How the rows' times were taken, read from the rows (their ``time_device``,
+    ``time_dtype`` and ``time_batch``), never from the preset: ``timed on cpu in fp32 at
+    b = 1`` (a CPU stands in for the preset's GPU in fp32 at its own batch); each way where
+    they differ; ``no time measured`` where none was."""
+    ways: dict[tuple[str, str], set[int]] = {}
+    for r in rows:
+        if r.time_per_seq_s and r.time_device:
+            batches = ways.setdefault((r.time_device, r.time_dtype or "?"), set())
+            batches |= {r.time_batch} if isinstance(r.time_batch, int) else set()
+    if not ways:
+        return "no time measured"
+    said = []
+    for (device, dtype), batches in ways.items():
+        low, high = min(batches, default=None), max(batches, default=None)
+        at = "" if low is None else f" at b = {low}" + (f" to {high}" if high != low else "")
+        said.append(f"{device} in {dtype}{at}")
+    return "timed on " + " and ".join(said)
+
+
+def about(rows: Iterable[Row]) -> str:
+    """What a report's rows are, for its title: ``sweep table3, preset v100_16gb (ceiling
+    15.8 GiB), timed on cpu``, each value read from the rows; a run with no time measured
+    says nothing of times."""
+    rows = list(rows)
+    sweeps, presets = _named(r.sweep for r in rows), _named(r.device for r in rows)
+    devices = _named(r.time_device for r in rows if r.time_per_seq_s)
+    ceilings = {r.ceiling_bytes for r in rows}
+    ceiling = next(iter(ceilings)) if len(ceilings) == 1 else None
+    said = [
+        sweeps and f"sweep {sweeps}",
+        presets
+        and f"preset {presets}"
+        + (f" (ceiling {ceiling / 2**30:.1f} GiB)" if isinstance(ceiling, int) else ""),
+        devices and f"timed on {devices}",
+    ]
+    return printable(", ".join(s for s in said if s))
+
+
+def _named(values: Iterable[Any]) -> str:
+    """The distinct values, in order: ``a, b, c``; past three, ``a, b, c and 4 more``."""
+    found = list(dict.fromkeys(str(v) for v in values if v is not None))
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return ", ".join(found[:3]) + more
+
+
 def context(rows: list[Row], work: str | None = None) -> str:
     """What a table's rows were measured on, in a line under it: ``work`` first (else the
-    workload's caption), then how it was compiled (:func:`compiling`), the preset, machine,
-    dtype, model, ceiling, batch, version and date of its first row."""
+    workload's caption), then how it was compiled (:func:`compiling`), the preset with the
+    dtype, ceiling and batch its memory figures are for, the model, how the times were taken
+    (:func:`timed`, of every row given: a CPU times in fp32 at b = 1 what the preset's
+    figures are in fp16 at max batch), the machine, the version and the first row's date."""
     first = rows[0]
     model = first.model or {}
     env = first.env or {}
@@ -115,11 +162,10 @@ def context(rows: list[Row], work: str | None = None) -> str:
     return printable(
         work
         + compiling(first)
-        + f"preset {first.device}, run on {env.get('device_name', '?')}, {first.dtype}, "
-        f"model {shape}, ceiling {first.ceiling_bytes} bytes, "
-        + ("" if batch == "max" else f"fixed batch {batch}, ")
-        + f"attnbench {env.get('attnbench', '?')}"
-        + (f", {date}" if date else "")
+        + f"preset {first.device} ({first.dtype}, ceiling {first.ceiling_bytes} bytes"
+        + ("" if batch == "max" else f", fixed batch {batch}")
+        + f"), model {shape}; {timed(rows)}, run on {env.get('device_name', '?')}; "
+        f"attnbench {env.get('attnbench', '?')}" + (f", {date}" if date else "")
     )
 
 
@@ -168,7 +214,7 @@ def ratio_tables(
                     text,
                     value,
                     notes,
-                    context(mrows),
+                    context([*mrows, *(b for _, b in pairs)]),
                     attention=mrows[0].attention,
                     column=mrows[0].budget or "k",
                     mode=mrows[0].mode,
@@ -190,7 +236,7 @@ def fill(
     """A ratio table's cells, ``text`` and ``value`` by (n, column), and its footnotes: each
     row of ``cells`` against its baseline in ``base`` (:func:`~attnbench.report.ratio.
     baselines`) by :func:`~attnbench.report.ratio.ratio`; ``-`` where there is no row, a
-    footnoted ``–`` where its baseline has none. One footnote per distinct note, marked
+    footnoted ``n/m`` where its baseline has none. One footnote per distinct note, marked
     in order."""
     text: dict[tuple[int, Any], str] = {}
     value: dict[tuple[int, Any], float | None] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnbench.report.grid import Grid
+from attnbench.report.marks import LEGEND
 from attnbench.report.paper import Beside
 from attnbench.report.tables import RatioTable, heading
 from attnbench.row import shown
@@ -64,3 +65,5 @@ def print_tables(report: Report, console: Any) -> None:
                 ratios(q, f"{q.kind} ratio, {body.measured.source} ÷ paper's Table 3")
             elif isinstance(body, RatioTable):
                 ratios(body, f"{body.kind} ratio: {body.mechanism}")
+    if any(parts for _, parts in report.made):  # what the marks in the tables above mean
+        console.print(f"[dim]{show(LEGEND)}[/dim]")

@@ -39,7 +39,8 @@ def summary_and_reports(config: DictConfig) -> None:
 def busy_line(rows: list[dict[str, Any]]) -> str | None:
     """What the end of a sweep says when the machine was busy: how many of its timings were
     taken on a contended CPU (no figure: left out of ratios, efficiency lengths and plots)
-    or not taken because the CPU's rate was read while it was contended (busy, no time)."""
+    or not taken because the CPU was contended when its cost was estimated (skipped for
+    the load, not for its cost: busy, no time)."""
     marked = [r for r in rows if is_busy(r.get("contention"))]
     unread = sum(not r.get("time_per_seq_s") for r in marked)
     busy = len(marked) - unread
@@ -49,7 +50,7 @@ def busy_line(rows: list[dict[str, Any]]) -> str | None:
     if busy:
         what.append(f"{busy} timings taken on a contended CPU (shown as busy, not as figures)")
     if unread:
-        what.append(f"{unread} not taken (the CPU's speed was read while it was contended)")
+        what.append(f"{unread} not taken (skipped for the load, not for their cost)")
     return (
         f"attnbench: machine busy: {' and '.join(what)}; measure them again on a quiet "
         "machine with rerun=true"

@@ -21,10 +21,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench.measure.contention import is_busy
+from attnbench.row import shown
 from attnbench.store import RunStore, StoreError
 from attnbench.sweep import claims, finish, slurm
-from attnbench.sweep.config import run_dir
 from attnbench.sweep.job import StoreFailed, record_command
+from attnbench.sweep.paths import run_dir
 
 
 class Progress(Callback):
@@ -77,11 +78,7 @@ class Progress(Callback):
         finish.summary_and_reports(config)
 
     def _watch(self, plan: list[tuple[str, str]], rerun: bool) -> None:
-        from rich.console import Group
         from rich.live import Live
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-        from rich.progress import Progress as Bar
-        from rich.table import Table
 
         started = time.time()
 
@@ -89,46 +86,72 @@ class Progress(Callback):
             rows = claims.rows_of(plan)
             return [r for r in rows if r.get("finished_at", 0) >= started] if rerun else rows
 
-        before = 0 if rerun else len(finished())
-        bar = Bar(
+        display = Display(len(plan), started, 0 if rerun else len(finished()))
+        with Live(display.bar, refresh_per_second=2, transient=False) as live:
+            while True:
+                stopping = self._stop.wait(0.5)
+                live.update(display.frame(finished(), claims.running(plan), time.time()))
+                if stopping:  # one last frame with every row, then out
+                    break
+
+
+class Display:
+    """The live display's frames: the bar (cells done of ``total``, ETA), a line per cell
+    being measured (its label and how long it has run: the first cell of a sweep may take a
+    minute before the ETA has anything to go by), and this command's last finished rows.
+    :meth:`frame` is a pure function of what the watcher read, so a test feeds it."""
+
+    def __init__(self, total: int, started: float, before: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        self.total, self.started = total, started
+        self.bar = Bar(
             TextColumn("cells"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("ETA {task.fields[eta]}"),
         )
-        task = bar.add_task("cells", total=len(plan), completed=before, eta=eta_text(None))
-        with Live(Group(bar), refresh_per_second=2, transient=False) as live:
-            while True:
-                stopping = self._stop.wait(0.5)
-                rows = finished()
-                now = [r["finished_at"] for r in rows if r.get("finished_at", 0) >= started]
-                left = eta_s(started, now, len(plan) - len(rows), time.time())
-                bar.update(task, completed=len(rows), eta=eta_text(left))
-                table = Table(
-                    "attention",
-                    "n",
-                    "k",
-                    "status",
-                    "max b",
-                    "ms/seq",
-                    "memory",
-                    title="finished cells (last 8)",
-                )
-                for r in rows[-8:]:
-                    t = r.get("time_per_seq_s")
-                    table.add_row(
-                        str(r.get("attention")),
-                        str(r.get("n")),
-                        str(r.get("k")),
-                        str(r.get("status")),
-                        str(r.get("max_batch")),
-                        "-" if not t else f"{t * 1e3:.2f}" + _busy(r),
-                        str(r.get("memory_source")),
-                    )
-                live.update(Group(bar, table))
-                if stopping:  # one last frame with every row, then out
-                    break
+        self.task = self.bar.add_task("cells", total=total, completed=before, eta=eta_text(None))
+
+    def frame(
+        self, rows: list[dict[str, Any]], running: list[tuple[str, float]], now: float
+    ) -> Any:
+        """The display after ``rows`` (this command's, as stored) with ``running`` (label,
+        since) being measured, at Unix time ``now``."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        done = [r["finished_at"] for r in rows if r.get("finished_at", 0) >= self.started]
+        left = eta_s(self.started, done, self.total - len(rows), now)
+        self.bar.update(self.task, completed=len(rows), eta=eta_text(left))
+        table = Table(
+            "attention", "n", "k", "status", "max b", "ms/seq", "memory",
+            title="finished cells (last 8)",
+        )  # fmt: skip
+        for r in rows[-8:]:
+            t = r.get("time_per_seq_s")
+            table.add_row(
+                str(r.get("attention")),
+                str(r.get("n")),
+                str(r.get("k")),
+                str(r.get("status")),
+                str(r.get("max_batch")),
+                "-" if not t else f"{t * 1e3:.2f}" + _busy(r),
+                str(r.get("memory_source")),
+            )
+        lines = [Text(line) for line in running_lines(running, now)]
+        return Group(self.bar, *lines, table) if rows else Group(self.bar, *lines)
+
+
+def running_lines(running: list[tuple[str, float]], now: float) -> list[str]:
+    """``running 0:00:52: linformer (sharing=layerwise) n=512 k=128``, one per cell being
+    measured (several under a parallel launcher), each label on one line, cut short."""
+    return [
+        f"running {eta_text(max(now - since, 0.0))}: {shown(label)}" for label, since in running
+    ]
 
 
 def plan_line(plan: list[tuple[str, str]], stored: int) -> str:
