@@ -17,6 +17,9 @@ DIR=${ATTNBENCH_SLURM_DIR:-/tmp/attnbench-slurm}
 CONF=$DIR/slurm.conf
 say() { echo "slurm_cluster: $*" >&2; }
 die() { say "error: $*"; exit 2; }
+# `up` waits for munged and the node to be ready however long load makes it (seconds, on a
+# quiet machine or a loaded one); this guard is against a true hang only, which no load nears
+HANG_S=600
 
 need_root() {
     [ "$(id -u)" = 0 ] || die "$1 needs root (the daemons run as root): sudo $0 $1"
@@ -44,7 +47,10 @@ up() {
         install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge
         runuser -u munge -- munged
         touch "$DIR/munged.ours"  # so that `down` stops it
-        for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+        local guard=$((SECONDS + HANG_S))
+        until munge -n 2>/dev/null | unmunge >/dev/null 2>&1 || [ $SECONDS -ge "$guard" ]; do
+            sleep 0.1
+        done
         munge -n | unmunge >/dev/null || die "munged did not start"
     fi
 
@@ -93,10 +99,13 @@ EOF
     export SLURM_CONF=$CONF
     slurmctld -f "$CONF"
     slurmd -f "$CONF"
-    local state=""
-    for _ in $(seq 300); do
+    local state="" guard=$((SECONDS + HANG_S)) d
+    while [ $SECONDS -lt "$guard" ]; do
         state=$(sinfo -h -N -o %T 2>/dev/null | head -1) || true
         case $state in idle | mixed | allocated) break ;; esac
+        for d in slurmctld slurmd; do  # one that has died is not waited for
+            if [ -s "$DIR/$d.pid" ] && ! alive "$DIR/$d.pid"; then break 2; fi
+        done
         sleep 0.1
     done
     case $state in

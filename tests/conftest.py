@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,22 +91,26 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# the installed console script beside this interpreter, as a user types `attnbench`: not
+# `python -m attnbench.cli` from the repo root, which finds the checkout's conf/ on the path
+# where an installed attnbench has only its own package data
+CLI = (str(Path(sys.executable).with_name("attnbench")),)
+
+
 def run_cli(
     *args: str,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
-    timeout: int = 300,
     preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``attnbench ARGS`` in a fresh process (``python -m attnbench.cli``), as a user runs it:
+    """``attnbench ARGS`` in a fresh process (the console script, :data:`CLI`), as a user runs it:
     the end-to-end tests' one way to call the CLI. ``env`` is added to this environment;
     ``preexec_fn`` runs in the child first (to pin it to CPUs, say)."""
     return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *args],
+        [*CLI, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
         env={**os.environ, **(env or {})},
         preexec_fn=preexec_fn,
     )
@@ -156,6 +161,49 @@ def processes_with(needle: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+# A test waits for what it waits for (a file, a row, a process's end), never for a time that a
+# busy machine can cross (a fresh clone's suite took 45 min at load 4-6 on 2 cores, where a
+# 300 s subprocess timeout and a 10 s wait for processes to go were crossed). The one
+# wall-clock bound left is this guard against a true hang, so large that no load comes near
+# it: every wait it guards takes seconds on any machine, quiet or loaded.
+HANG_S = 30 * 60
+
+
+def wait_for(done: Callable[[], object], what: str, alive: subprocess.Popen | None = None) -> None:
+    """Wait until ``done()`` is true, however long load makes that. ``alive``, the process
+    that should bring it about, ending first fails the wait at once (unless it did); only a
+    true hang meets :data:`HANG_S`."""
+    guard = time.monotonic() + HANG_S
+    while not done():
+        if alive is not None and alive.poll() is not None:
+            assert done(), f"the process ended (exit {alive.returncode}) before {what}"
+            return
+        assert time.monotonic() < guard, f"still waiting after {HANG_S} s, a hang: {what}"
+        time.sleep(0.1)
+
+
+def reaped(needle: str) -> list[int]:
+    """The processes carrying ``needle`` (a command's marker in the environment, which its
+    reaper inherits) still alive once the command's reaper has ended: [] when the command
+    took all of its processes with it. Its end is when to look, not a time: after its
+    command's end the reaper ends by its own clock (it looks every 0.5 s, gives resource
+    trackers 3 s, gives up on a process that will not die 2 s later), and only once its last
+    look found none of the command's processes, or one that would not die. A 10 s bound was
+    crossed on 2 loaded cores, the reaper finishing all the same."""
+
+    def reaper_alive() -> bool:
+        for pid in processes_with(needle):
+            try:  # boot code in its command line: attnbench.sweep.claims.start_reaper
+                if b"attnbench_reaper" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:  # gone meanwhile
+                continue
+        return False
+
+    wait_for(lambda: not reaper_alive(), f"the reaper of {needle} ends")
+    return processes_with(needle)
 
 
 # -- `pytest -n N` (pytest-xdist): each worker on CPUs of its own ---------------------------

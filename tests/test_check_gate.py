@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from tests.conftest import CLI
+
 PLUGIN = """
 import time
 from dataclasses import dataclass
@@ -227,12 +229,11 @@ def check(repo: Path, *args: str) -> subprocess.CompletedProcess:
     """``attnbench check ARGS`` in ``repo``, in a fresh process, as a user runs it."""
     env = {**os.environ, "ATTNBENCH_PLUGINS": "myattn", "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", *check_args(args)],
+        [*CLI, *check_args(args)],
         cwd=repo,
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
     )
 
 
@@ -789,7 +790,6 @@ def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
         [*args, "--benchmark-autosave"],
         capture_output=True,
         text=True,
-        timeout=300,
         cwd=tmp_path,
         env=env,
     )
@@ -800,7 +800,6 @@ def test_the_suite_runs_under_pytest_benchmark_compare(tmp_path: Path) -> None:
         [*args, "--benchmark-compare", "--benchmark-compare-fail=median:100000%"],
         capture_output=True,
         text=True,
-        timeout=300,
         cwd=tmp_path,
         env=env,
     )

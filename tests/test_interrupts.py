@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from attnbench.sweep import claims
-from tests.conftest import processes_with
+from tests.conftest import CLI as ATTNBENCH
+from tests.conftest import HANG_S, processes_with, reaped, wait_for
 
-CLI = (sys.executable, "-m", "attnbench.cli", "run")
+CLI = (*ATTNBENCH, "run")
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -47,15 +47,10 @@ def _ours(tmp: Path) -> list[str]:
     return sorted(left + [str(p) for p in tmp.glob("results/**/.claims")])
 
 
-def _gone(needle: str, within_s: float = 60.0) -> bool:
-    """Whether every process carrying ``needle`` is gone within ``within_s``. The reaper
-    polls every 0.5 s, gives resource trackers 3 s and scans /proc: 10 s was crossed when
-    two test suites loaded 2 cores (the reaper did finish). A process that lingers, the
-    failure this looks for, stays past any bound."""
-    deadline = time.time() + within_s
-    while processes_with(needle) and time.time() < deadline:
-        time.sleep(0.1)
-    return not processes_with(needle)
+def _gone(needle: str) -> bool:
+    """Whether every process carrying ``needle`` is gone once the command's reaper has ended
+    (:func:`tests.conftest.reaped`: its end, not a time, says when to look)."""
+    return reaped(needle) == []
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -77,15 +72,15 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
         start_new_session=True,
         preexec_fn=_as_in_a_terminal,
     )
-    deadline = time.time() + 300
-    while time.time() < deadline:
+
+    def two_rows() -> bool:
         found = list((tmp_path / "results/smoke").glob("*/cells.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.1)
+        return bool(found) and len(found[0].read_text().splitlines()) >= 2
+
+    wait_for(two_rows, "two rows are stored", alive=proc)
     assert _ours(tmp_path), "a running sweep has its plan and claims in the temp dir"
     os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground group
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate()
     assert proc.returncode == code, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("attnbench run: interrupted")]
@@ -103,7 +98,6 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
         env=_env(tmp_path, ATTNBENCH_TEST_MARK=tmp_path.name),
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert resumed.returncode == 0 and "done before" in resumed.stdout, resumed.stderr
     assert _ours(tmp_path) == [] and _gone(mark)  # a normal end leaves nothing either
@@ -126,17 +120,17 @@ class Stuck(MultiHeadAttention):
             pathlib.Path(os.environ["STUCK_MARK"]).touch()
             # one native call that outlasts any signal: libc's system() waits for its child
             # again when a signal interrupts the wait, so Python's handler cannot run, as
-            # in one huge convolution
-            ctypes.CDLL(None).system(b"exec sleep 600")
+            # in one huge convolution; a day long, so that only the watcher ends the command
+            ctypes.CDLL(None).system(b"exec sleep 86400")
         return self.v_proj(x)
 """
 
 
 def test_sigterm_ends_a_training_step_stuck_in_one_native_call(tmp_path: Path) -> None:
-    """SIGTERM to a command whose training step is one native call of 10 minutes (its
-    handler cannot run until the call returns): the same line and exit 143 within seconds
-    (the watcher's grace, then its own end), no row stored, the call's process gone with it
-    and, once the reaper has tidied, no claim or temp file left."""
+    """SIGTERM to a command whose training step is one native call of a day (its handler
+    cannot run until the call returns): the same line and exit 143 (the watcher's grace, then
+    its own end; without it, not before the call returns), no row stored, the call's process
+    gone with it and, once the reaper has tidied, no claim or temp file left."""
     (tmp_path / "stuck_mech.py").write_text(STUCK)
     mark = tmp_path / "training"
     env = _env(tmp_path, ATTNBENCH_PLUGINS="stuck_mech", PYTHONPATH=str(tmp_path),
@@ -149,12 +143,10 @@ def test_sigterm_ends_a_training_step_stuck_in_one_native_call(tmp_path: Path) -
         start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.time() + 300
-        while not mark.exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        assert mark.exists(), proc.communicate()  # training: inside its first step's call
+        wait_for(mark.exists, "training: inside its first step's call", alive=proc)
         proc.send_signal(signal.SIGTERM)  # the command alone, as `kill PID` sends it
-        _, err = proc.communicate(timeout=120)  # without the watcher: the call's 600 s
+        # its end is the property (the call never returns by itself): a guard, not a bound
+        _, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -223,15 +215,15 @@ def test_a_claim_left_by_a_command_killed_with_its_reaper_goes_with_the_next(
         start_new_session=True,
     )
     try:
-        deadline = time.time() + 120
-        while not list(tmp_path.glob("results/single/*/.claims/*")) and time.time() < deadline:
-            time.sleep(0.1)
-        (claim,) = tmp_path.glob("results/single/*/.claims/*")  # held: the cell is measured
+        claimed = lambda: list(tmp_path.glob("results/single/*/.claims/*"))  # noqa: E731
+        wait_for(claimed, "the cell is claimed", alive=proc)
+        (claim,) = claimed()  # held: the cell is measured
         time.sleep(0.5)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the command, its job and its reaper
         proc.wait()
-    assert _gone(mark), "nothing of the killed command is left to tidy"
+    # no reaper to wait for (killed with them): SIGKILLed processes go, however slowly
+    wait_for(lambda: not processes_with(mark), "nothing of the killed command is left to tidy")
     assert claim.exists(), "the premise: a SIGKILLed holder leaves its claim file"
     _temp_dir(monkeypatch, tmp_path / "tmp")
     done = cli_in_process("run", *base, "n=32", "timing.min_seconds=0", cwd=tmp_path)
@@ -289,7 +281,6 @@ def test_every_process_that_times_starts_with_malloc_fixed(
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     values = {p.name: p.read_text() for p in seen.iterdir()}
@@ -324,7 +315,7 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
     (and each op is short: Python handles a signal between ops); every
     command but run and check goes through the same handler in cli.main."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnbench.cli", "demo", "--n", "2048", "--repeats", "500"],
+        [*ATTNBENCH, "demo", "--n", "2048", "--repeats", "500"],
         cwd=tmp_path,
         env=_env(tmp_path),
         stdout=subprocess.PIPE,
@@ -337,6 +328,6 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(tmp_path: Path) -> None:
     assert proc.stdout.readline().startswith("One Table 3 cell")  # it is timing now
     time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate()
     assert proc.returncode == 130, err
     assert err.strip() == "attnbench demo: interrupted; nothing was changed", err

@@ -13,12 +13,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from attnbench.sweep import claims
+from tests.conftest import CLI as ATTNBENCH
+from tests.conftest import reaped, wait_for
 
-CLI = (sys.executable, "-m", "attnbench.cli", "run")
+CLI = (*ATTNBENCH, "run")
 TINY = ("model=tiny", "dtype=fp32", "ceiling=1GB", "progress=false", "report=false")
 
 
@@ -74,28 +77,22 @@ def test_a_killed_command_takes_its_workers_with_it(tmp_path: Path, sig: int) ->
             start_new_session=True,
         )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # a cell in flight, timing for a while already
-            if any(b"--cell" in cmd for cmd in _marked(mark).values()):
-                break
-            time.sleep(0.1)
-        time.sleep(1.5)
+        in_flight = lambda: any(b"--cell" in cmd for cmd in _marked(mark).values())  # noqa: E731
+        wait_for(in_flight, "a cell is in flight", alive=proc)
+        time.sleep(1.5)  # timing for a while already (8 cells of 1.5 s on 2 workers are left)
         assert proc.poll() is None, err.read_text()
         before = _marked(mark)
         assert len(before) >= 4, before  # the command, its reaper, workers, their cells
         os.kill(proc.pid, sig)
-        proc.wait(timeout=60)
+        proc.wait()
         stored = len(_rows(tmp_path))
-        killed_at = time.time()
         if sig == signal.SIGTERM:
             assert proc.returncode == 143, err.read_text()
             assert "attnbench run: interrupted;" in err.read_text(), err.read_text()
             assert "Traceback" not in err.read_text(), err.read_text()
-        while _marked(mark) and time.time() < killed_at + 10:
-            time.sleep(0.1)
-        # every process of the command gone (each carries the mark, orphans included): none
-        # is left that could store a row, so the rows are final now, no need to wait on
-        assert _marked(mark) == {}, "a process of the killed command survived it"
+        # every process of the command gone once its reaper is (each carries the mark, orphans
+        # included): none is left that could store a row, so the rows are final now
+        assert reaped(f"ATTNBENCH_TEST_MARK={mark}") == [], "a process of the command survived it"
         assert len(_rows(tmp_path)) == stored, "a row was stored after its command ended"
         assert stored < 8
         assert _leftovers(tmp_path) == []
@@ -123,7 +120,7 @@ def test_two_identical_commands_measure_each_cell_once(tmp_path: Path) -> None:
             )
             for _ in range(2)
         ]
-        outs = [p.communicate(timeout=300) for p in procs]
+        outs = [p.communicate() for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
         stdout = "".join(out for out, _ in outs)
         assert stdout.count("  ok ") == 3, stdout
@@ -154,12 +151,14 @@ def test_a_claim_is_held_by_one_at_a_time_and_waiters_are_told(tmp_path: Path) -
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join()
     assert most == [1] and told and all(w.startswith(("pid ", "another")) for w in told)
     assert not (tmp_path / claims.RUN_CLAIMS).exists()  # unlinked by its last holder
 
 
-def test_a_killed_holder_releases_its_claim_at_once(tmp_path: Path) -> None:
+def test_a_killed_holder_releases_its_claim_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / claims.RUN_CLAIMS / "k"
     path.parent.mkdir()
     holder = subprocess.Popen(
@@ -180,12 +179,20 @@ def test_a_killed_holder_releases_its_claim_at_once(tmp_path: Path) -> None:
     claims._free_run_claims([(str(tmp_path), "k")])
     assert path.exists(), "a held claim is never removed"
     told: list[str] = []
-    threading.Timer(0.5, holder.kill).start()  # SIGKILL: nothing of it can clean up
-    start = time.monotonic()
-    with claims.hold(tmp_path, "k", told.append):
-        waited = time.monotonic() - start
+    killing = threading.Event()
+
+    def waiting(who: str) -> None:  # told it is held: its holder SIGKILLed (no tidying) soon
+        told.append(who)
+        threading.Timer(0.5, lambda: (killing.set(), holder.kill())).start()
+
+    # "at once": the wait is on the lock, which the kernel drops at its holder's death, never
+    # on a clock (a poll or a staleness age would sleep in claims' code): whatever the load
+    slept: list[float] = []
+    monkeypatch.setattr(claims, "time", SimpleNamespace(**{**vars(time), "sleep": slept.append}))
+    with claims.hold(tmp_path, "k", waiting):
+        assert killing.is_set(), "taken while its holder lived"
     holder.wait()
-    assert told == ["pid 4242"] and 0.4 < waited < 5
+    assert told == ["pid 4242"] and slept == []
     assert not path.parent.exists()
     path.parent.mkdir()
     path.touch()  # what a SIGKILLed job leaves: an unlocked file
@@ -208,8 +215,8 @@ def test_command_alive_tells_a_dead_command_and_a_reused_pid(
     assert claims.command_alive(), "another machine's pid is not looked up here"
     monkeypatch.setenv(claims.STARTED_ENV, f"0.0 {ticks} {here}")
     child.kill()
-    time.sleep(0.2)  # a zombie now: not reaped yet, and dead all the same
-    assert not claims.command_alive()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
+    assert not claims.command_alive(), "a zombie is dead all the same"
     child.wait()
     assert not claims.command_alive()
     monkeypatch.setenv(claims.INVOCATION_ENV, f"{os.getpid()}-abc")
@@ -245,8 +252,5 @@ def test_the_reaper_kills_what_a_sigkilled_command_left_and_tidies(tmp_path: Pat
     assert Path(plan).exists() and set(_marked(mark)) == {command.pid, reaper, worker}
     command.kill()
     command.wait()
-    deadline = time.time() + 10
-    while _marked(mark) and time.time() < deadline:
-        time.sleep(0.1)
-    assert _marked(mark) == {}
+    assert reaped(f"ATTNBENCH_TEST_MARK={mark}") == []  # its reaper killed the worker
     assert _leftovers(tmp_path) == [] and not (run / claims.RUN_CLAIMS).exists()

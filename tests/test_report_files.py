@@ -81,7 +81,7 @@ def test_report_command_writes_every_format(
         "linformer-sharing-layerwise-memory.csv",
     } <= names
     md = (out / "table3.md").read_text()
-    assert "| 512 | 1.25x | –¹ |" in md  # measured
+    assert "| 512 | 1.25x | n/m¹ |" in md  # measured
     assert "| 512 | 1.5x | 1.3x |" in md  # the paper's Table 3 beside it
     assert "| 512 | 0.83 | - |" in md  # and the quotient
     assert (
@@ -271,9 +271,7 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
         "--hide-scrollbars",
         f"--user-data-dir={tmp_path / 'profile'}",
     ]
-    dom = subprocess.run(
-        [*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120
-    ).stdout
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True).stdout
     n_images = (out / "index.html").read_text().count("<img ")
     assert n_images == 4
     assert f'data-images-decoded="{n_images}"' in dom
@@ -284,7 +282,6 @@ def test_the_html_page_shows_tables_and_plots_in_headless_chromium(
     subprocess.run(
         [*flags, "--window-size=1400,3800", f"--screenshot={shot}", page],
         capture_output=True,
-        timeout=120,
         check=True,
     )
     assert png_size(shot.read_bytes()) == (1400, 3800)

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,15 +16,13 @@ import pytest
 from attnbench.measure.contention import is_busy
 from attnbench.store import CorruptLine, RunStore, read_rows
 from attnbench.validators import parse_size
-from tests.conftest import run_cli
+from tests.conftest import CLI, run_cli, wait_for
 
 SMOKE = ("+sweep=smoke", "progress=false")
 
 
-def run(
-    *args: str, cwd: Path, env: dict | None = None, timeout: int = 600
-) -> subprocess.CompletedProcess:
-    return run_cli("run", *args, cwd=cwd, env=env, timeout=timeout)
+def run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_cli("run", *args, cwd=cwd, env=env)
 
 
 def rows_of(tmp: Path, sweep: str = "smoke") -> list[dict]:
@@ -94,19 +91,19 @@ def test_killed_halfway_then_resumed_has_every_cell_exactly_once(
 ) -> None:
     args = (*SMOKE, "n=64,96,128")  # 9 cells, ~1.5 s each at timing.min_seconds=0.4
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnbench.cli", "run", *args, "timing.min_seconds=0.4"],
+        [*CLI, "run", *args, "timing.min_seconds=0.4"],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.time() + 300
     cells = tmp_path / "results/smoke"
-    while time.time() < deadline:
+
+    def three_rows() -> bool:
         found = list(cells.glob("*/cells.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.2)
+        return bool(found) and len(found[0].read_text().splitlines()) >= 3
+
+    wait_for(three_rows, "three rows are stored", alive=proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     partial = len(rows_of(tmp_path))
@@ -186,7 +183,7 @@ def test_bad_overrides_are_one_line_exit_2_and_write_nothing(
     # one of them as a user meets it, in a fresh process; the others in this one (the same
     # cli.main, its refusal said before anything is written: seconds of imports each saved)
     if args == ("attention=foo",):
-        out = run(*args, cwd=tmp_path, timeout=120)
+        out = run(*args, cwd=tmp_path)
     else:
         out = cli_in_process("run", *args, cwd=tmp_path)
     assert out.returncode == 2
@@ -196,7 +193,7 @@ def test_bad_overrides_are_one_line_exit_2_and_write_nothing(
 
 
 def test_help_helps(tmp_path: Path) -> None:
-    out = run("--help", cwd=tmp_path, timeout=120)
+    out = run("--help", cwd=tmp_path)
     assert out.returncode == 0
     for word in (
         "+sweep=table3",
@@ -207,10 +204,9 @@ def test_help_helps(tmp_path: Path) -> None:
     ):
         assert word in out.stdout
     top = subprocess.run(
-        [sys.executable, "-m", "attnbench.cli", "--help"],
+        [*CLI, "--help"],
         capture_output=True,
         text=True,
-        timeout=60,
     )
     assert top.returncode == 0 and "run" in top.stdout and "list" in top.stdout
 
@@ -286,11 +282,11 @@ def test_parallel_writers_keep_every_row_exactly_once(tmp_path: Path) -> None:
         subprocess.Popen([sys.executable, "-c", APPEND_MANY, str(run_dir), str(w), str(go)])
         for w in range(4)
     ]
-    deadline = time.time() + 60
-    while len(list(flags.glob("up-*"))) < 4 and time.time() < deadline:
-        time.sleep(0.01)
+    up = lambda: len(list(flags.glob("up-*"))) == 4  # noqa: E731
+    # every writer up (or one dead: its exit fails below), then all at once
+    wait_for(lambda: up() or any(p.poll() is not None for p in procs), "the writers are up")
     go.touch()
-    assert [p.wait(60) for p in procs] == [0, 0, 0, 0]
+    assert [p.wait() for p in procs] == [0, 0, 0, 0]
     keys = [r["key"] for r in read_rows(RunStore(run_dir).cells)]
     assert len(keys) == len(set(keys)) == 20 + 4 * 20
 

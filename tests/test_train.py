@@ -274,7 +274,7 @@ def test_train_mode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -
         "run", "+sweep=compare", "mode=train", "n=64", "k=16", "model=tiny", "device=cpu",
         "dtype=fp32", "ceiling=256MB", "progress=false", "timing.min_repeats=2",
         "timing.min_seconds=0.05", "attention=vanilla,sdpa,linformer",
-        cwd=tmp_path, timeout=600,
+        cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = tmp_path / "results/compare/cpu-cpu"
