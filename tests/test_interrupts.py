@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra._internal.utils import run_and_report
 
-from attnbench.sweep import claims
+from attnbench.sweep import claims, command, config, job, slurm
 from tests.conftest import CLI as ATTNBENCH
 from tests.conftest import HANG_S, processes_with, reaped, wait_for
 
@@ -101,6 +102,41 @@ def test_an_interrupted_run_says_what_is_stored_and_leaves_no_temp_files(
     )
     assert resumed.returncode == 0 and "done before" in resumed.stdout, resumed.stderr
     assert _ours(tmp_path) == [] and _gone(mark)  # a normal end leaves nothing either
+
+
+def test_an_interrupt_a_library_turns_into_its_own_error_ends_with_our_line_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CI saw it: Ctrl-C landed inside Hydra's config reader, whose ``finally`` then closed a
+    # file it never opened; Hydra printed that UnboundLocalError's traceback and exited 1.
+    # The same path, in process: Hydra's real reporter, the command's real handler, the
+    # rest of the command (plan, claims, SLURM) stood in for
+    monkeypatch.setattr(config, "prevalidate", lambda args: [("results/smoke/x", "key")])
+    for name in ("begin", "end", "stop_processes"):
+        monkeypatch.setattr(claims, name, lambda *a: None)
+    monkeypatch.setattr(claims, "rows_of", lambda plan: [])
+    monkeypatch.setattr(slurm, "cancel", lambda: "")
+
+    def read_config() -> None:  # as Hydra's ImportlibResourcesConfigSource._read_config
+        try:
+            command._interrupt(signal.SIGINT, None)  # Ctrl-C lands before the file opens
+            f = open(os.devnull)
+        finally:
+            f.close()  # UnboundLocalError, raised while the KeyboardInterrupt unwinds
+
+    monkeypatch.setattr(job, "hydra_main", lambda: run_and_report(read_config))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:  # main() sets its own handlers: put pytest's back after
+        code = command.main(["+sweep=smoke"])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert err.strip().splitlines() == [
+        "attnbench run: interrupted; 0 of 1 cells are stored in results/smoke/x; run the "
+        "same command again to resume (stored cells are not measured again)"
+    ]
 
 
 STUCK = """

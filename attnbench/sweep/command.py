@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from typing import TextIO
 
 from attnbench.env import fix_malloc
 from attnbench.sweep import claims, config, interrupts, job, slurm, slurm_watch
@@ -48,6 +49,23 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _Hushed:
+    """``sys.stderr`` while Hydra runs: it passes every line through until a signal has
+    asked the command to stop, and drops what follows. An interrupt that lands inside a
+    library can come out as another error (Hydra's config reader turns one into an
+    ``UnboundLocalError`` in its ``finally``), which Hydra prints as a traceback before it
+    exits 1; after a Ctrl-C that is noise, and the command's own line says how it ended."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text) if _signalled else self.stream.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
 def main(args: list[str]) -> int:
     """``attnbench run ARGS``: validate every cell first (one line, exit 2, nothing written),
     then hand the same arguments to Hydra. Ctrl-C or SIGTERM: one line saying what is stored
@@ -58,13 +76,18 @@ def main(args: list[str]) -> int:
         signal.signal(signal.SIGINT, _interrupt)
     _signalled.clear()
     plan: list[tuple[str, str]] = []  # filled once validated: _stuck's line counts it too
-    with interrupts.watched(lambda signum: _stuck(signum, plan)):
-        return _run(args, plan)
+    stderr = sys.stderr
+    sys.stderr = _Hushed(stderr)  # type: ignore[assignment]
+    try:
+        with interrupts.watched(lambda signum: _stuck(signum, plan, stderr)):
+            return _run(args, plan, stderr)
+    finally:
+        sys.stderr = stderr
 
 
-def _run(args: list[str], plan: list[tuple[str, str]]) -> int:
+def _run(args: list[str], plan: list[tuple[str, str]], stderr: TextIO) -> int:
     """:func:`main` once its handlers are set: validate (``plan`` filled in place), run,
-    and say how it ended."""
+    and say how it ended (on ``stderr``, the stream that is never hushed)."""
     try:
         if not any(
             a in ("--help", "-h", "--hydra-help", "--info", "-i")
@@ -95,7 +118,7 @@ def _run(args: list[str], plan: list[tuple[str, str]]) -> int:
             raise  # Hydra's own exit (an error it reported), not an interrupt
         with _ending:
             left = _stop()  # no worker or SLURM task may store a row after the line below
-            print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr)
+            print(f"\nattnbench run: {_interrupted(plan)}{left}", file=stderr)
         terminated = isinstance(e, Terminated) or signal.SIGTERM in _signalled
         return 143 if terminated else 130
     finally:  # the plan and the claims of this command are of no use after it
@@ -103,7 +126,7 @@ def _run(args: list[str], plan: list[tuple[str, str]]) -> int:
     return 0
 
 
-def _stuck(signum: int, plan: list[tuple[str, str]]) -> None:
+def _stuck(signum: int, plan: list[tuple[str, str]], stderr: TextIO) -> None:
     """The main thread is inside one native call that holds its handler back: end the
     command from the watching thread, as the handler would have ended it (this command's
     processes killed, the same line, exit 130 or 143). The cell it measures is not stored;
@@ -111,7 +134,7 @@ def _stuck(signum: int, plan: list[tuple[str, str]]) -> None:
     if not _ending.acquire(blocking=False):
         return  # the main thread got out and is saying it
     left = _stop()
-    print(f"\nattnbench run: {_interrupted(plan)}{left}", file=sys.stderr, flush=True)
+    print(f"\nattnbench run: {_interrupted(plan)}{left}", file=stderr, flush=True)
     sys.stdout.flush()
     os._exit(143 if signum == signal.SIGTERM else 130)
 
