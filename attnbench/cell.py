@@ -240,6 +240,8 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     gpu = on_gpu(cell, preset)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
         raise ValueError(f"mode: attention={cell.attention} {why}")
+    if why := layer.refuses(cell.dtype, preset.is_gpu):  # a kernel's own dtypes and devices
+        raise ValueError(why)
     resolved = Resolved(preset, ceiling, gpu, params)
     if gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
         raise ValueError(

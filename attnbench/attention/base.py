@@ -123,6 +123,12 @@ class MultiHeadAttention(nn.Module):
     def _chunk(self) -> int | None:
         return self.step_chunk if getattr(self.cfg, "causal", False) else None
 
+    def refuses(self, dtype: str, gpu: bool) -> str | None:
+        """Why this layer, as configured, cannot run a cell in ``dtype`` on a GPU (``gpu``)
+        or not: one line naming the key, or None. Most layers run anywhere; a kernel of
+        another library refuses what it has no kernel for (the mixers' ``kernel=fla``)."""
+        return None
+
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build the per-length structures a forward at length ``n`` on ``device`` needs
         (flex's block mask) ahead of the first forward, and return the seconds spent building

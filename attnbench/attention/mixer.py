@@ -63,8 +63,9 @@ def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: 
     """The settings every mixer's config shares: ``causal`` must be true (see
     :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) in
     [0, :data:`MAX_CONV`], ``kernel`` one of :data:`KERNELS`, ``fla`` only where it can run
-    (CUDA, the package installed) and at its own chunk of 64. A chunk past n is one chunk
-    of n; a small one's cost is :func:`attnbench.cell_rules.check_traceable`'s."""
+    (CUDA, torch and triton recent enough, the package installed) and at a chunk its op
+    takes (:func:`fla_kernels.check_chunk`). A chunk past n is one chunk of n; a small
+    one's cost is :func:`attnbench.cell_rules.check_traceable`'s."""
     check_bool("causal", causal)
     if not causal:
         raise ValueError(f"causal: {name} is causal only ({CAUSAL_ONLY}); got false")
@@ -74,11 +75,7 @@ def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: 
     if kernel == "fla":
         if why := fla_kernels.why_unavailable():
             raise ValueError(f"kernel: fla cannot run here: {why}; use kernel=torch")
-        if chunk != fla_kernels.CHUNK:
-            raise ValueError(
-                f"chunk: kernel=fla runs flash-linear-attention's chunk of {fla_kernels.CHUNK}, "
-                f"got {chunk}"
-            )
+        fla_kernels.check_chunk(name, chunk)
 
 
 @dataclass
@@ -157,7 +154,8 @@ class RecurrentMixer(MultiHeadAttention):
         real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             s_0 = None if state is None else state.s
-            o, s = fla_kernels.gated(q, k, v, g, scale, real, s_0, self.dtype)
+            chunk, lengths = self.cfg.chunk, at.lengths
+            o, s = fla_kernels.gated(q, k, v, g, scale, real, s_0, self.dtype, chunk, lengths)
             if state is not None:
                 state.s.copy_(s)
             return o
@@ -184,7 +182,8 @@ class RecurrentMixer(MultiHeadAttention):
         real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             s_0 = None if state is None else state.s
-            o, s = fla_kernels.delta(q, k, v, beta, g, real, s_0, self.dtype)
+            chunk, lengths = self.cfg.chunk, at.lengths
+            o, s = fla_kernels.delta(q, k, v, beta, g, real, s_0, self.dtype, chunk, lengths)
             if state is not None:
                 state.s.copy_(s)
             return o
@@ -216,7 +215,8 @@ class RecurrentMixer(MultiHeadAttention):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The layer's dtype (its projections'): what ``kernel=fla`` computes in."""
+        """The layer's dtype (its projections'): what ``kernel=fla`` computes in outside
+        autocast."""
         return self.out_proj.weight.dtype
 
     def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
@@ -230,11 +230,15 @@ class RecurrentMixer(MultiHeadAttention):
 
     def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
         """One pass over the packed rows: the state starts from zeros at each document's
-        first token and the short convolution reads nothing before it. ``kernel=fla``
-        (whose ``cu_seqlens`` is not wired here) runs document by document."""
-        if self.cfg.kernel == "fla" and x.device.type != "meta":
-            return super().attend_packed(x, packing)
+        first token and the short convolution reads nothing before it (``kernel=fla``: one
+        call over every document, their ``cu_seqlens``)."""
         return self.mix(x, Positions.of(None, packing, x.device), None)
+
+    def refuses(self, dtype: str, gpu: bool) -> str | None:
+        """``kernel=fla``: what flash-linear-attention's ops have no kernel for."""
+        if self.cfg.kernel != "fla":
+            return None
+        return fla_kernels.refuses(self.declared[0], dtype, gpu)
 
     def extend_attend(
         self, x: Tensor, state: MixerState, key_padding_mask: Tensor | None

@@ -147,11 +147,13 @@ class Positions:
     """What a mixer's call knows of its positions beyond the inputs, (b, n) each or None:
     ``real``, True at a real token (None: no padding); ``starts``, True where a packed
     document begins and the state starts from zeros again, and ``offsets``, each position's
-    distance from its document's first (None: one sequence a row)."""
+    distance from its document's first (None: one sequence a row); ``lengths``, the packed
+    documents' lengths row after row (a kernel that takes ``cu_seqlens``)."""
 
     real: Tensor | None = None
     starts: Tensor | None = None
     offsets: Tensor | None = None
+    lengths: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, mask: Tensor | None, packing: Packing | None, device: torch.device) -> Positions:
@@ -159,4 +161,4 @@ class Positions:
         if packing is None:
             return cls(real=None if mask is None else ~mask)
         offsets = packing.offsets(device)
-        return cls(starts=offsets == 0, offsets=offsets)
+        return cls(starts=offsets == 0, offsets=offsets, lengths=packing.lengths)
