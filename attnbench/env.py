@@ -115,10 +115,38 @@ def use_threads(requested: int | None) -> int:
     return threads
 
 
-@functools.cache
 def environment() -> dict[str, Any]:
     """A row's ``env``: device, versions, git revision, threads, the CPUs given (a timed
-    row's ``threads`` and ``cpus`` are those of its timing: the runner sets them)."""
+    row's ``threads`` and ``cpus`` are those of its timing: the runner sets them), and the
+    float32 arithmetic of this machine's GPU as it is when the row is made (a user's code
+    may change torch's flags between cells): :func:`fp32_arithmetic`."""
+    return {**machine(), **fp32_arithmetic()}
+
+
+# Triton's tl.dot on fp32 inputs: TF32 on GPUs that have it (compute capability 8.0 on),
+# unless TRITON_F32_DEFAULT says otherwise; exact fp32 before them
+TRITON_F32 = "TRITON_F32_DEFAULT"
+
+
+def fp32_arithmetic() -> dict[str, Any]:
+    """How fp32 matmuls run on this machine's GPU, for both kernels a row may compare:
+    ``tf32_matmul`` and ``tf32_cudnn``, whether torch lets cuBLAS and cuDNN round fp32
+    inputs to TF32 (ours: off and on by default), and ``triton_fp32_dot``, what Triton's
+    ``tl.dot`` does with them (``kernel=fla``'s kernels, which leave it at Triton's
+    default: ``tf32`` from Ampere on). None for each without CUDA."""
+    if not torch.cuda.is_available():
+        return dict.fromkeys(("tf32_matmul", "tf32_cudnn", "triton_fp32_dot"))
+    major, _ = torch.cuda.get_device_capability()
+    return {
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "triton_fp32_dot": (os.environ.get(TRITON_F32) or "tf32") if major >= 8 else "ieee",
+    }
+
+
+@functools.cache
+def machine() -> dict[str, Any]:
+    """What does not change while a process runs."""
     cuda = torch.cuda.is_available()
     return {
         "device_name": torch.cuda.get_device_name() if cuda else cpu_name(),

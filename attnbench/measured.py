@@ -89,6 +89,7 @@ class Found:
     mask_build_s: float | None = None
     eager_peak_bytes: int | None = None
     compiled: Compiled | None = None
+    warmup_s: float | None = None  # a GPU's warm-ups at each new batch (prepare.warms)
     timing: StepTiming | None = None
     recompiled: int = 0  # graphs compiled while timing (compiled code only; 0, or it raised)
     contention: dict[str, Any] | None = None
@@ -123,6 +124,8 @@ def assemble(cell: Cell, res: Resolved, env: dict[str, Any], found: Found) -> Ro
             compile_s=compiled.seconds,
             compilations=compiled.graphs + found.recompiled,
         )
+    if found.warmup_s is not None:
+        fields["warmup_s"] = found.warmup_s
     if (timing := found.timing) is not None:
         fields.update(_timing_fields(timing))
         env = {**env, "threads": timing.whole.threads}

@@ -7,6 +7,7 @@ so that the GPU and the CPU branches get a step ready the one way."""
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import torch
@@ -31,6 +32,26 @@ def runs_compiled(cell: Cell) -> bool:
     """Whether the step runs compiled code: compiled layers, or a mechanism that compiles
     its own kernel."""
     return cell.compile or registry.info(cell.attention).compiles
+
+
+def warms(cell: Cell) -> bool:
+    """Whether the step's first call at a batch it has not run at does more than the step,
+    so that a GPU runs it once at each batch before measuring there (:func:`warm`): compiled
+    code compiles (static shapes: a new batch is a new graph, whose Triton kernels Inductor
+    may then benchmark) and ``kernel=fla``'s Triton kernels autotune, keyed on the batch,
+    each configuration timed beside a 256 MB buffer that flushes the L2 cache."""
+    return runs_compiled(cell) or dict(cell.params).get("kernel") == "fla"
+
+
+def warm(work: Work, device: torch.device, *, grad: bool) -> float:
+    """Run the step once as a probe runs it, unmeasured; its seconds (a device sync
+    included): what autotuning or compiling at this batch cost beside one step."""
+    start = time.perf_counter()
+    with autograd(grad):
+        work()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def eager_peak(work: Work, grad: bool) -> int:

@@ -13,7 +13,8 @@ Columns, in the row's own order:
 * the nested ones flattened: ``params.<name>`` (each mechanism's own, as found in the rows),
   ``model.layers``, ``model.d_model``, ``model.n_heads``, ``model.d_ff``, ``env.device_name``,
   ``env.torch``, ``env.cuda``, ``env.attnbench``, ``env.git_revision``, ``env.threads``,
-  ``env.python`` (and any other key found);
+  ``env.python``, ``env.tf32_matmul``, ``env.tf32_cudnn``, ``env.triton_fp32_dot`` (and
+  any other key found);
 * of the stored ``cell``, only what no other column says — how it was timed:
   ``cell.min_repeats``, ``cell.min_seconds``, ``cell.cpu_batch``, ``cell.time_budget_s``,
   ``cell.flush_l2``, ``cell.model_only``; the rest of it repeats the row's own fields;

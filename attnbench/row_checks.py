@@ -13,7 +13,7 @@ from typing import Any
 
 from attnbench.measure import contention as contention_keys
 from attnbench.quality import tasks
-from attnbench.validators import check_int, check_number
+from attnbench.validators import check_bool, check_int, check_number
 
 # the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
 ENV_FIELDS = {
@@ -25,6 +25,9 @@ ENV_FIELDS = {
     "threads": int,
     "cpus": int,
     "python": str,
+    "tf32_matmul": bool,
+    "tf32_cudnn": bool,
+    "triton_fp32_dot": str,
 }
 # a message quotes the bad value; past this many characters it is cut (one readable line)
 MESSAGE_CHARS = 300
@@ -87,6 +90,8 @@ def env(name: str, value: Any) -> None:
     for key, v in value.items():
         if v is not None and ENV_FIELDS.get(key) is int:
             positive(f"{name}.{key}", v)
+        elif v is not None and ENV_FIELDS.get(key) is bool:
+            check_bool(f"{name}.{key}", v)
         elif v is not None and key in ENV_FIELDS:
             text(f"{name}.{key}", v)
 

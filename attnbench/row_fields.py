@@ -184,6 +184,11 @@ FIELDS: tuple[Field, ...] = (
        " timed batch, compilation included, before anything was timed"),
     _f("compilations", int | None, count, "", "time", "compiled rows: graphs compiled for the"
        " cell (a recompilation while timing is an error row, never a figure)"),
+    _f("warmup_s", float | None, seconds, "s", "time", "GPU rows whose kernels autotune or"
+       " compile at each new batch (`kernel=fla`, compiled code): the seconds of the one"
+       " unmeasured step run at each batch before its probe and before the measurement,"
+       " outside the memory cap and the timing, summed (a compiled cell's compile at the"
+       " timed batch is `compile_s`)"),
     _f("mask_build_s", float | None, seconds, "s", "time", "flex rows: this cell's building of"
        " the block mask, before compiling (masks are cached per (n, pattern) in a process: 0"
        " where an earlier cell built it)"),
@@ -222,7 +227,9 @@ FIELDS: tuple[Field, ...] = (
     _f("pct_of_peak", float | None, seconds, "%", "time", "of the preset's peak (on its own GPU"
        " only)"),
     _f("env", dict[str, Any], env, "", "stored", "device name, torch, CUDA, attnbench, git"
-       " revision, threads, python", default={}, missing={}, column="nested"),
+       " revision, threads, python; with CUDA, fp32's arithmetic: `tf32_matmul`, `tf32_cudnn`"
+       " (torch lets cuBLAS, cuDNN use TF32), `triton_fp32_dot` (Triton's `tl.dot`, which"
+       " `kernel=fla` runs: `tf32` from Ampere on)", default={}, missing={}, column="nested"),
     _f("key", str | None, text, "", "stored", "the cell's key"),
     _f("sweep", str | None, text, "", "stored", "the sweep's name"),
     _f("wall_s", float | None, seconds, "s", "stored", "the cell's wall time"),

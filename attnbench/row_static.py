@@ -67,6 +67,7 @@ class Row(_Record):
     compiled: str | None
     compile_s: float | None
     compilations: int | None
+    warmup_s: float | None
     mask_build_s: float | None
     time_parts: dict[str, dict[str, Any]] | None
     contention: dict[str, Any] | None

@@ -8,9 +8,11 @@ here, with the reason) or ``error`` (the forward raised, with the message).
 
 Where the cell's preset is a GPU and CUDA is here, everything is real: the model predicts the
 max batch, real probes under the ceiling confirm or correct it, and timing is on the GPU at
-that batch. Without CUDA, memory comes from the model (labelled ``modeled``) and time per
-sequence is measured on this CPU in fp32 at ``cpu_batch``, if its estimated cost fits
-``time_budget_s``; a cell over budget says so in ``reason``. The timing, on either device,
+that batch. Each probe frees what it allocated before the next, and a step whose first call
+at a new batch autotunes or compiles makes that call outside the ceiling first. Without
+CUDA, memory comes from the model (labelled ``modeled``) and time per sequence is measured
+on this CPU in fp32 at ``cpu_batch``, if its estimated cost fits ``time_budget_s``; a cell
+over budget says so in ``reason``. The timing, on either device,
 is :mod:`attnbench.timed`'s.
 """
 
@@ -21,7 +23,7 @@ import gc
 
 import torch
 
-from attnbench import plugins, registry, timed
+from attnbench import plugins, prepare, registry, timed
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -97,20 +99,39 @@ def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> i
     return _modeled(work, cell, b, module_bytes(model) + overhead)
 
 
-def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int) -> bool:
-    """A real step at b under the ceiling less the fixed overhead; OOM is caught, the
-    input's allocation included."""
+def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> bool:
+    """A real step at b under the ceiling less the fixed overhead, warmed first where it
+    autotunes or compiles (:func:`_warm`); OOM is caught, the input's allocation included.
+    Fit or not, what the probe allocated is freed before anything else runs."""
     dev = indexed_device(GPU)
     try:
         _feed(work, cell, b, GPU)
+        _warm(work, cell, dev, found)
         measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
         return True
     except torch.OutOfMemoryError:
         return False
     finally:
         work.x = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        _release(work)
+
+
+def _release(work: Work) -> None:
+    """Free what a step left (a failed probe's states or gradients, :meth:`Work.release`),
+    then the allocator's cached blocks: the next peak is read over the weights alone."""
+    work.release()
+    gc.collect()  # a traceback's frames hold a failed step's tensors in cycles
+    torch.cuda.empty_cache()
+
+
+def _warm(work: Work, cell: Cell, device: torch.device, found: Found) -> None:
+    """Where the step's first call at a new batch autotunes or compiles
+    (:func:`prepare.warms`), make that call here: outside the memory cap, before the peak
+    statistics are reset, apart from the timing. Its seconds add up in ``warmup_s``."""
+    if prepare.warms(cell):
+        seconds = prepare.warm(work, device, grad=cell.workload.grad)
+        found.warmup_s = (found.warmup_s or 0.0) + seconds
+        _release(work)
 
 
 def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
@@ -204,12 +225,14 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
     work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)
     if cell.compile:  # the probes run the compiled step: its memory, not the eager one's
         compiled.compile_layers(model, cell.compile_mode, workload.compile_dynamic)
-    if workload.primes and not _cuda_fits(work, cell, res, 1):
+    if workload.primes and not _cuda_fits(work, cell, res, 1, found):
         found.memory = Memory("measured")
         found.stop("oom", "b=1 does not fit")
         return
     if predicted is not None:  # batch=max
-        b, probes = largest_fitting(lambda b: _cuda_fits(work, cell, res, b), max(predicted, 1))
+        b, probes = largest_fitting(
+            lambda b: _cuda_fits(work, cell, res, b, found), max(predicted, 1)
+        )
         found.max_batch = MaxBatch(predicted, b, probes)
     else:
         b = cell.batch
@@ -220,6 +243,7 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
     _feed(work, cell, b, GPU)
     timed.ready(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
     try:
+        _warm(work, cell, dev, found)
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
         why = (

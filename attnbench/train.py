@@ -90,6 +90,15 @@ class TrainStep:
         for part in self.parts:
             part()
 
+    def release(self) -> None:
+        """Drop what a step that stopped midway (out of memory) left: the loss with its graph,
+        the gradients made so far. A finished step leaves neither; the optimizer's state,
+        which every step after the first keeps, stays."""
+        self.loss = None
+        self.model.zero_grad(set_to_none=True)
+        if self.x is not None:
+            self.x.grad = None
+
     def state_tensors(self, *, host_steps: bool) -> list[Tensor]:
         """The optimizer's state (after a first step has made it). ``host_steps=True``
         leaves out Adam's ``step`` counters, which live on the host beside a GPU model

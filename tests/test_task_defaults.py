@@ -84,7 +84,7 @@ def test_a_reference_run_resumes_on_a_machine_with_other_ram(
 
     monkeypatch.setattr(presets, "host_memory_bytes", lambda: STORED_RAM + 8192)
     monkeypatch.setattr(env, "cpu_name", lambda: "Another CPU of the same kind")
-    env.environment.cache_clear()
+    env.machine.cache_clear()
     run = tmp_path / "spectrum" / "cpu-cpu"
     shutil.copytree(ROOT / "results" / "reference" / "spectrum-cpu-cpu", run)
     before = (run / "cells.jsonl").read_bytes()

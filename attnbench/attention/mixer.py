@@ -24,7 +24,7 @@ Choices every mixer makes alike, and why:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -153,12 +153,7 @@ class RecurrentMixer(MultiHeadAttention):
         ours: theirs cannot trace there)."""
         real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
-            s_0 = None if state is None else state.s
-            chunk, lengths = self.cfg.chunk, at.lengths
-            o, s = fla_kernels.gated(q, k, v, g, scale, real, s_0, self.dtype, chunk, lengths)
-            if state is not None:
-                state.s.copy_(s)
-            return o
+            return self._fla(fla_kernels.gated, at, state, q, k, v, g, scale)
         if state is None:
             chunk, starts = self.cfg.chunk, at.starts
             return gated_chunked(q, k, v, g, chunk=chunk, scale=scale, mask=real, starts=starts)[0]
@@ -181,12 +176,7 @@ class RecurrentMixer(MultiHeadAttention):
         :meth:`gated`."""
         real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
-            s_0 = None if state is None else state.s
-            chunk, lengths = self.cfg.chunk, at.lengths
-            o, s = fla_kernels.delta(q, k, v, beta, g, real, s_0, self.dtype, chunk, lengths)
-            if state is not None:
-                state.s.copy_(s)
-            return o
+            return self._fla(fla_kernels.delta, at, state, q, k, v, beta, g)
         if state is None:
             chunk = self.cfg.chunk
             return delta_chunked(q, k, v, beta, g, chunk=chunk, mask=real, starts=at.starts)[0]
@@ -204,6 +194,15 @@ class RecurrentMixer(MultiHeadAttention):
         state.s.copy_(s)
         return o
 
+    def _fla(self, core: Callable[..., tuple[Tensor, Tensor | None]], at: Positions,
+             state: MixerState | None, *inputs: Tensor | float | None) -> Tensor:  # fmt: skip
+        """``core`` of :mod:`fla_kernels` on ``inputs``, from the decode state's S if any."""
+        s_0 = None if state is None else state.s
+        o, s = core(*inputs, at.real, s_0, self.dtype, self.cfg.chunk, at.lengths)
+        if state is not None:
+            state.s.copy_(s)
+        return o
+
     def normed(self, o: Tensor, weight: Tensor, gate: Tensor | None, like: Tensor) -> Tensor:
         """RMSNorm of each head's output o (b, h, n, dv) with ``weight`` (dv), times SiLU of
         ``gate`` (b, n, d) when given, as (b, n, d) in ``like``'s dtype."""
@@ -215,8 +214,7 @@ class RecurrentMixer(MultiHeadAttention):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The layer's dtype (its projections'): what ``kernel=fla`` computes in outside
-        autocast."""
+        """The layer's dtype (its projections'): ``kernel=fla``'s outside autocast."""
         return self.out_proj.weight.dtype
 
     def mix(self, x: Tensor, at: Positions, state: MixerState | None) -> Tensor:
@@ -236,9 +234,8 @@ class RecurrentMixer(MultiHeadAttention):
 
     def refuses(self, dtype: str, gpu: bool) -> str | None:
         """``kernel=fla``: what flash-linear-attention's ops have no kernel for."""
-        if self.cfg.kernel != "fla":
-            return None
-        return fla_kernels.refuses(self.declared[0], dtype, gpu)
+        fla = self.cfg.kernel == "fla"
+        return fla_kernels.refuses(self.declared[0], dtype, gpu) if fla else None
 
     def extend_attend(
         self, x: Tensor, state: MixerState, key_padding_mask: Tensor | None

@@ -32,7 +32,7 @@ from attnbench.quality import tasks
 from attnbench.quality.estimate import note as training_note
 from attnbench.registry import BUILTINS
 from attnbench.sweep import help as help_keys
-from attnbench.sweep import keys, slurm
+from attnbench.sweep import keys, launchers, slurm
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
 from attnbench.sweep.compose import compose_each
 from attnbench.sweep.hydra_api import split_sweep
@@ -163,13 +163,13 @@ def expand_jobs(
     config_dir: str | None = None,
     config_name: str = "config",
     multirun: bool = False,
-    launcher: list[str] | None = None,
+    launcher: list[DictConfig] | None = None,
 ) -> tuple[list[DictConfig], bool]:
     """Every job's composed config, expanded exactly as a multirun will expand them (sweep
     file params first, the command line winning), and whether the command is a multirun;
-    ``launcher``, if given, receives the Hydra launcher's ``_target_`` (however it was
-    chosen: command line, sweep file, ``--config-dir``). Raises ValueError with one line on
-    a bad override."""
+    ``launcher``, if given, receives the Hydra launcher's config (``_target_``, ``n_jobs``
+    …, however it was chosen: command line, sweep file, ``--config-dir``). Raises
+    ValueError with one line on a bad override."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -187,7 +187,7 @@ def expand_jobs(
             base = compose(config_name, overrides=fixed + search, return_hydra_config=True)
             multirun = multirun or str(base.hydra.mode).endswith("MULTIRUN")
             if launcher is not None:
-                launcher.append(str(base.hydra.launcher.get("_target_", "")))
+                launcher.append(base.hydra.launcher)
             if not multirun:
                 if len(fixed) != len(parsed):
                     raise ValueError(
@@ -242,7 +242,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     read-only or misplaced ``out_dir`` is one line here, not a traceback once cells ran."""
     overrides, valued, bare = split_args(args)
     hydra_dirs = check_hydra_dirs(overrides)
-    launcher: list[str] = []
+    launcher: list[DictConfig] = []
     jobs, is_sweep = expand_jobs(
         overrides,
         valued.get("--config-dir", valued.get("-cd")),
@@ -251,9 +251,10 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         launcher=launcher,
     )
     plan: dict[tuple[str, str], None] = {}
+    on_gpu: set[tuple[str, str]] = set()  # the cells that run on this machine's GPU
     # jobs on other machines (SLURM) check timing.threads against their own CPUs, where
     # they run (an error row naming the key); this process's CPUs say nothing of theirs
-    here = not slurm.runs_elsewhere(launcher[0])
+    here = not slurm.runs_elsewhere(str(launcher[0].get("_target_", "")))
     left_out: list[str] = []
     once: dict[str, None] = {}  # why some jobs are one cell: said once each, not per job
     config_dir = valued.get("--config-dir", valued.get("-cd"))
@@ -267,7 +268,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
             left_out.append(f"{cell.label}: {why}")
             continue
         preset = preset_from_cfg(cfg)
-        cells.validate(cell, preset)
+        gpu = cells.validate(cell, preset).on_gpu
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
             resolve_threads(cell.threads)
             if line := training_note(cell):  # hours of training: said before it starts
@@ -278,6 +279,10 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         elif planned in plan:
             once[f"{cell.label}: the same cell as another job, measured once"] = None
         plan[planned] = None
+        if gpu:
+            on_gpu.add(planned)
+    if is_sweep:
+        launchers.check_one_gpu(launcher[0], len(on_gpu))
     _say_once(left_out, list(once))
     if not plan:
         raise ValueError(

@@ -34,7 +34,7 @@ from attnbench.resume import stored_key
 from attnbench.row import Row
 from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError
-from attnbench.sweep import claims, interrupts
+from attnbench.sweep import claims, interrupts, launchers
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg
 from attnbench.sweep.config import register_user_options
 from attnbench.sweep.finish import busy_line
@@ -70,7 +70,7 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
 def _isolated() -> bool:
     """joblib's loky reuses worker processes: run each cell in a fresh one there."""
     try:
-        return "joblib" in str(HydraConfig.get().launcher.get("_target_", "")).lower()
+        return launchers.is_joblib(str(HydraConfig.get().launcher.get("_target_", "")))
     except ValueError:
         return False
 

@@ -62,6 +62,11 @@ class Work:
         """Tensors a first step made that every later step keeps (an optimizer's state)."""
         return []
 
+    def release(self) -> None:
+        """Drop what a step keeps on this object and a step that stopped midway (out of
+        memory in a probe) left behind, so that the next probe's peak is not read with it
+        alive; what :meth:`state_tensors` holds stays. A forward keeps nothing."""
+
     def modeled_peak(self, base: int) -> int | None:
         """The step's peak on meta above nothing, ``base`` bytes counted live, where tracking
         one call of it is not the figure (decode: the larger of two scenarios); None: the

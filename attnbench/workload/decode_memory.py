@@ -139,6 +139,10 @@ class ServingScenario(Work):
         self.states = self.token = None  # nothing of the probe outlives it
         return out
 
+    def release(self) -> None:
+        """The states and the token, which a call that stopped midway leaves set."""
+        self.states = self.token = None
+
     def modeled_peak(self, base: int) -> int:
         """What one call of this work peaks at, without tracing a prefill per batch: the
         larger of a decode step of all b (their states at n, the step's transient) and the

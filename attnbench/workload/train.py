@@ -92,6 +92,9 @@ class StepWork(Work):
         # on a GPU, Adam's step counters live on the host (capturable=False, the default)
         return self.step.state_tensors(host_steps=self.gpu)
 
+    def release(self) -> None:
+        self.step.release()
+
 
 class Train(Workload):
     name = "train"
