@@ -1,284 +1,109 @@
-"""GPU check: real against modeled max batch, probes, and time ratios, under a 16 GB ceiling.
+"""GPU check: what has never run on a GPU first, then real against modeled max batch, probes
+and time ratios under a 16 GB ceiling; within one device window (``--budget``).
 
-For vanilla, sdpa and Linformer (layerwise; k = 128, 256) at n = 512 ... 16384 on the
-``v100_16gb`` preset in fp16, each cell runs through :func:`attnbench.runner.run_cell`: the
-model predicts the max batch, real probes under ``set_per_process_memory_fraction`` confirm
-or correct it, and the forward is timed at that batch with CUDA events. Then the same for
-``mode=train`` (n = 512 ... 4096, AdamW, fp16 autocast, and with ``checkpoint=true`` at
-n = 1024): real training steps probe the training max batch, which checks the training
-memory model — its emulated CUDA autocast and fused-kernel choice included — against the
-allocator. Then serving (``mode=decode``, ``batch=max``, fp16, 64 tokens after a prompt of
-n = 2048): vanilla, vanilla with grouped-query heads (kv_heads = 3), sdpa, linear and
-local. The model predicts the serving max batch (every sequence's cache or state beside the
-weights and one prefill), real probes confirm or correct it, and each decode step is timed
-at that batch: the time per token, and the bytes a step reads over its time (the achieved
-bandwidth) against the copy bandwidth of the same GPU. Full rows go to ``--out`` as JSON
-lines (written as each cell finishes); two short tables are printed at the end.
+Each cell runs through :func:`attnbench.runner.run_cell`. At ``batch=max`` the model
+predicts the max batch, real probes under ``set_per_process_memory_fraction`` confirm or
+correct it, and the step is timed at that batch with CUDA events; at a fixed batch the peak
+and the time are measured there. The ``v100_16gb`` preset and fp16 throughout but where
+said. The cells, in this order (a device window is 15 minutes, start-up included, and may
+not come twice: what has never run on a GPU comes first):
 
-The decode cells use the ``h100_80gb`` preset (the serving batch of the card this check is
-meant for: tens of thousands of sequences for linear, each slot past the first a copy of the
-one prefilled state, not a prefill of its own); ``--decode-device v100_16gb`` puts them under
-the 16 GB ceiling of the other cells, for a GPU with less than 80 GB. A preset this GPU
-cannot hold ends the script before anything runs.
+1. **fla against torch**: each recurrent mixer (retnet, gla, mamba2, deltanet,
+   gated_deltanet), causal, n = 2048, flash-linear-attention's kernels (``kernel=fla``)
+   beside our chunked cores (``kernel=torch``) at one batch for both, so that the rows
+   differ by the kernel alone and no search spends the window: the forward (b = 8), a
+   training step (AdamW, fp16 autocast over fp32 weights, b = 2), decode (64 tokens after a
+   prompt of n, b = 8) and a packed forward (``mode=packed``: the default draw, lognormal
+   documents around 1024 tokens under 16 384 a copy, one row a copy, b = 2).
+2. **An fp32 Gated DeltaNet**, both kernels, the forward (fla's ``tl.dot`` runs fp32 as
+   TF32 on this GPU; the rows record it).
+3. **flex trains after an inference cell**: flex (window) at n = 4096, the forward and
+   then a training step in one process (the first run's finding 5: a block mask cached
+   under ``inference_mode`` could not be saved for backward).
+4. **Decode over a mix**: vanilla and sdpa serving drawn prompts (``contexts=drawn``, the
+   same draw) beside every prompt n = 2048, at the serving preset's max batch.
+5. **Packed against padded**: sdpa and Gated DeltaNet (``kernel=fla``), one draw packed
+   and padded, ``batch=max``.
+6. **The allocator's fragmentation**: sdpa and Linformer (k = 256, layerwise) at n = 512
+   with the default allocator, then with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+   in a child process (the setting is read when CUDA starts); the first run's finding 3:
+   the modeled max batch 8-25 % over the real one while the bytes agree. The row's
+   ``env`` records the setting.
+7. **The rest of the first run** (the cells it never finished first): Table 3 (vanilla,
+   sdpa, Linformer layerwise k = 128, 256; n = 512 ... 16384) and the other mechanisms'
+   forward (the zoo, and the mixers on both kernels at ``batch=max``); training steps
+   (n = 512 ... 4096, and with ``checkpoint=true`` at 1024), which check the training
+   memory model, its emulated autocast included, against the allocator; compiled cells
+   (``compile=true``, n = 4096: vanilla, sdpa, linear, local, whose probes run the compiled
+   step, and flex in the eager model and compiled, forward and training step); serving
+   (``mode=decode``, ``batch=max``, 64 tokens after n = 2048: vanilla, vanilla with
+   kv_heads = 3, sdpa, linear, local and the mixers): the serving max batch, the time per
+   token, and the bytes a step reads over its time against the GPU's copy bandwidth.
 
-Then compiled cells (``compile=true``, every layer under ``torch.compile``, n = 4096, fp16,
-batch max under the 16 GB ceiling): vanilla, sdpa, linear and local, whose max-batch probes
-run the compiled step (the compiled memory, measured), and ``flex`` with local's window, in
-the eager model (its kernel compiled) and compiled, inference and a training step (no
-backward on a CPU: this is where flex trains). Their compile times are in the rows.
+Serving runs under the ``h100_80gb`` preset (``--decode-device v100_16gb`` on a GPU with
+less than 80 GB; a preset this GPU cannot hold ends the script before anything runs). A cell
+that validation refuses (fla's fp32 delta rule, flex's backward on a CPU) is listed with its
+reason and skipped. Rows go to ``--out`` as JSON lines, each as its cell finishes; the tables
+are printed at the end. ``--plan`` prints the order with each cell's estimated seconds,
+without a GPU; ``--budget S`` stops before S seconds, and ``--resume`` goes on from there
+(scripts/gpu_check_plan.py: how estimates are made, and the stopping rule).
 
-    bash scripts/gpu_check.sh                  # on a CUDA machine; writes results/gpu_check/
-    bash scripts/gpu_check.sh --decode-only    # the serving cells alone (a few minutes)
+    bash scripts/gpu_check.sh --budget 540       # on a CUDA machine; writes results/gpu_check/
+    python scripts/gpu_check.py --plan --budget 540   # anywhere: what that call runs
+    bash scripts/gpu_check.sh --decode-only      # the serving cells alone
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
+from gpu_check_cells import (
+    ALLOC_ENV,
+    DECODE_TOKENS,
+    GPU,
+    NS_DECODE,
+    SMOKE,
+    TIMING,
+    Item,
+    _done_key,
+    decode_cell,
+    decode_cells,
+    order,
+)
+from gpu_check_plan import Estimates, Step, as_on_a_gpu, parse_budget, plan_lines, run, schedule
+from gpu_check_tables import decode_table, residual_table, table
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import validate
 from attnbench.env import fix_malloc
 from attnbench.measure import presets
-from attnbench.row import Row, read
-from attnbench.runner import MemoryModel, run_cell
+from attnbench.row import read
+from attnbench.runner import run_cell
 
-NS = (512, 1024, 2048, 4096, 8192, 16384)
-NS_TRAIN = (512, 1024, 2048, 4096)
-LAYERWISE = (("sharing", "layerwise"),)
-EAGER = (("kernel", "eager"), ("sharing", "layerwise"))  # the paper's materialised n × k P̄
-MECHANISMS = (
-    ("vanilla", None, ()),
-    ("sdpa", None, ()),
-    ("linformer", 128, EAGER),
-    ("linformer", 256, EAGER),
-    ("linformer", 256, LAYERWISE),
-)
-# the other mechanisms at their default budgets, inference only: each one's first
-# real CUDA forward, its memory model against the device, and its time beside vanilla's
-ZOO = tuple(
-    (name, None, params)
-    for name in ("performer", "nystromformer", "linear", "local", "reformer", "vanilla")
-    for params in ((), (("causal", True),))
-    if not (name == "nystromformer" and params) and not (name == "vanilla" and not params)
-)
-MIXER_NAMES = ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
+# what the tests and a reader reach through this script
+__all__ = ["DECODE_TOKENS", "NS_DECODE", "TIMING", "decode_cells", "main", "order"]
 
 
-def mixers() -> tuple:
-    """The recurrent mixers, causal, inference: our chunked cores, and beside each
-    flash-linear-attention's kernels (kernel=fla) where they can run here: ours against theirs."""
-    from attnbench.attention import fla_kernels
-
-    kernels = ("torch",) if fla_kernels.why_unavailable() else ("torch", "fla")
-    return tuple(
-        (name, None, (("causal", True), ("kernel", kernel)))
-        for name in MIXER_NAMES
-        for kernel in kernels
-    )
+def validated(items: list[Item]) -> tuple[dict[str, Any], list[tuple[Item, str]]]:
+    """Each item's validation (by key), and the items refused with their one-line reason."""
+    resolved, refused = {}, []
+    for item in items:
+        try:
+            resolved[_done_key(item)] = validate(item.cell)
+        except ValueError as e:
+            refused.append((item, str(e)))
+    return resolved, refused
 
 
-TIMING = {"min_repeats": 3, "min_seconds": 0.3}  # keeps the whole check near 5 min on an H100
-# serving: (mechanism, grouped-query heads): kv_heads = n_heads / 4 where True (3 of 12, as
-# +sweep=serving), each at every n of NS_DECODE, causal, its decode steps timed
-DECODE = (
-    ("vanilla", False),
-    ("vanilla", True),
-    ("sdpa", False),
-    ("linear", False),
-    ("local", False),
-    *((name, False) for name in MIXER_NAMES),
-)
-NS_DECODE = (2048,)
-# compiled: (mechanism, params, mode, compile) at NS_COMPILED
-COMPILED = (
-    *((name, (), "inference", True) for name in ("vanilla", "sdpa", "linear", "local")),
-    *(
-        ("flex", (("pattern", "window"),), mode, comp)
-        for mode in ("inference", "train")
-        for comp in (False, True)
-    ),
-)
-NS_COMPILED = (4096,)
-DECODE_TOKENS = 64  # the steps timed at the max batch (the first two are warm-ups)
-
-
-def cells(
-    ns: tuple[int, ...],
-    shape: dict,
-    device: str,
-    dtype: str,
-    mechanisms: tuple = MECHANISMS,
-    **train: object,
-) -> list[Cell]:
-    return [
-        Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape, **train)
-        for n in ns
-        for name, k, params in mechanisms
-        if k is None or k < n
-    ]
-
-
-def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) -> list[Cell]:
-    """Inference at ``ns`` (the zoo too); a training step at ``ns_train``; checkpointed at
-    the second."""
-    return (
-        cells(ns, shape, device, dtype)
-        + cells(ns, shape, device, dtype, ZOO)
-        + cells(ns, shape, device, dtype, mixers())
-        + cells(ns_train, shape, device, dtype, mode="train")
-        + cells(
-            ns_train[1:2], shape, device, dtype, mode="train", mode_settings={"checkpoint": True}
-        )
-    )
-
-
-def decode_cells(
-    ns: tuple[int, ...], shape: dict, device: str, dtype: str, batches: tuple = ("max",)
-) -> list[Cell]:
-    """The serving cells: each of :data:`DECODE` at each n and batch, causal."""
-    return [
-        Cell(
-            name,
-            n=n,
-            batch=batch,
-            params=(("causal", True),),
-            device=device,
-            dtype=dtype,
-            mode="decode",
-            mode_settings={"decode_tokens": DECODE_TOKENS},
-            kv_heads=shape.get("n_heads", 12) // 4 if gqa else None,
-            **shape,
-        )
-        for n in ns
-        for batch in batches
-        for name, gqa in DECODE
-    ]
-
-
-def compiled_cells(
-    ns: tuple[int, ...], shape: dict, device: str, dtype: str, gpu: bool = True
-) -> list[Cell]:
-    """The compiled cells: each of :data:`COMPILED` at each n (flex's training only on a
-    GPU: there is no FlexAttention backward on a CPU)."""
-    return [
-        Cell(name, n=n, params=params, device=device, dtype=dtype, mode=mode, compile=comp, **shape)
-        for n in ns
-        for name, params, mode, comp in COMPILED
-        if gpu or not (name == "flex" and mode == "train")
-    ]
-
-
-def decode_table(rows: list[Row]) -> str:
-    """Serving: the real max batch beside the modeled one, the time of a step (one token of
-    each sequence), and the bytes it reads over that time against the copy bandwidth."""
-    lines = [
-        "| mechanism | n | batch | max b | memory | modeled max b | probes | model error | "
-        "state MB/seq | ms/token | tokens/s | achieved GB/s | copy GB/s | of copy | status |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        kv = (r.model or {}).get("kv_heads")
-        name = r.attention + (f" kv_heads={kv}" if kv else "")
-        d = r.decode or {}
-        step, rate = r.time_median_s, d.get("tokens_per_s")
-        bw, copy = d.get("bytes_per_s"), d.get("copy_bytes_per_s")
-        lines.append(
-            f"| {name} | {r.n} | {r.batch_asked} | {r.max_batch} | {r.memory_source} | "
-            f"{r.predicted_max_batch} | {r.probes} | {r.model_error} | "
-            f"{'-' if r.state_bytes is None else f'{r.state_bytes / 1e6:.2f}'} | "
-            f"{'-' if step is None else f'{step * 1e3:.3f}'} | "
-            f"{'-' if rate is None else f'{rate:.0f}'} | "
-            f"{'-' if bw is None else f'{bw / 1e9:.0f}'} | "
-            f"{'-' if copy is None else f'{copy / 1e9:.0f}'} | "
-            f"{'-' if not (bw and copy) else f'{bw / copy:.0%}'} | "
-            f"{r.status if r.status == 'ok' else r.status + ': ' + str(r.reason)} |"
-        )
-    return "\n".join(lines)
-
-
-def residual_table(rows: list[Row], todo: list[Cell]) -> str:
-    """The memory model against the allocator, bytes not batches: each eager row's modeled
-    peak at the batch the probes found, beside ``torch.cuda.max_memory_allocated`` there
-    (both with the preset's overhead), and what the allocator reserved beyond it. A max
-    batch the model overstates while its bytes agree is the allocator's fragmentation."""
-    cells = {_done_key(c): c for c in todo}
-    lines = [
-        "| cell | max b | modeled GB | allocated GB | model − allocated | reserved − allocated |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        cell = cells.get(_done_key(r))
-        if r.status != "ok" or r.compile or not r.max_batch or cell is None or not r.peak_bytes:
-            continue
-        modeled = MemoryModel(cell, validate(cell)).peak(r.max_batch)
-        extra = (r.peak_reserved_bytes or r.peak_bytes) - r.peak_bytes
-        lines.append(
-            f"| {cell.label} | {r.max_batch} | {modeled / 1e9:.3f} | {r.peak_bytes / 1e9:.3f} | "
-            f"{(modeled - r.peak_bytes) / r.peak_bytes:+.2%} | {extra / r.peak_bytes:.1%} |"
-        )
-    return "\n".join(lines)
-
-
-def table(rows: list[Row]) -> str:
-    def work(r: Row) -> tuple:
-        return (r.mode, r.checkpoint, bool(dict(r.params).get("causal")), r.compile)
-
-    base = {(r.n, work(r)): r for r in rows if r.attention == "vanilla"}
-    lines = [
-        "| mechanism | mode | n | max b | memory | modeled max b | probes | model error | "
-        "time/seq ms | time ratio vs vanilla | memory ratio vs vanilla | status |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        kernel = dict(r.params).get("kernel")
-        name = (
-            r.attention
-            + (f" k={r.k}" if r.k else "")
-            + (f" {kernel}" if kernel else "")
-            + (" causal" if work(r)[2] else "")
-        )
-        v = base.get((r.n, work(r)))
-        mode = r.mode + (" checkpoint" if r.checkpoint else "") + (" compiled" if r.compile else "")
-        t, tv = r.time_per_seq_s, v and v.time_per_seq_s
-        mb, mbv = r.max_batch, v and v.max_batch
-        lines.append(
-            f"| {name} | {mode} | {r.n} | {mb} | {r.memory_source} | "
-            f"{r.predicted_max_batch} | {r.probes} | "
-            f"{r.model_error} | {'-' if t is None else f'{t * 1e3:.3f}'} | "
-            f"{'-' if not (t and tv) else f'{tv / t:.2f}'} | "
-            f"{'-' if not (mb and mbv) else f'{mb / mbv:.2f}'} | "
-            f"{r.status if r.status == 'ok' else r.status + ': ' + str(r.reason)} |"
-        )
-    return "\n".join(lines)
-
-
-def _done_key(c: Cell | Row) -> str:
-    """What tells this script's cells apart, read alike from a cell and from its stored row."""
-    return json.dumps(
-        [
-            c.attention,
-            c.n,
-            c.k,
-            sorted(dict(c.params).items()),
-            c.mode,
-            c.compile,
-            c.device,
-            bool(c.settings.get("checkpoint") if isinstance(c, Cell) else c.checkpoint),
-            c.batch if isinstance(c, Cell) else c.batch_asked,
-            (c.shape if isinstance(c, Cell) else c.model or {}).get("kv_heads"),
-        ],
-        default=str,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    fix_malloc()  # the CPU smoke times on the CPU: the same steady allocator as attnbench run
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/gpu_check/rows.jsonl"))
     parser.add_argument(
@@ -287,21 +112,31 @@ def main(argv: list[str] | None = None) -> int:
         help="tiny shapes on the CPU preset: tests this script without a GPU",
     )
     parser.add_argument(
-        "--decode-only",
-        action="store_true",
-        help="only the serving (mode=decode) cells",
+        "--decode-only", action="store_true", help="only the serving (mode=decode) cells"
     )
     parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the rows already in --out and run only the cells they lack (a check cut "
-        "off by a time limit goes on where it stopped)",
+        "off by --budget or a time limit goes on where it stopped)",
     )
     parser.add_argument(
-        "--zoo-last",
+        "--plan",
         action="store_true",
-        help="run the zoo's inference cells after the training, compiled and serving ones "
-        "(when device time is short, the zoo is what can wait)",
+        help="print the cells in order with their estimated seconds and the sum, run "
+        "nothing (no GPU needed); with --budget, where that call would stop",
+    )
+    parser.add_argument(
+        "--budget",
+        metavar="SECONDS",
+        help="stop before this many seconds from the start: no cell starts whose estimate "
+        "would pass it (the tables' time reserved); rows kept, --resume continues",
+    )
+    parser.add_argument(
+        "--estimates",
+        type=Path,
+        default=Path("results/gpu_check/rows.jsonl"),
+        help="the last GPU run's rows, whose wall times estimate each cell (default: %(default)s)",
     )
     parser.add_argument(
         "--decode-device",
@@ -310,92 +145,150 @@ def main(argv: list[str] | None = None) -> int:
         help="the device preset of the serving cells' max batch (default: %(default)s; "
         "v100_16gb on a GPU with less memory)",
     )
-    args = parser.parse_args(argv)
-    if args.cpu_smoke:
-        tiny = {
-            "layers": 2,
-            "d_model": 64,
-            "n_heads": 4,
-            "d_ff": 128,
-            "min_repeats": 2,
-            "min_seconds": 0.0,
-            "ceiling_bytes": 64 << 20,
-        }
-        # serving: batch=max is modeled only on a CPU; vanilla at batch=2 times its steps
-        decode = decode_cells((128,), tiny, "cpu", "fp32")
-        decode += [replace(c, batch=2) for c in decode[:1]]
-        todo = compiled_cells((128,), tiny, "cpu", "fp32", gpu=False)
-        todo += [c for c in all_cells((64, 128), (64, 128), tiny, "cpu", "fp32") if c.k is None]
-        todo += [
-            Cell(
-                "linformer",
-                n=128,
-                k=32,
-                params=(("sharing", "layerwise"),),
-                device="cpu",
-                dtype="fp32",
-                layers=2,
-                d_model=64,
-                n_heads=4,
-                d_ff=128,
-                min_repeats=2,
-                min_seconds=0.0,
-                ceiling_bytes=64 << 20,
-            )
-        ]
-    else:
-        if not torch.cuda.is_available():
-            print(
-                "gpu_check: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
-                "use --cpu-smoke to exercise the script",
-                file=sys.stderr,
-            )
-            return 2
-        todo = all_cells(NS, NS_TRAIN, TIMING, "v100_16gb", "fp16")
-        todo += compiled_cells(NS_COMPILED, TIMING, "v100_16gb", "fp16")
-        decode = decode_cells(NS_DECODE, TIMING, args.decode_device, "fp16")
-    todo = decode if args.decode_only else todo + decode
-    try:  # a preset this GPU cannot hold: one line now, not a traceback minutes in
-        validate(decode[0])
+    parser.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
+    # gpu_check.sh's start (seconds since the epoch): --budget counts from there
+    parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--alloc-conf", help=argparse.SUPPRESS)  # the child of section 6
+    return parser
+
+
+def error(message: str) -> int:
+    print(f"gpu_check: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parser().parse_args(argv)
+    if args.started is not None:
+        started -= min(max(time.time() - args.started, 0.0), 60.0)
+    try:
+        budget = parse_budget(args.budget)
     except ValueError as e:
-        print(f"gpu_check: error: --decode-device {args.decode_device}: {e}", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = read(args.out) if args.resume and args.out.exists() else []
+        return error(str(e))
+    if args.check_args:  # gpu_check.sh: the arguments, before it writes anything
+        return 0
+    gpu = not args.cpu_smoke
+    if gpu and not args.plan and not torch.cuda.is_available():
+        return error(
+            "needs a CUDA GPU (torch.cuda.is_available() is False); use --plan to see what "
+            "it would run, --cpu-smoke to exercise the script"
+        )
+    profile = replace(GPU, decode_device=args.decode_device) if gpu else SMOKE
+    try:
+        rows = read(args.out) if args.resume and args.out.exists() else []
+    except (ValueError, OSError) as e:
+        return error(f"--out {args.out}: cannot read its rows to resume: {e}")
+    try:
+        before = read(args.estimates) if args.estimates.exists() else []
+    except (ValueError, OSError) as e:
+        return error(f"--estimates {args.estimates}: cannot read its rows: {e}")
+    estimates = Estimates.of(before, _done_key, str(args.estimates))
+    items = order(profile, set(estimates.measured))
+    if args.decode_only:
+        items = [i for i in items if i.cell.mode == "decode"]
+    if args.alloc_conf is not None:  # the child: its own cells alone
+        items = [i for i in items if i.alloc == args.alloc_conf]
+    if not args.plan:
+        try:  # a preset this GPU cannot hold: one line now, not a refusal per cell
+            first = profile.ns_decode[0]
+            validate(
+                decode_cell("vanilla", first, profile.shape, profile.decode_device, profile.dtype)
+            )
+        except ValueError as e:
+            return error(f"--decode-device {args.decode_device}: {e}")
+    with as_on_a_gpu() if args.plan and gpu else contextlib.nullcontext():
+        resolved, refused = validated(items)
     done = {_done_key(r) for r in rows}
-    left = [c for c in todo if _done_key(c) not in done]
-    if args.zoo_last:
-        zoo = {_done_key(c) for c in todo if c.mode == "inference" and not c.compile}
-        zoo -= {_done_key(c) for c in cells(NS, TIMING, "v100_16gb", "fp16")}
-        left.sort(key=lambda c: _done_key(c) in zoo)  # stable: otherwise in order
+    left = [i for i in items if _done_key(i) not in done and _done_key(i) in resolved]
+    mine = os.environ.get(ALLOC_ENV)
+
+    def estimate(item: Item) -> tuple[float, str]:  # another allocator's: the default's time
+        return estimates.seconds(item.cell, _done_key(item), _done_key(item.cell))
+
+    steps = schedule(left, estimate, mine)
+
+    def describe(item: Item) -> str:
+        c = item.cell
+        return (
+            c.label
+            + (f" b={c.batch}" if c.batch != "max" else "")
+            + (f" {c.dtype}" if c.dtype != profile.dtype else "")
+            + (f" on {c.device}" if c.device != profile.device else "")
+            + (f" {ALLOC_ENV}={item.alloc}" if item.alloc else "")
+        )
+
+    if args.plan:
+        print("\n".join(plan_lines(steps, refused, estimates, budget, len(rows), describe)))
+        return 0
+    fix_malloc()  # the CPU smoke times on the CPU: the same steady allocator as attnbench run
+    if args.alloc_conf is None:
+        for item, why in refused:
+            print(f"gpu_check: refused at validation, not run: {describe(item)}: {why}")
     if rows:
         print(f"gpu_check: {len(rows)} rows kept from {args.out}, {len(left)} cells to run")
-    with args.out.open("a" if rows else "w") as f:
-        for i, cell in enumerate(left, 1):
-            start = time.perf_counter()
-            row = run_cell(cell)
-            row.wall_s = time.perf_counter() - start
-            rows.append(row)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        args.out.write_text("")
+    count = iter(range(1, len(left) + 1))
+
+    def run_one(step: Step) -> None:
+        item, start = step.item, time.perf_counter()
+        row = run_cell(item.cell, resolved[_done_key(item)])
+        row.wall_s = time.perf_counter() - start
+        if mine:  # the allocator setting it ran under (section 6)
+            row.update(env={**row.env, ALLOC_ENV: mine})
+        rows.append(row)
+        done.add(_done_key(row))
+        with args.out.open("a") as f:
             f.write(row.to_json() + "\n")
-            f.flush()
-            print(
-                f"[{i}/{len(left)}] {cell.label}: {row.status} "
-                f"b={row.max_batch} ({row.wall_s:.1f} s)",
-                flush=True,
-            )
+        print(
+            f"[{next(count)}/{len(left)}] {describe(item)}: {row.status} "
+            f"b={row.max_batch} ({row.wall_s:.1f} s)",
+            flush=True,
+        )
+
+    def run_child(alloc: str | None, group: list[Step], left_s: float | None) -> None:
+        command = [sys.executable, __file__, "--resume", "--out", str(args.out)]
+        command += ["--estimates", str(args.estimates), "--alloc-conf", str(alloc)]
+        command += ["--decode-device", args.decode_device]
+        command += ["--cpu-smoke"] * args.cpu_smoke + ["--decode-only"] * args.decode_only
+        command += [] if left_s is None else ["--budget", f"{max(left_s, 1e-3):.3f}"]
+        env = {k: v for k, v in os.environ.items() if k != ALLOC_ENV}
+        print(f"gpu_check: {len(group)} cells in a process with {ALLOC_ENV}={alloc}", flush=True)
+        code = subprocess.run(command, env={**env, ALLOC_ENV: alloc} if alloc else env).returncode
+        if code:
+            print(f"gpu_check: that process exited {code}", flush=True)
+        rows[:] = read(args.out)
+        done.update(_done_key(r) for r in rows)
+        for _ in group:  # numbered there
+            next(count, None)
+
+    not_run = run(
+        steps, budget=budget, start=started, clock=time.monotonic, rows=len(rows),
+        run_one=run_one, run_child=run_child, done=lambda i: _done_key(i) in done,
+    )  # fmt: skip
+    if args.alloc_conf is not None:  # the child: its parent prints the tables
+        return 0
     device = rows[0].env["device_name"] if rows else "?"
     print(
-        f"\n{device}, torch {torch.__version__}, preset {todo[0].device}, {todo[0].dtype}; "
+        f"\n{device}, torch {torch.__version__}, preset {profile.device}, {profile.dtype}; "
         f"rows in {args.out}\n"
     )
-    rest = [r for r in rows if r.mode != "decode"]
-    if rest:
-        print(table(rest))
+    if rest := [r for r in rows if r.mode != "decode"]:
+        print(table(rest, profile.dtype))
     if served := [r for r in rows if r.mode == "decode"]:
         print(f"\nserving ({served[0].device}, {served[0].dtype}):\n")
         print(decode_table(served))
     print("\nthe memory model against the allocator, at each measured max batch:\n")
-    print(residual_table(rows, todo))
+    print(residual_table(rows, items))
+    if not_run := [s for s in not_run if s.item is not None]:
+        why = f"--budget {budget:g} s" if budget else "a child process did not finish"
+        print(
+            f"\ngpu_check: stopped ({why}) before {len(not_run)} cells "
+            f"({sum(s.seconds for s in not_run):.0f} s estimated); --resume runs them:"
+        )
+        print("\n".join(f"  {describe(s.item)}" for s in not_run))
     return 0
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import math
 from collections.abc import Callable
 
@@ -296,89 +295,6 @@ def test_presets_say_what_they_hold() -> None:
     assert v100.total_bytes == 16160 * MiB and v100.usable_bytes < v100.total_bytes
     assert "bf16" not in v100.peak_flops and presets.load("a100_40gb").peak_flops["bf16"] > 0
     assert presets.load("cpu").total_bytes > 0 and validate(Cell("vanilla", n=8, device="cpu"))
-
-
-def test_gpu_check_script_runs_its_cpu_smoke(tmp_path) -> None:
-    import subprocess
-    import sys
-
-    out = tmp_path / "rows.jsonl"
-    done = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--cpu-smoke", "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "| linformer k=32 | inference | 128 |" in done.stdout
-    assert "| sdpa | train checkpoint | 128 |" in done.stdout
-    assert "| local causal | inference | 128 |" in done.stdout  # the zoo
-    # serving: the max batch of each decode cell (modeled on a CPU), one of them timed
-    assert "| vanilla kv_heads=1 | 128 | max |" in done.stdout
-    assert "| linear | 128 | max |" in done.stdout
-    timed = next(
-        line for line in done.stdout.splitlines() if line.startswith("| vanilla | 128 | 2 |")
-    )
-    assert timed.count(" - |") == 0, timed  # its time per token and bandwidths are there
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    # 6 compiled cells (4 layers compiled, flex in the eager model and compiled; flex's
-    # training is the GPU's), 11 Table 3 and training cells, the zoo's 10 mechanisms and
-    # the 5 mixers (ours; fla's too where it can run) at n = 64 and 128, and the 10 serving
-    # cells at batch=max and vanilla's at batch=2
-    assert len(rows) == 6 + 11 + 2 * 10 + 2 * 5 + 10 + 1, rows
-    assert all(r["status"] == "ok" for r in rows), rows
-    compiled = [(r["attention"], r["compiled"]) for r in rows[:6]]
-    assert compiled == [
-        ("vanilla", "layers"), ("sdpa", "layers"), ("linear", "layers"), ("local", "layers"),
-        ("flex", "kernel"), ("flex", "layers"),
-    ]  # fmt: skip
-    assert all(r["compile_s"] > 0 and r["time_per_seq_s"] > 0 for r in rows[:6])
-    served = [r for r in rows if r["mode"] == "decode"]
-    mixers = [(name, None) for name in ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")]
-    assert [(r["attention"], r["model"].get("kv_heads")) for r in served[:10]] == [
-        ("vanilla", None),
-        ("vanilla", 1),
-        ("sdpa", None),
-        ("linear", None),
-        ("local", None),
-        *mixers,
-    ]
-    assert all(r["params"]["causal"] and r["predicted_max_batch"] > 0 for r in served[:10])
-    assert served[10]["decode"]["bytes_per_s"] > 0 and served[10]["decode"]["copy_bytes_per_s"] > 0
-
-
-def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import importlib.util
-    import subprocess
-
-    assert subprocess.run(["bash", "-n", "scripts/gpu_check.sh"]).returncode == 0
-    spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    # the cells a GPU runs: each decode mechanism at the max batch of the preset asked for
-    todo = script.decode_cells(script.NS_DECODE, script.TIMING, "h100_80gb", "fp16")
-    assert [(c.attention, c.kv_heads) for c in todo] == [
-        ("vanilla", None),
-        ("vanilla", 3),
-        ("sdpa", None),
-        ("linear", None),
-        ("local", None),
-        *((name, None) for name in ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")),
-    ] * len(script.NS_DECODE)
-    assert {(c.mode, c.batch, c.device, c.dtype, dict(c.params)["causal"]) for c in todo} == {
-        ("decode", "max", "h100_80gb", "fp16", True)
-    }
-    # its refusals, in this process (the script's one real process: the CPU smoke above)
-    monkeypatch.setenv("ATTNBENCH_MALLOC_FIX", "0")  # main() would fix this process's malloc
-    with pytest.raises(SystemExit) as bad:
-        script.main(["--decode-device", "nope"])
-    err = capsys.readouterr().err
-    assert bad.value.code == 2 and "--decode-device: invalid choice: 'nope'" in err
-    if torch.cuda.is_available():
-        return
-    assert script.main(["--decode-only", "--decode-device", "h100_80gb"]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:
