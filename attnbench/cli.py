@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from attnbench import commands
-from attnbench.listing import cmd_list, markdown_table  # noqa: F401 (README's table: a test)
+from attnbench.listing import cmd_list
 from attnbench.plugins import PluginError
 from attnbench.validators import argtype, parse_fraction, parse_int, parse_path
 

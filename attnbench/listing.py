@@ -1,5 +1,6 @@
 """``attnbench list``: every mechanism, what it can do and whether it runs here; and the
-README's table of them (``list --markdown``, held to the README by a test)."""
+README's table of them (``list --markdown``; ``python -m attnbench.mirrors`` writes it into
+the README)."""
 
 from __future__ import annotations
 

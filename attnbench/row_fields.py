@@ -295,9 +295,8 @@ def _source(t: Any) -> str:
 
 def static_source() -> str:
     """attnbench/row_static.py: the row's fields as a type checker sees them (the runtime
-    class is made from :data:`FIELDS`, which no checker can read). Regenerate with
-    ``python -c "from attnbench.row_fields import static_source as s; print(s(), end='')"
-    > attnbench/row_static.py``; tests/test_cell_and_row.py holds the file equal to this."""
+    class is made from :data:`FIELDS`, which no checker can read), written by
+    ``python -m attnbench.mirrors``."""
     lines = [
         '"""The row\'s fields as a type checker sees them, generated from',
         "attnbench.row_fields.FIELDS by row_fields.static_source(); never imported at run time",

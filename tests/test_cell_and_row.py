@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,12 @@ from attnbench.cell import Cell, key, label, validate
 from attnbench.cell_rules import budget_of, check_k, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
-from attnbench.quality import tasks
 from attnbench.row import Row
-from attnbench.row_fields import FIELDS, markdown_table
+from attnbench.row_fields import FIELDS
 from attnbench.store import CorruptLine
 from attnbench.validators import check_limit, check_number
 
 REFERENCE = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu/cells.jsonl"
-ARCHITECTURE = Path(__file__).parent.parent / "docs/architecture.md"
 
 
 def _reference() -> list[dict]:
@@ -218,20 +215,6 @@ def test_the_row_record_is_the_schema_table() -> None:
     assert row.params == {} and row.params is not Row(**GOOD).params  # no shared default
 
 
-@pytest.mark.parametrize(
-    ("marker", "table"), [("row-schema", markdown_table), ("quality-tasks", tasks.markdown_table)]
-)
-def test_architecture_tables_are_generated_from_the_declarations(marker: str, table) -> None:
-    block = re.search(
-        rf"<!-- {marker}:begin -->\n(.*?)\n<!-- {marker}:end -->", ARCHITECTURE.read_text(), re.S
-    )
-    assert block, f"docs/architecture.md lost its {marker} markers"
-    assert block.group(1).strip() == table(), (
-        f"docs/architecture.md's {marker} table is stale: paste in {table.__module__}."
-        f"{table.__name__}()"
-    )
-
-
 def test_a_declared_quality_figure_of_the_wrong_kind_is_refused() -> None:
     approx = {**GOOD, "task": "approx"}
     with pytest.raises(ValueError, match=r"^quality.rel_frobenius: must be a number, got 'low'$"):
@@ -305,15 +288,3 @@ def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
     assert row.status == "error" and row.reason == "RuntimeError: no peak here"
     assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
     assert row.peak_bytes is None and row.time_median_s is None and row.max_batch is None
-
-
-def test_the_rows_static_fields_are_the_tables() -> None:
-    """Type checkers read attnbench/row_static.py; it is generated from FIELDS and must not
-    drift from it (regenerate: row_fields.static_source's docstring)."""
-    from pathlib import Path
-
-    import attnbench
-    from attnbench.row_fields import static_source
-
-    path = Path(attnbench.__file__).parent / "row_static.py"
-    assert path.read_text() == static_source()

@@ -1,17 +1,15 @@
 """The README and docs/ stay true: their links resolve, every page of the index exists, every
-table quoted from a committed run or report is that run's or report's, and every command they
-show is one attnbench accepts.
+reference report they discuss is quoted, the figures they tabulate by hand are the committed
+runs', and every command they show is one attnbench accepts.
 
-Tables quoted from a committed file sit between markers and are regenerated from it::
+Tables quoted from a committed file sit between markers::
 
     <!-- quote: reports/table3-v100_16gb-cpu/table3.md | TITLE | rows=512,1024 notes -->
     ...the table, as the file has it...
     <!-- /quote -->
 
-``TITLE`` is the bold title the report gives the table (``**TITLE**``), or the text of the
-line just above it (benchmark summaries); ``rows=`` keeps only the rows whose first cell is
-listed, ``notes`` adds the footnotes under the table, ``head`` the title line. After a new
-reference run, ``python -m tests.test_docs`` rewrites every block from its file.
+``python -m attnbench.mirrors`` rewrites every block from its file (after a new reference
+run) and tests/test_mirrors.py holds them to it; attnbench/mirrors.py says what the options do.
 """
 
 from __future__ import annotations
@@ -25,84 +23,23 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.mirrors import QUOTE
 from tests.compose_once import each_composed_once, files_read_once
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
-QUOTE = re.compile(
-    r"<!-- quote: (?P<src>\S+) \| (?P<title>.+?)(?: \| (?P<opts>[^|]*?))? -->\n"
-    r"(?P<body>.*?)<!-- /quote -->",
-    re.S,
-)
-
 
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
-
-
-def quoted(src: str, title: str, opts: str = "") -> str:
-    """The block a quote marker stands for, from the committed file ``src``."""
-    lines = (ROOT / src).read_text().splitlines()
-    heads = [
-        i
-        for i, line in enumerate(lines)
-        if not line.startswith("|") and (line.startswith(f"**{title}**") or line == title)
-    ]
-    assert len(heads) == 1, f"{src}: {len(heads)} tables titled {title!r}"
-    start = next(i for i in range(heads[0] + 1, len(lines)) if lines[i].startswith("|"))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    table = lines[start:end]
-    keep = {w.removeprefix("rows=") for w in opts.split() if w.startswith("rows=")}
-    if keep:
-        wanted = set(",".join(keep).split(","))
-        body = [r for r in table[2:] if r.split("|")[1].strip() in wanted]
-        assert len(body) == len(wanted), f"{src}: {title!r} lacks rows {wanted}"
-        table = table[:2] + body
-    out = [lines[heads[0]], ""] if "head" in opts.split() else []
-    out += table
-    if "notes" in opts.split():
-        notes = []
-        for line in lines[end + 1 :]:
-            if not line.strip():
-                break
-            notes.append(line)
-        out += ["", *notes]
-    return "\n".join(out) + "\n"
 
 
 def _blocks(path: Path) -> list[re.Match[str]]:
     return list(QUOTE.finditer(path.read_text()))
 
 
-def regenerate() -> None:
-    """Rewrite every quote block of the README and docs/ from its file."""
-    for path in PAGES:
-        text = path.read_text()
-        new = QUOTE.sub(
-            lambda m: (
-                m.group(0)[: m.start("body") - m.start()]
-                + quoted(m.group("src"), m.group("title"), m.group("opts") or "")
-                + "<!-- /quote -->"
-            ),
-            text,
-        )
-        if new != text:
-            path.write_text(new)
-            print(f"rewrote {_rel(path)}")
-
-
 # -- quoted figures ----------------------------------------------------------------------
-
-
-def test_quoted_tables_are_their_committed_files() -> None:
-    stale = []
-    for path in PAGES:
-        for m in _blocks(path):
-            if m.group("body") != quoted(m.group("src"), m.group("title"), m.group("opts") or ""):
-                stale.append(f"{_rel(path)}: {m.group('title')}")
-    assert not stale, f"stale quotes (run `python -m tests.test_docs`): {stale}"
 
 
 def test_the_docs_quote_every_committed_report_they_cite() -> None:
@@ -337,7 +274,3 @@ def test_every_subcommand_shown_has_help(command: str, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args([command, "--help"])
     assert e.value.code == 0 and f"usage: attnbench {command}" in capsys.readouterr().out
-
-
-if __name__ == "__main__":
-    regenerate()

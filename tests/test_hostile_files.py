@@ -7,7 +7,7 @@ written, never a traceback.
   a file; a key removed (``~out_dir``) or removed where its value is null (``~k``); a run
   name Hydra reads only quoted;
 * the modules a user can type (``python -m attnbench.sweep.cell_process``, ``...check.worker``,
-  ``...sweep.declared``): each says what it is for with ``--help`` and refuses bad
+  ``attnbench.mirrors``): each says what it is for with ``--help`` and refuses bad
   arguments in one line;
 * a ``cells.jsonl`` of one row pasted thousands of times: one line with the count.
 
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from attnbench import mirrors
 from attnbench.check import worker
-from attnbench.sweep import cell_process, declared
+from attnbench.sweep import cell_process
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -130,8 +131,9 @@ PRESET = {"name": "cpu", "gpu": None, "total_bytes": 2**30, "overhead_bytes": 0}
 ENTRY_POINTS = {  # name: its main, given argv
     "job": cell_process._cli,
     "worker": worker._root,
-    "declared": declared.main,
+    "mirrors": mirrors.main,
 }
+PROGS = {"job": "sweep.cell_process", "worker": "check.worker", "mirrors": "mirrors"}
 BAD_ARGUMENTS = [
     ("job", ["--cell", "{bad json"], "--cell: not JSON: Expecting property name"),
     ("job", ["--cell", "{}"], "--cell: not as attnbench run writes it (KeyError: 'cell')"),
@@ -143,7 +145,7 @@ BAD_ARGUMENTS = [
     ("job", [], "the following arguments are required: --cell"),
     ("worker", [], "the following arguments are required: ROOT"),
     ("worker", ["/no/such/tree"], "ROOT: '/no/such/tree' is not a directory"),
-    ("declared", ["--write"], "unrecognized arguments: --write"),
+    ("mirrors", ["--write"], "unrecognized arguments: --write"),
 ]  # fmt: skip
 
 
@@ -163,7 +165,7 @@ def test_a_module_refuses_bad_arguments_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith("usage: ") or err.count("\n") == 1, err
     last = err.splitlines()[-1]
-    assert last.startswith(f"python -m attnbench.{'check' if name == 'worker' else 'sweep'}.")
+    assert last.startswith(f"python -m attnbench.{PROGS[name]}: ")
     assert needle in last, err
 
 
@@ -172,7 +174,7 @@ def test_each_module_says_what_it_is_for(name: str, capsys: pytest.CaptureFixtur
     assert _call(name, ["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m attnbench.")
-    assert ("Not a command to type" if name != "declared" else "source checkout") in out
+    assert ("Not a command to type" if name != "mirrors" else "source checkout") in out
 
 
 def test_the_worker_refuses_a_terminal_for_its_requests(
@@ -190,17 +192,17 @@ def test_the_worker_refuses_a_terminal_for_its_requests(
     )
 
 
-def test_declared_refuses_outside_a_source_checkout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.mark.parametrize("argv", [[], ["--check"]])
+def test_mirrors_refuses_outside_a_source_checkout(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """Installed as a wheel, its files are not there: attnbench/ sits in site-packages."""
     (tmp_path / "conf").mkdir()  # an installed tree has no pyproject.toml, conf/ nor docs/
-    monkeypatch.setattr(declared, "ROOT", tmp_path)
-    monkeypatch.setattr(declared, "CONFIG", tmp_path / "conf" / "config.yaml")
-    monkeypatch.setattr(declared, "DOCS", tmp_path / "docs" / "running.md")
-    assert declared.main([]) == 2
+    monkeypatch.setattr(mirrors, "ROOT", tmp_path)
+    assert mirrors.main(argv) == 2
     assert capsys.readouterr().err == (
-        f"python -m attnbench.sweep.declared: error: no pyproject.toml in {tmp_path}: it "
+        f"python -m attnbench.mirrors: error: no pyproject.toml in {tmp_path}: it "
         "rewrites files of a source checkout (git clone), not of an installed attnbench\n"
     )
     assert _tree(tmp_path) == {"conf"}
@@ -211,7 +213,7 @@ def test_declared_refuses_outside_a_source_checkout(
     [
         ("attnbench.sweep.cell_process", ["--cell", "{bad json"], 2, "--cell: not JSON"),
         ("attnbench.check.worker", [], 2, "the following arguments are required: ROOT"),
-        ("attnbench.sweep.declared", ["--help"], 0, ""),
+        ("attnbench.mirrors", ["--help"], 0, ""),
     ],
 )
 def test_each_module_through_a_real_process(

@@ -13,7 +13,6 @@ import torch
 
 import attnbench
 from attnbench import registry
-from attnbench.cli import markdown_table
 from tests.conftest import run_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -25,16 +24,6 @@ def _section(title: str, page: Path = README) -> str:
     start = re.search(rf"^#{{1,2}} {re.escape(title)}$", text, re.M).start()
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else None]
-
-
-def test_readme_mechanism_table_is_generated_from_info() -> None:
-    block = re.search(
-        r"<!-- mechanisms:begin -->\n(.*?)\n<!-- mechanisms:end -->", README.read_text(), re.S
-    )
-    assert block, "README lost its mechanisms markers"
-    assert block.group(1).strip() == markdown_table(), (
-        "README's mechanism table is stale: regenerate it with `attnbench list --markdown`"
-    )
 
 
 def test_readme_add_a_mechanism_example_runs() -> None:

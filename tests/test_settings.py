@@ -1,6 +1,7 @@
 """Each setting is declared once (attnbench/settings.py, the workloads, the quality tasks):
 conf/config.yaml's settings, docs/running.md's table, a cell's defaults, its checks and a
-workload's row fields all come from the declarations, and these hold the files to them."""
+workload's row fields all come from the declarations (tests/test_mirrors.py holds the
+generated files to them)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,6 @@ from attnbench.settings import Setting, yaml_block
 from attnbench.sweep import declared
 from attnbench.sweep.cells import cell_from_cfg
 from attnbench.sweep.config import expand_jobs
-
-
-@pytest.mark.parametrize(
-    ("path", "comment", "body"),
-    [
-        (declared.CONFIG, "#", declared.config_block),
-        (declared.DOCS, "<!--", lambda: declared.docs_table() + "\n"),
-    ],
-)
-def test_the_generated_files_are_what_the_declarations_make(path, comment, body) -> None:
-    found = declared.region(path.read_text(), comment)
-    assert found, f"{path} lost its settings markers"
-    assert found.group(1) == body(), f"{path} is stale: python -m attnbench.sweep.declared"
 
 
 @functools.cache

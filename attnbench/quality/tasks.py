@@ -8,7 +8,7 @@ which declares
 
 * its settings, declared once (:class:`~attnbench.settings.Setting`; the built-ins' are
   written into conf/config.yaml's ``quality.<task>`` block by ``python -m
-  attnbench.sweep.declared``): a key of a cell's settings not declared is a typo, refused in
+  attnbench.mirrors``): a key of a cell's settings not declared is a typo, refused in
   one line;
 * its figures: the keys its run puts in the row's ``quality``, each with the JSON type a
   stored row must hold there (:mod:`attnbench.row_fields` checks them on reading);
