@@ -17,6 +17,11 @@ every op our mixers call once three gaps are bridged:
   that (results near 1e10): bf16 operands are widened to fp32 first, as a GPU's bf16 dot
   accumulates in fp32.
 
+One more for a test process, where something else may have imported triton first (torch
+does, to compile): ``TRITON_INTERPRET`` is read when a function is decorated, so Triton's own
+``@jit`` library (``tl.cumsum``, ``tl.sigmoid``, ...) was compiled-mode and refuses to run
+inside an interpreted kernel; those are decorated again for the interpreter.
+
 The kernels then compute what they compute on a GPU, at a GPU's precision per op, slowly:
 the interpreter loops over the grid in Python, and ``fused_recurrent`` kernels over every
 position, so the tests keep shapes tiny and call ``fused_recurrent`` for one-token steps
@@ -48,6 +53,24 @@ class _Index(int):
 def _range(*args: int) -> Iterator[_Index]:
     for i in builtins.range(*args):
         yield _Index(i)
+
+
+def _interpret_triton_library() -> None:
+    """Triton's own ``@jit`` functions, decorated for the interpreter where triton was
+    imported before ``TRITON_INTERPRET`` was set (each function once, in every module that
+    holds it)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    done: dict[int, InterpretedFunction] = {}
+    for name, module in list(sys.modules.items()):
+        if name != "triton.language" and not name.startswith("triton.language."):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in done:
+                    done[id(value)] = InterpretedFunction(value.fn)
+                setattr(module, attr, done[id(value)])
 
 
 def why_not() -> str | None:
@@ -89,6 +112,7 @@ def load() -> None:
             return dot(self, widened(a), widened(b), d, *rest)
 
         builder.create_dot = create_dot
+    _interpret_triton_library()
     for package in PACKAGES:
         importlib.import_module(f"fla.ops.{package}")
     for name, module in list(sys.modules.items()):

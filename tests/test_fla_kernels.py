@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -276,3 +277,27 @@ def test_too_old_a_torch_or_triton_is_refused(
     assert says in (fla_kernels.why_unavailable() or "")
     with pytest.raises(ValueError, match=rf"^kernel: fla cannot run here: .*{re.escape(says)}"):
         attnbench.create("gla", d_model=D, n_heads=H, max_seq_len=N, kernel="fla")
+
+
+def test_tritons_own_library_is_interpreted_whatever_imported_it_first(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the whole suite torch may import triton before the bridge, leaving Triton's own
+    ``@jit`` functions (``tl.cumsum``) compiled-mode: every fla kernel that calls one then
+    failed. The bridge decorates them again, once each, in every module that holds one."""
+    import types
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def double(x):  # type: ignore[no-untyped-def]
+        return x * 2
+
+    compiled = JITFunction(double)
+    for name in ("triton.language._probe_a", "triton.language._probe_b"):
+        module = types.ModuleType(name)
+        module.double = compiled  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+    fla_interpret._interpret_triton_library()
+    a, b = (sys.modules[n].double for n in ("triton.language._probe_a", "triton.language._probe_b"))
+    assert isinstance(a, InterpretedFunction) and a is b and a.fn is double
