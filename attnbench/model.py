@@ -219,3 +219,22 @@ def build_model(
         ),
     )
     return Encoder(attns, d_model, d_ff).eval()
+
+
+def cell_encoder(cell: Any, params: dict[str, Any], device: str) -> Encoder:
+    """The encoder of a cell (anything with its ``attention``, ``layers``, ``d_model``,
+    ``n_heads``, ``d_ff``, ``n`` and ``kv_heads``) with the mechanism's resolved ``params``,
+    from a fixed seed; on meta when ``device`` is meta, else on the CPU (the caller moves
+    it). One builder for the workloads' steps and the quality tasks' estimates alike."""
+    torch.manual_seed(0)
+    with torch.device("meta" if device == "meta" else "cpu"):
+        return build_model(
+            cell.attention,
+            layers=cell.layers,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            d_ff=cell.d_ff,
+            max_seq_len=cell.n,
+            kv_heads=cell.kv_heads,
+            **params,
+        )

@@ -17,10 +17,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import torch
-
 from attnbench.measure import gemm
-from attnbench.model import build_model
+from attnbench.model import cell_encoder
 from attnbench.quality import tasks
 
 if TYPE_CHECKING:
@@ -47,16 +45,7 @@ def training_flops(cell: Cell) -> tuple[int, str] | None:
         params, runs, labelled, classes = cell.mechanism_params(), 1, 1, N_CLASSES
     else:
         return None
-    with torch.device("meta"):
-        encoder = build_model(
-            cell.attention,
-            layers=cell.layers,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            d_ff=cell.d_ff,
-            max_seq_len=cell.n,
-            **params,
-        )
+    encoder = cell_encoder(cell, params, "meta")
     head = 2 * cell.d_model * classes * labelled  # per sequence, forward; backward twice
 
     def forward(b: int) -> int:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from attnbench.measure.timing import Timing, time_parts
-from attnbench.model import build_model
+from attnbench.model import cell_encoder as encoder  # the workloads' encoder of a cell
 from attnbench.registry import Info
 from attnbench.settings import Setting
 
@@ -212,23 +212,6 @@ def setting(item: Any, name: str) -> Any:
     stored row (a field of its own): labels and captions name both alike."""
     values = getattr(item, "settings", None)
     return values[name] if isinstance(values, dict) else getattr(item, name, None)
-
-
-def encoder(cell: Cell, params: dict[str, Any], device: str) -> nn.Module:
-    """The Table 3 encoder of ``cell`` with the mechanism's resolved ``params``, from a
-    fixed seed; on meta when ``device`` is meta, else on the CPU (the caller moves it)."""
-    torch.manual_seed(0)
-    with torch.device("meta" if device == "meta" else "cpu"):
-        return build_model(
-            cell.attention,
-            layers=cell.layers,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            d_ff=cell.d_ff,
-            max_seq_len=cell.n,
-            kv_heads=cell.kv_heads,
-            **params,
-        )
 
 
 def random_input(workload: Workload, cell: Cell, b: int, device: str, dtype: torch.dtype) -> Tensor:
