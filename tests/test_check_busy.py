@@ -65,11 +65,11 @@ def check(
     asked: list[set[str]] = []
     pauses: list[float] = []
 
-    def fake_sample(the_suite: suite.Suite, *args: object) -> sampling.Samples:
+    def fake_sample(trees: object, the_suite: suite.Suite, **kw: object) -> sampling.Samples:
         asked.append({c.name for c in the_suite.cells})
         return answers[len(asked) - 1]
 
-    monkeypatch.setattr(gate, "_sample", fake_sample)
+    monkeypatch.setattr(sampling, "sample", fake_sample)
     monkeypatch.setattr(busy.time, "sleep", pauses.append)
     code = gate.run(baseline=stored, json_path=tmp_path / "out.json", quiet=True, **options)
     return code, asked, pauses

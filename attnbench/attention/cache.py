@@ -1,4 +1,5 @@
-"""The key/value cache of the exact mechanisms (vanilla, sdpa, xformers): not a mechanism.
+"""The key/value cache of the exact mechanisms (vanilla, sdpa, xformers), and their base
+:class:`CachedAttention`, which keeps it: not a mechanism.
 
 Serving exact attention keeps every earlier token's key and value: a decode step computes
 one token's K and V, writes them after the others and attends over all of them. The cache is
@@ -20,6 +21,8 @@ from typing import ClassVar, Self
 
 import torch
 from torch import Tensor
+
+from attnbench.attention.base import MultiHeadAttention
 
 
 @dataclass
@@ -154,6 +157,23 @@ def flag_bytes(slots: int) -> int:
     keeps them (``state_bytes``), but they are bookkeeping, not context: no output reads
     them as keys or values, so ``context_bytes`` leaves them out."""
     return slots * torch.bool.itemsize
+
+
+class CachedAttention(MultiHeadAttention):
+    """Base of the exact mechanisms that decode over a :class:`KVCache` (vanilla, sdpa,
+    xformers): the cache, its context memory and its bytes, one formula for the three. A
+    subclass implements ``extend_attend`` over it."""
+
+    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
+
+    def context_elements(self, n: int) -> int:
+        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
+        return kv_elements(n, self.kv_heads, self.head_dim)
+
+    def state_bytes(self, n: int, itemsize: int) -> int:
+        """The cache at capacity n: its keys and values, and a padding flag a token."""
+        return self.context_bytes(n, itemsize) + flag_bytes(n)
 
 
 def grouped(q: Tensor, kv_heads: int) -> Tensor:

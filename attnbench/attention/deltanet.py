@@ -22,46 +22,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention import delta_scan
-from attnbench.attention.base import declare
-from attnbench.attention.mixer import (
-    CAUSAL_ONLY,
-    DEFAULT_CONV,
-    PACKS,
-    MixerState,
-    RecurrentMixer,
-    check_mixer,
-    wide,
-)
+from attnbench.attention.mixer import MixerState, RecurrentMixer, wide
+from attnbench.attention.mixer_config import DEFAULT_CONV, MixerConfig, declare_mixer
 from attnbench.attention.packing import Positions
 
 
 @dataclass
-class DeltaNetConfig:
-    """``conv``: the short convolution's kernel (4; 0 for none); ``chunk``: positions per
-    chunk of the WY form (64). ``causal`` must stay true; ``kernel``: torch (ours) or fla
-    (flash-linear-attention's Triton kernels, CUDA only)."""
+class DeltaNetConfig(MixerConfig):
+    """:class:`MixerConfig`'s ``causal``, ``chunk`` (of the WY form, its own default) and
+    ``kernel``, then ``conv``: the short convolution's kernel (4; 0 for none)."""
 
-    causal: bool = True
+    mechanism = "deltanet"
     chunk: int = delta_scan.DEFAULT_CHUNK
-    kernel: str = "torch"
     conv: int = DEFAULT_CONV
 
-    def __post_init__(self) -> None:
-        check_mixer(self.name(), self.causal, self.chunk, self.kernel, self.conv)
 
-    def name(self) -> str:
-        return "deltanet"
-
-
-@declare(
-    "deltanet",
-    config=DeltaNetConfig,
-    causal=True,
-    causal_only=CAUSAL_ONLY,
-    packs=PACKS,
-    padding_mask=True,
-    budget=None,
-    cannot_decode=None,
+@declare_mixer(
+    DeltaNetConfig,
     summary="DeltaNet: the delta rule (erase, then write), L2 keys, conv; chunked WY form",
 )
 class DeltaNet(RecurrentMixer):

@@ -22,29 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.attention.base import declare
 from attnbench.attention.deltanet import DeltaNet, DeltaNetConfig
-from attnbench.attention.mixer import CAUSAL_ONLY, PACKS, wide
+from attnbench.attention.mixer import wide
+from attnbench.attention.mixer_config import declare_mixer
 
 
 @dataclass
 class GatedDeltaNetConfig(DeltaNetConfig):
-    """As DeltaNet's: ``conv`` (4; 0 for none), ``chunk`` (64); ``causal`` must stay true;
-    ``kernel``: torch (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
+    """As DeltaNet's: :class:`MixerConfig`'s ``causal``, ``chunk`` and ``kernel``, then
+    ``conv`` (4; 0 for none)."""
 
-    def name(self) -> str:
-        return "gated_deltanet"
+    mechanism = "gated_deltanet"
 
 
-@declare(
-    "gated_deltanet",
-    config=GatedDeltaNetConfig,
-    causal=True,
-    causal_only=CAUSAL_ONLY,
-    packs=PACKS,
-    padding_mask=True,
-    budget=None,
-    cannot_decode=None,
+@declare_mixer(
+    GatedDeltaNetConfig,
     summary="Gated DeltaNet: the delta rule with Mamba-2's decay and an output gate; WY form",
 )
 class GatedDeltaNet(DeltaNet):

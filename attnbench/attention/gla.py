@@ -22,15 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
-from attnbench.attention.base import declare
-from attnbench.attention.mixer import (
-    CAUSAL_ONLY,
-    PACKS,
-    MixerState,
-    RecurrentMixer,
-    check_mixer,
-    wide,
-)
+from attnbench.attention.mixer import MixerState, RecurrentMixer, wide
+from attnbench.attention.mixer_config import MixerConfig, declare_mixer
 from attnbench.attention.packing import Positions
 
 GATE_RANK = 16  # the low-rank gate's width (the paper's)
@@ -38,28 +31,14 @@ GATE_TEMPERATURE = 16.0  # τ: α = σ(·)^{1/τ}, decays near 1 (the paper's)
 
 
 @dataclass
-class GLAConfig:
-    """``chunk``: positions per chunk of the chunked form (64: flash-linear-attention's).
-    ``causal`` must stay true; ``kernel``: torch (ours) or fla
-    (flash-linear-attention's Triton kernels, CUDA only)."""
+class GLAConfig(MixerConfig):
+    """:class:`MixerConfig`'s ``causal``, ``chunk`` and ``kernel``; nothing of its own."""
 
-    causal: bool = True
-    chunk: int = gated_scan.DEFAULT_CHUNK
-    kernel: str = "torch"
-
-    def __post_init__(self) -> None:
-        check_mixer("gla", self.causal, self.chunk, self.kernel)
+    mechanism = "gla"
 
 
-@declare(
-    "gla",
-    config=GLAConfig,
-    causal=True,
-    causal_only=CAUSAL_ONLY,
-    packs=PACKS,
-    padding_mask=True,
-    budget=None,
-    cannot_decode=None,
+@declare_mixer(
+    GLAConfig,
     summary="gated linear attention (GLA): a data-dependent decay per key dimension, chunked",
 )
 class GLA(RecurrentMixer):

@@ -30,50 +30,32 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
-from attnbench.attention.base import check_head_groups, declare
-from attnbench.attention.mixer import (
-    CAUSAL_ONLY,
-    DEFAULT_CONV,
-    NORM_EPS,
-    PACKS,
-    MixerState,
-    RecurrentMixer,
-    check_mixer,
-    wide,
-)
+from attnbench.attention.base import check_head_groups
+from attnbench.attention.mixer import NORM_EPS, MixerState, RecurrentMixer, wide
+from attnbench.attention.mixer_config import DEFAULT_CONV, MixerConfig, declare_mixer
 from attnbench.attention.packing import Positions
 from attnbench.validators import check_int
 
 
 @dataclass
-class Mamba2Config:
-    """``d_state``: N, the state per channel (64); ``groups``: the groups of heads that share
-    B and C (1, must divide the heads); ``conv``: the short convolution's kernel (4; 0 for
-    none); ``chunk``: positions per chunk (64). ``causal`` must stay true; ``kernel``: torch
-    (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
+class Mamba2Config(MixerConfig):
+    """After :class:`MixerConfig`'s ``causal``, ``chunk`` and ``kernel``: ``d_state``: N, the
+    state per channel (64); ``groups``: the groups of heads that share B and C (1, must divide
+    the heads); ``conv``: the short convolution's kernel (4; 0 for none)."""
 
-    causal: bool = True
-    chunk: int = gated_scan.DEFAULT_CHUNK
-    kernel: str = "torch"
+    mechanism = "mamba2"
     d_state: int = 64
     groups: int = 1
     conv: int = DEFAULT_CONV
 
     def __post_init__(self) -> None:
-        check_mixer("mamba2", self.causal, self.chunk, self.kernel, self.conv)
+        super().__post_init__()
         check_int("d_state", self.d_state)
         check_int("groups", self.groups)
 
 
-@declare(
-    "mamba2",
-    config=Mamba2Config,
-    causal=True,
-    causal_only=CAUSAL_ONLY,
-    packs=PACKS,
-    padding_mask=True,
-    budget=None,
-    cannot_decode=None,
+@declare_mixer(
+    Mamba2Config,
     summary="Mamba-2 (SSD): a data-dependent scalar decay per head, conv, gate; chunked",
 )
 class Mamba2(RecurrentMixer):

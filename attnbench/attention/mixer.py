@@ -1,9 +1,10 @@
 """What the five recurrent mixers (``retnet``, ``gla``, ``mamba2``, ``deltanet``,
-``gated_deltanet``) share as layers: the causal-only rule, the short causal convolution, the
-normalised and gated output, the decode state, and the dispatch of a call to its core's
-chunked form (a forward, a training step, a prefill) or its decode step. Not a mechanism;
-registers nothing. The recurrences themselves are :mod:`attnbench.attention.gated_scan` and
-:mod:`attnbench.attention.delta_scan`.
+``gated_deltanet``) share as layers: the short causal convolution, the normalised and gated
+output, the decode state, and the dispatch of a call to its core's chunked form (a forward, a
+training step, a prefill) or its decode step. Not a mechanism; registers nothing. What they
+take and declare alike (the causal-only rule among it) is
+:mod:`attnbench.attention.mixer_config`; the recurrences themselves are
+:mod:`attnbench.attention.gated_scan` and :mod:`attnbench.attention.delta_scan`.
 
 Choices every mixer makes alike, and why:
 
@@ -37,16 +38,7 @@ from attnbench.attention.conv import short_conv
 from attnbench.attention.delta_scan import delta_chunked, delta_step
 from attnbench.attention.gated_scan import gated_chunked, gated_step
 from attnbench.attention.packing import Packing, Positions
-from attnbench.validators import check_bool, check_choice, check_int
 
-# why a non-causal cell of a mixer is refused: the registry's causal_only reason
-CAUSAL_ONLY = "a recurrence over positions in order, so no output can see a later one"
-# how every mixer keeps packed documents apart (the registry's ``packs``)
-PACKS = (
-    "one pass: the state reset to zeros at each document's start (a short convolution cut there)"
-)
-DEFAULT_CONV = 4  # the short convolution's kernel in Mamba-2, DeltaNet and Gated DeltaNet
-MAX_CONV = 64  # a short one: K elementwise passes no time estimate counts (docs/mechanisms.md)
 NORM_EPS = 1e-6
 
 
@@ -54,28 +46,6 @@ def wide(t: Tensor) -> Tensor:
     """t in the accumulation dtype: fp32 at least, fp64 stays fp64 (gates and decays are
     computed there whatever the layer's dtype: exp and softplus of fp16 lose the decay)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-KERNELS = ("torch", "fla")  # our chunked cores, or flash-linear-attention's (CUDA)
-
-
-def check_mixer(name: str, causal: object, chunk: object, kernel: object, conv: object = 0) -> None:
-    """The settings every mixer's config shares: ``causal`` must be true (see
-    :data:`CAUSAL_ONLY`), ``chunk`` an integer >= 1, ``conv`` (the kernel; 0 = none) in
-    [0, :data:`MAX_CONV`], ``kernel`` one of :data:`KERNELS`, ``fla`` only where it can run
-    (CUDA, torch and triton recent enough, the package installed) and at a chunk its op
-    takes (:func:`fla_kernels.check_chunk`). A chunk past n is one chunk of n; a small
-    one's cost is :func:`attnbench.cell_rules.check_traceable`'s."""
-    check_bool("causal", causal)
-    if not causal:
-        raise ValueError(f"causal: {name} is causal only ({CAUSAL_ONLY}); got false")
-    check_int("chunk", chunk)
-    check_int("conv", conv, low=0, high=MAX_CONV)
-    check_choice("kernel", kernel, KERNELS)
-    if kernel == "fla":
-        if why := fla_kernels.why_unavailable():
-            raise ValueError(f"kernel: fla cannot run here: {why}; use kernel=torch")
-        fla_kernels.check_chunk(name, chunk)
 
 
 @dataclass

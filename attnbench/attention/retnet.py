@@ -22,40 +22,21 @@ import torch
 from torch import Tensor, nn
 
 from attnbench.attention import gated_scan
-from attnbench.attention.base import declare
-from attnbench.attention.mixer import (
-    CAUSAL_ONLY,
-    PACKS,
-    MixerState,
-    RecurrentMixer,
-    check_mixer,
-)
+from attnbench.attention.mixer import MixerState, RecurrentMixer
+from attnbench.attention.mixer_config import MixerConfig, declare_mixer
 from attnbench.attention.packing import Positions
 
 
 @dataclass
-class RetNetConfig:
-    """``chunk``: positions per chunk of the chunked form (the recurrence carries the state
-    across chunks); 64 as flash-linear-attention's kernels. ``causal`` must stay true;
-    ``kernel``: torch (ours) or fla (flash-linear-attention's Triton kernels, CUDA only)."""
+class RetNetConfig(MixerConfig):
+    """:class:`MixerConfig`'s ``causal``, ``chunk`` (the recurrence carries the state across
+    chunks) and ``kernel``; nothing of its own."""
 
-    causal: bool = True
-    chunk: int = gated_scan.DEFAULT_CHUNK
-    kernel: str = "torch"
-
-    def __post_init__(self) -> None:
-        check_mixer("retnet", self.causal, self.chunk, self.kernel)
+    mechanism = "retnet"
 
 
-@declare(
-    "retnet",
-    config=RetNetConfig,
-    causal=True,
-    causal_only=CAUSAL_ONLY,
-    packs=PACKS,
-    padding_mask=True,
-    budget=None,
-    cannot_decode=None,
+@declare_mixer(
+    RetNetConfig,
     summary="retention (RetNet): a fixed decay per head, chunked recurrence, O(n·d²)",
 )
 class RetNet(RecurrentMixer):

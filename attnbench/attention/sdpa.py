@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.attention.base import MultiHeadAttention, declare
-from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
+from attnbench.attention.base import declare
+from attnbench.attention.cache import CachedAttention, KVCache
 from attnbench.attention.masks import blocked_keys
 from attnbench.attention.packing import Packing, per_document
 from attnbench.validators import check_bool, check_choice
@@ -54,7 +54,7 @@ class SDPAConfig:
     cannot_decode=None,
     summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn",
 )
-class SDPAAttention(MultiHeadAttention):
+class SDPAAttention(CachedAttention):
     def recomputed_flops(self, b: int, n: int) -> int:
         """The fused kernels' backward recomputes QKᵀ; the math backend keeps P and does not."""
         return 0 if self.cfg.backend == "math" else self.attention_flops(b, n) // 2
@@ -80,9 +80,6 @@ class SDPAAttention(MultiHeadAttention):
 
         return self.merge_heads(per_document(alone, packing, q, k, v))
 
-    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
-
     def extend_attend(self, x: Tensor, state: KVCache, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, c, dh); k, v (b, kv_heads, c, dh)
         first = state.length == 0
@@ -98,14 +95,6 @@ class SDPAAttention(MultiHeadAttention):
             bias = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device)
             bias.masked_fill_(blocked, float("-inf"))
         return self.merge_heads(self._sdpa(q, keys, values, bias, False))  # (b, c, d)
-
-    def context_elements(self, n: int) -> int:
-        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
-        return kv_elements(n, self.kv_heads, self.head_dim)
-
-    def state_bytes(self, n: int, itemsize: int) -> int:
-        """The cache at capacity n: its keys and values, and a padding flag a token."""
-        return self.context_bytes(n, itemsize) + flag_bytes(n)
 
     def _sdpa(
         self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool

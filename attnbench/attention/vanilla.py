@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, declare
-from attnbench.attention.cache import KVCache, flag_bytes, grouped, kv_elements, ungrouped
+from attnbench.attention.base import declare
+from attnbench.attention.cache import CachedAttention, KVCache, grouped, ungrouped
 from attnbench.attention.masks import blocked_keys
 from attnbench.attention.packing import Packing, per_document
 from attnbench.validators import check_bool
@@ -60,7 +59,7 @@ def softmax_attend(
     cannot_decode=None,
     summary="eager softmax(QKᵀ/√d)V materialising n×n (the paper's Transformer)",
 )
-class VanillaAttention(MultiHeadAttention):
+class VanillaAttention(CachedAttention):
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
         blocked = blocked_keys(key_padding_mask, self.cfg.causal, x.shape[1], x.device)
@@ -82,9 +81,6 @@ class VanillaAttention(MultiHeadAttention):
 
         return self.merge_heads(per_document(alone, packing, q, k, v))
 
-    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
-
     def extend_attend(self, x: Tensor, state: KVCache, key_padding_mask: Tensor | None) -> Tensor:
         q, k, v = self.qkv_heads(x)  # (b, h, c, dh); k, v (b, kv_heads, c, dh)
         keys, values = state.append(k, v, key_padding_mask)  # (b, kv_heads, L, dh)
@@ -93,11 +89,3 @@ class VanillaAttention(MultiHeadAttention):
             grouped(q, self.kv_heads), keys, values, blocked, self.scale, state.has_padding
         )
         return self.merge_heads(ungrouped(out, self.n_heads))  # (b, c, d)
-
-    def context_elements(self, n: int) -> int:
-        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
-        return kv_elements(n, self.kv_heads, self.head_dim)
-
-    def state_bytes(self, n: int, itemsize: int) -> int:
-        """The cache at capacity n: its keys and values, and a padding flag a token."""
-        return self.context_bytes(n, itemsize) + flag_bytes(n)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnbench.attention.base import MultiHeadAttention, declare
-from attnbench.attention.cache import KVCache, flag_bytes, kv_elements
+from attnbench.attention.base import declare
+from attnbench.attention.cache import CachedAttention, KVCache
 from attnbench.attention.masks import blocked_keys
 from attnbench.validators import check_bool
 
@@ -66,7 +66,7 @@ class XFormersConfig:
     cannot_decode=None,
     summary="xformers memory_efficient_attention: exact, O(n) memory (CUDA only)",
 )
-class XFormersAttention(MultiHeadAttention):
+class XFormersAttention(CachedAttention):
     def recomputed_flops(self, b: int, n: int) -> int:
         """Memory-efficient attention keeps no scores: its backward recomputes QKᵀ."""
         return self.attention_flops(b, n) // 2
@@ -82,9 +82,6 @@ class XFormersAttention(MultiHeadAttention):
             blocked = blocked_keys(key_padding_mask, self.cfg.causal, n, x.device)
         return self._xformers(q, k, v, blocked, causal=self.cfg.causal and blocked is None)
 
-    def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache.empty(b, self.kv_heads, capacity, self.head_dim, dtype, device)
-
     def extend_attend(self, x: Tensor, state: KVCache, key_padding_mask: Tensor | None) -> Tensor:
         b, c, _ = x.shape
         q = self.q_proj(x).view(b, c, self.n_heads, self.head_dim)  # (b, c, h, dh)
@@ -93,14 +90,6 @@ class XFormersAttention(MultiHeadAttention):
         # the cache is (b, kv_heads, L, dh): a transposed view is xformers' (b, L, g, dh)
         blocked = state.blocked(c)  # (b | 1, 1, c | 1, L) or None
         return self._xformers(q, keys.transpose(1, 2), values.transpose(1, 2), blocked, False)
-
-    def context_elements(self, n: int) -> int:
-        """Every token's key and value, the K/V cache at n: 2·kv_heads·d_h·n."""
-        return kv_elements(n, self.kv_heads, self.head_dim)
-
-    def state_bytes(self, n: int, itemsize: int) -> int:
-        """The cache at capacity n: its keys and values, and a padding flag a token."""
-        return self.context_bytes(n, itemsize) + flag_bytes(n)
 
     def _xformers(
         self, q: Tensor, k: Tensor, v: Tensor, blocked: Tensor | None, causal: bool

@@ -74,8 +74,8 @@ def run(
     expect = versions.expected_modules(root)
     for cell, why in the_suite.skipped:
         err.print(f"attnbench check: skipped {cell}: {why}", markup=False, highlight=False)
-    got = _sample(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
     again = _sampler(the_suite, root, a_name, a_commit, stored, seed, expect, quiet, err)
+    got = again(None, 0)
     if write_baseline is not None:
         busy.again_while_busy(settings, got, lambda _: set(got.contended.get("B", {})), again, err)
         return baseline_mode.write_baseline(write_baseline, the_suite, got, here)
@@ -100,27 +100,6 @@ def _check_flags(
         check_file(*written)
     except ValueError as e:
         raise Misuse(str(e)) from None
-
-
-def _sampler(
-    the_suite: suite.Suite,
-    root: Path,
-    a_name: str | None,
-    a_commit: str | None,
-    stored: dict | None,
-    seed: int,
-    expect: dict[str, str],
-    quiet: bool,
-    err: Console,
-) -> Callable[[set[str], int], sampling.Samples]:
-    """What times some cells again, as :func:`_sample` timed them all, for the busy policy;
-    a fresh interleaving (seed) per attempt."""
-
-    def again(cells: set[str], attempt: int) -> sampling.Samples:
-        some = replace(the_suite, cells=[c for c in the_suite.cells if c.name in cells])
-        return _sample(some, root, a_name, a_commit, stored, seed + attempt, expect, quiet, err)
-
-    return again
 
 
 def _judged(
@@ -202,9 +181,7 @@ def _judge(
     """Each cell's verdict (of ``cells`` only, if given: those timed again); misuse when no
     cell could be compared, as a pass would lie."""
     why_not = {**got.unavailable.get("A", {}), **got.unavailable.get("B", {})}
-    if cells is not None:
-        the_suite = replace(the_suite, cells=[c for c in the_suite.cells if c.name in cells])
-    results = verdicts.judge(the_suite, a, got.versions["B"], why_not, got.contended)
+    results = verdicts.judge(_only(the_suite, cells), a, got.versions["B"], why_not, got.contended)
     failed = [r for r in results if r.verdict in verdicts.FAILING]
     if not failed and not any(r.stats or r.verdict == "busy" for r in results):
         raise Misuse(
@@ -249,7 +226,14 @@ def _conclude(
     return (0 if on_busy == "pass" else BUSY) if busy_cells else 0
 
 
-def _sample(
+def _only(the_suite: suite.Suite, cells: set[str] | None) -> suite.Suite:
+    """The suite with ``cells`` only; None: every cell."""
+    if cells is None:
+        return the_suite
+    return replace(the_suite, cells=[c for c in the_suite.cells if c.name in cells])
+
+
+def _sampler(
     the_suite: suite.Suite,
     root: Path,
     a_name: str | None,
@@ -259,37 +243,42 @@ def _sample(
     expect: dict[str, str],
     quiet: bool,
     err: Console,
-) -> sampling.Samples:
-    """The samples under a progress bar: the working tree alone (stored-baseline modes,
-    with the baseline's forwards per sample), or ``a_commit`` in a temporary worktree
-    interleaved with it."""
+) -> Callable[[set[str] | None, int], sampling.Samples]:
+    """What times the suite's cells under a progress bar: ``(None, 0)`` every cell, the
+    check's samples; ``(cells, k)`` those again for the busy policy, a fresh interleaving
+    (seed + k). The working tree alone (stored-baseline modes, with the baseline's forwards
+    per sample), or ``a_commit`` in a temporary worktree interleaved with it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=quiet,
-    ) as bar:
-        task = bar.add_task("samples", total=None)
+    def sample(cells: set[str] | None, attempt: int) -> sampling.Samples:
+        some = _only(the_suite, cells)
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+            disable=quiet,
+        ) as bar:
+            task = bar.add_task("samples", total=None)
 
-        def tick(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
 
-        if a_commit is None:
-            return sampling.sample(
-                {"B": root},
-                the_suite,
-                seed=seed,
-                expect=expect,
-                reps=stored["reps"] if stored else None,
-                progress=tick,
-            )
-        bar.update(task, description=f"A = {a_name}, B = working tree")
-        with versions.worktree(root, a_commit) as tree:
-            return sampling.sample(
-                {"A": tree, "B": root}, the_suite, seed=seed, expect=expect, progress=tick
-            )
+            if a_commit is None:
+                return sampling.sample(
+                    {"B": root},
+                    some,
+                    seed=seed + attempt,
+                    expect=expect,
+                    reps=stored["reps"] if stored else None,
+                    progress=tick,
+                )
+            bar.update(task, description=f"A = {a_name}, B = working tree")
+            with versions.worktree(root, a_commit) as tree:
+                return sampling.sample(
+                    {"A": tree, "B": root}, some, seed=seed + attempt, expect=expect, progress=tick
+                )
+
+    return sample
