@@ -78,23 +78,27 @@ def test_every_layout_gives_each_real_token_the_same_output(attention: str, para
             torch.testing.assert_close(outs[layout][n], outs["packed"][n], atol=1e-10, rtol=1e-10)
 
 
-def _packers() -> list[tuple[str, tuple, str, bool]]:
-    """Every mechanism that packs, beyond :data:`MEMORY`'s (every layout), in the packed
-    layout: causal, forward and training step (where a CPU trains it); not causal, the
-    forward (each document through its own sums), where the mechanism has that form. Not
-    flex: its compiled CPU kernel keeps ~0.5 MB of scratch a call whatever the shape, which
-    the fused stand-in on meta leaves out (28 % of this toy layer's peak, under 1 % of a base
-    layer's: tests/test_memory_model.py); tests/test_flex.py holds its packed call's peak to
-    its unpacked one's instead."""
+def packers(names: list[str]) -> list[tuple[str, tuple, str, bool]]:
+    """Every mechanism of ``names`` that packs, beyond :data:`MEMORY`'s (every layout), in
+    the packed layout: forward and training step (where a CPU trains it) in its main form,
+    causal where it has one (a mechanism without a causal form may have no ``causal``
+    setting at all, as docs/mechanisms.md's example); a causal one also not causal, the forward
+    (each document through its own sums), where it has that form. Not flex: its compiled
+    CPU kernel keeps ~0.5 MB of scratch a call whatever the shape, which the fused stand-in
+    on meta leaves out (28 % of this toy layer's peak, under 1 % of a base layer's:
+    tests/test_memory_model.py); tests/test_flex.py holds its packed call's peak to its
+    unpacked one's instead."""
     shown = {name for name, _ in MEMORY} | {"flex"}
     cases = []
-    for name in runnable_here():
+    for name in names:
         info = attnbench.info(name)
         if info.cannot_pack or name in shown:
             continue
         trains = TRAIN.refuses(info) is None and TRAIN.refuses_on_cpu(info) is None
-        cases += [(name, CAUSAL, "packed", train) for train in (False, True)[: 1 + trains]]
-        if info.causal_only is None and name not in ("vanilla", "sdpa"):  # theirs: per block
+        main = CAUSAL if info.causal else ()
+        cases += [(name, main, "packed", train) for train in (False, True)[: 1 + trains]]
+        theirs_per_block = name in ("vanilla", "sdpa")
+        if info.causal and info.causal_only is None and not theirs_per_block:
             cases.append((name, (("causal", False),), "packed", False))
     return cases
 
@@ -104,7 +108,7 @@ CASES = [
     for name, params in MEMORY
     for layout in LAYOUTS
     for train in (False, True)
-] + _packers()
+] + packers(runnable_here())
 
 
 @pytest.mark.parametrize(("attention", "params", "layout", "train"), CASES)

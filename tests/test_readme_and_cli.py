@@ -17,6 +17,7 @@ from tests.conftest import run_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MEASUREMENT = README.parent / "docs" / "measurement.md"
+MECHANISMS = README.parent / "docs" / "mechanisms.md"
 
 
 def _section(title: str, page: Path = README) -> str:
@@ -26,10 +27,10 @@ def _section(title: str, page: Path = README) -> str:
     return text[start : end if end > 0 else None]
 
 
-def test_readme_add_a_mechanism_example_runs() -> None:
-    code = re.search(r"```python\n(.*?)```", _section("Add a mechanism"), re.S).group(1)
+def test_the_add_a_mechanism_example_runs() -> None:
+    code = re.search(r"```python\n(.*?)```", _section("Add a mechanism", MECHANISMS), re.S).group(1)
     try:
-        exec(compile(code, "README:add-a-mechanism", "exec"), {})
+        exec(compile(code, "docs/mechanisms.md:add-a-mechanism", "exec"), {})
         m = attnbench.create("local_window", d_model=32, n_heads=4, max_seq_len=64, window=3)
         mask = torch.zeros(2, 16, dtype=torch.bool)
         mask[1, 10:] = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.quality import tasks
 from attnbench.quality.estimate import note as training_note
-from attnbench.registry import BUILTINS
 from attnbench.sweep import help as help_keys
 from attnbench.sweep import keys, launchers, slurm
 from attnbench.sweep.cells import cell_from_cfg, preset_from_cfg, setting
@@ -51,11 +51,13 @@ CONFIG_MODULE = "attnbench.conf"
 def register_user_options() -> None:
     """A mechanism or a quality task registered in Python but without a YAML file is still an
     ``attention`` or ``task`` option (a mechanism with its default parameters, a task with the
-    config's model, device, dtype and batch): it shows up in sweeps with no extra step."""
+    config's model, device, dtype and batch), a built-in one too: it shows up in sweeps with
+    no extra step. A shipped ``conf/attention/NAME.yaml``, where there is one, is the option."""
     help_keys.register()  # and in the keys --help lists
     cs = ConfigStore.instance()
-    for name in set(registry.names()) - set(BUILTINS):
-        cs.store(group="attention", name=name, node={"name": name, "params": {}})
+    for name in registry.names():
+        if not (files(CONFIG_MODULE) / "attention" / f"{name}.yaml").is_file():
+            cs.store(group="attention", name=name, node={"name": name, "params": {}})
     for name in set(tasks.names()) - set(tasks.TASKS):
         cs.store(group="task", name=name, node={"task": name}, package="_global_")
 
