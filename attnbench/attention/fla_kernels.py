@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
+from collections.abc import Callable
 from itertools import accumulate
 
 import torch
@@ -51,7 +52,11 @@ OPS = {
     "deltanet": "delta_rule",
     "gated_deltanet": "gated_delta_rule",
 }
-CHUNKS = {"gla": "64", "simple_gla": "a power of two >= 16", "delta_rule": "16, 32 or 64"}
+CHUNKS: dict[str, tuple[Callable[[int], bool], str]] = {  # the rule, and it in words
+    "gla": (lambda c: c == 64, "64"),
+    "simple_gla": (lambda c: c >= 16 and c & (c - 1) == 0, "a power of two >= 16"),
+    "delta_rule": (lambda c: c in (16, 32, 64), "16, 32 or 64"),
+}
 CHUNKS["gated_delta_rule"] = CHUNKS["delta_rule"]
 NO_FP32 = {"delta_rule": "fla-core 0.6's chunk_delta_rule asserts its inputs are not fp32"}
 
@@ -98,16 +103,10 @@ def why_unavailable() -> str | None:
 def check_chunk(name: str, chunk: int) -> None:
     """A ``chunk`` the op of mechanism ``name`` takes (:data:`CHUNKS`), or one line."""
     package = OPS[name]
-    if package == "gla":
-        ok = chunk == 64
-    elif package == "simple_gla":
-        ok = chunk >= 16 and chunk & (chunk - 1) == 0
-    else:
-        ok = chunk in (16, 32, 64)
-    if not ok:
+    takes, words = CHUNKS[package]
+    if not takes(chunk):
         raise ValueError(
-            f"chunk: kernel=fla runs {name} on chunk_{package}, whose chunk is "
-            f"{CHUNKS[package]}; got {chunk}"
+            f"chunk: kernel=fla runs {name} on chunk_{package}, whose chunk is {words}; got {chunk}"
         )
 
 

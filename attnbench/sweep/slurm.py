@@ -34,7 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from attnbench.sweep import slurm_watch
+from attnbench.sweep import launchers, slurm_watch
 from attnbench.sweep.slurm_watch import Failed, Task, Watcher
 
 CANCEL_WAIT_S = 60.0  # how long cancel() waits for its tasks to leave the queue
@@ -44,7 +44,7 @@ def runs_elsewhere(launcher: str) -> bool:
     """Do the jobs of Hydra launcher ``launcher`` (its ``_target_``) run on other machines,
     whose CPUs this process cannot see? SLURM's do; submitit_local's, like every other
     launcher's, run here."""
-    return "submitit" in launcher and "Local" not in launcher
+    return "submitit" in launcher and not launchers.is_submitit_local(launcher)
 
 
 def watch(config: DictConfig) -> None:
