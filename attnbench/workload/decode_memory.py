@@ -136,11 +136,12 @@ class ServingScenario(Work):
         del prompt
         self._admit(parts)
         out = self.step()
-        self.states = self.token = None  # nothing of the probe outlives it
+        self.release()  # nothing of the probe outlives it
         return out
 
     def release(self) -> None:
-        """The states and the token, which a call that stopped midway leaves set."""
+        """The states and the token: a finished call drops them, and so does the runner
+        after a call that stopped midway (out of memory) and left them set."""
         self.states = self.token = None
 
     def modeled_peak(self, base: int) -> int:
