@@ -19,7 +19,8 @@ What it cannot see:
 * memory allocated and freed inside one primitive op, e.g. cuBLAS workspaces or a fused
   kernel's per-row logsumexp;
 * the allocator's block sizes beyond the 512-byte rounding (a large block whose remainder is
-  at most 1 MiB is not split) and fragmentation of its segments;
+  at most 1 MiB is not split) and fragmentation of its segments: :func:`traced` records the
+  calls for :mod:`attnbench.measure.allocator` to replay them;
 * what a GPU probe actually tests: ``set_per_process_memory_fraction`` limits *reserved*
   memory (whole segments, cached blocks included), so a real "fits" can be stricter than the
   modeled allocated peak. Real probes correct for all of these, and the row records how far
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,9 @@ from torch.utils._pytree import tree_flatten
 from attnbench.attention.base import indexed_device
 
 ALLOC_ROUND = 512  # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every block's granule
+
+# one call the CUDA caching allocator would see: ("alloc", id, bytes requested) or ("free", id)
+Event = tuple[str, int] | tuple[str, int, int]
 
 
 # composite ops the tracker leaves whole (see the module docstring); every other one that
@@ -79,16 +84,26 @@ class MemoryTracker(TorchDispatchMode):
     the peak is the high-water mark of live bytes, as the allocator's own stat is.
     """
 
-    def __init__(self, base: int = 0, ceiling: int | None = None) -> None:
+    def __init__(
+        self, base: int = 0, ceiling: int | None = None, trace: list[Event] | None = None
+    ) -> None:
         super().__init__()
         self.base = base
         self.live = base
         self.peak = base
         self.ceiling = ceiling
         self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # opt-in record of the allocator's calls (:func:`traced`); ids continue from the
+        # events already there, so a trace that opens with the base's allocations stays unique
+        self.trace = trace
+        self._ids = itertools.count(len(trace)) if trace is not None else None
 
     def _free(self, nbytes: int) -> None:
         self.live -= nbytes
+
+    def _free_traced(self, nbytes: int, ident: int) -> None:
+        self.live -= nbytes
+        self.trace.append(("free", ident))  # type: ignore[union-attr]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -111,7 +126,12 @@ class MemoryTracker(TorchDispatchMode):
                 continue
             nbytes = rounded(storage.nbytes())
             self._seen[storage] = nbytes
-            weakref.finalize(storage, self._free, nbytes)
+            if self._ids is None or not nbytes:  # no trace, or nothing the allocator sees
+                weakref.finalize(storage, self._free, nbytes)
+            else:  # the request unrounded: the replay rounds as the allocator does
+                ident = next(self._ids)
+                self.trace.append(("alloc", ident, storage.nbytes()))  # type: ignore[union-attr]
+                weakref.finalize(storage, self._free_traced, nbytes, ident)
             self.live += nbytes
             self.peak = max(self.peak, self.live)
             if self.ceiling is not None and self.live > self.ceiling:
@@ -158,6 +178,32 @@ def tracked_peak(
             out = forward()
         del out
         return tracker.peak
+    except BaseException:
+        gc.collect()  # the traceback's frames hold the forward's tensors: free them now
+        raise
+
+
+def traced(
+    forward: Callable[[], Any], base_sizes: Sequence[int] = (), *, grad: bool = False
+) -> list[Event]:
+    """The allocator's calls of one modeled ``forward()``, in order: what
+    :mod:`attnbench.measure.allocator` replays to see fragmentation, which live bytes alone
+    cannot show.
+
+    ``base_sizes`` (bytes of the weights, the input, anything live before the forward) open
+    the trace as allocations never freed, ids 0, 1, …; the forward's own follow, as the same
+    tracker that :func:`tracked_peak` runs records them (so the running sum of their rounded
+    sizes peaks at its figure). The output's frees come last, after ``forward`` returns.
+    ``grad`` as in :func:`tracked_peak`.
+    """
+    events: list[Event] = [("alloc", i, n) for i, n in enumerate(base_sizes)]
+    base = sum(rounded(n) for n in base_sizes)
+    tracker = MemoryTracker(base=base, trace=events)
+    try:
+        with _no_grad_unless(grad), tracker:
+            out = forward()
+        del out
+        return events
     except BaseException:
         gc.collect()  # the traceback's frames hold the forward's tensors: free them now
         raise
