@@ -6,14 +6,13 @@ rest of attnbench asks of a cell: its validation (:func:`validate`, one ``ValueE
 naming the parameter), the ceiling resolved against the preset and the preset's fixed overhead
 (:func:`resolve_ceiling`), ``k`` against ``n`` (:func:`check_k`, :func:`left_out`), causal
 masking (:func:`check_causal`), the mechanism's label (:func:`label`) and the key a stored row
-is found by (:func:`key`). The runner measures a validated cell; the sweep builds cells from
-configs; the gate builds its suite from them; reports label rows with the same :func:`label`.
+is found by (:mod:`attnbench.cell_key`). The runner measures a validated cell; the sweep
+builds cells from configs; the gate builds its suite from them; reports label rows with the
+same :func:`label`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -40,7 +39,6 @@ from attnbench.workload import Workload
 from attnbench.workload import find as find_workload
 from attnbench.workload import get as get_workload
 
-KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
 
 
@@ -85,10 +83,10 @@ class Cell:
         work = find_workload(self.mode)
         if work is not None:
             given = {**defaults(work.settings), **given}
-        object.__setattr__(self, "mode_settings", _tuples(sorted(given.items())))
+        object.__setattr__(self, "mode_settings", as_tuples(sorted(given.items())))
         if self.task != "cost" and self.task in tasks.names():
             quality = {**tasks.REGISTRY[self.task].defaults(), **dict(self.quality)}
-            object.__setattr__(self, "quality", _tuples(sorted(quality.items())))
+            object.__setattr__(self, "quality", as_tuples(sorted(quality.items())))
 
     @property
     def budget(self) -> str | None:
@@ -136,7 +134,7 @@ class Cell:
         """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists, and
         the values in them: a carried ``listops`` block, MQAR's ``lrs``); a spec stored
         before the workload's settings were its set reads as the same cell."""
-        pairs = {f: _tuples(data.get(f, ())) for f in ("params", "quality", "mode_settings")}
+        pairs = {f: as_tuples(data.get(f, ())) for f in ("params", "quality", "mode_settings")}
         names = {f.name for f in fields(cls)}
         work = find_workload(data.get("mode", DEFAULT_MODE))
         if "mode_settings" not in data and work is not None:  # a spec stored before: the
@@ -146,9 +144,9 @@ class Cell:
         return cls(**{k: v for k, v in {**data, **pairs}.items() if k in names})
 
 
-def _tuples(value: Any) -> Any:
+def as_tuples(value: Any) -> Any:
     """Lists (JSON's arrays) as tuples, at every depth: a cell is hashable."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+    return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:
@@ -259,31 +257,3 @@ def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
     if cell.ceiling_bytes is not None and preset.machine_memory:
         out["ceiling_given"] = True  # not the machine's memory: keyed by its bytes
     return out
-
-
-def key(cell: Cell, preset: presets.Preset) -> str:
-    """A stable id of what a cell measures (not of how long it is timed): its workload and
-    that workload's settings enter it, except for the default workload's cells, which keep
-    the keys they had before ``mode`` existed, so older run directories resume. A thread
-    count asked for enters it (a sweep over ``timing.threads`` is one cell per count);
-    following the allocation, the default, does not. Nothing this machine decides alone
-    enters it: a preset whose memory is the machine's own (``cpu``) is keyed, at its default
-    ceiling, as ``machine``, and the row records the bytes beside the key."""
-    s = spec(cell, preset)
-    fields = {f: s[f] for f in KEY_FIELDS}
-    if cell.ceiling_bytes is None and preset.machine_memory:
-        fields["ceiling_bytes"] = MACHINE
-    if cell.threads is not None:
-        fields["threads"] = cell.threads
-    if cell.mode != DEFAULT_MODE:
-        fields["mode"] = cell.mode
-        fields.update(cell.workload.keyed(cell))
-    if cell.task != "cost":  # cost cells keep the keys they had before quality tasks
-        fields.update(task=cell.task, quality=s["quality"])
-    if cell.compile:  # eager cells keep the keys they had before compile existed
-        fields.update(compile=True, compile_mode=cell.compile_mode)
-    canonical = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
-
-
-MACHINE = "machine"  # a key's ceiling where it is the machine's whole memory

@@ -231,6 +231,9 @@ FIELDS: tuple[Field, ...] = (
        " (torch lets cuBLAS, cuDNN use TF32), `triton_fp32_dot` (Triton's `tl.dot`, which"
        " `kernel=fla` runs: `tf32` from Ampere on)", default={}, missing={}, column="nested"),
     _f("key", str | None, text, "", "stored", "the cell's key"),
+    _f("key_version", int | None, count, "", "stored", "the rule the key was made by"
+       " (`attnbench.cell_key.KEY_VERSION`; a row without it: 1, keyed again from its `cell` when"
+       " a resume looks for it)", missing=1),
     _f("sweep", str | None, text, "", "stored", "the sweep's name"),
     _f("wall_s", float | None, seconds, "s", "stored", "the cell's wall time"),
     _f("finished_at", float | None, timestamp, "s", "stored", "when it was stored (Unix time)"),

@@ -79,6 +79,7 @@ class Row(_Record):
     pct_of_peak: float | None
     env: dict[str, Any]
     key: str | None
+    key_version: int | None
     sweep: str | None
     wall_s: float | None
     finished_at: float | None

@@ -119,7 +119,7 @@ TIMING: tuple[Setting, ...] = tuple(
                 in_key=False),
         Setting("threads", None, "CPU timing threads; null: the CPUs this process was given"
                 " (affinity, SLURM_CPUS_PER_TASK); more than those is refused; a count asked"
-                " for enters the key", int | None, optional_integer, in_key=False),
+                " for enters the key", int | None, optional_integer),
     )
 )  # fmt: skip
 

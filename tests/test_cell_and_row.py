@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from attnbench import row as rows
-from attnbench.cell import Cell, key, label, validate
+from attnbench.cell import Cell, label, validate
+from attnbench.cell_key import key
 from attnbench.cell_rules import budget_of, check_k, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
@@ -35,6 +36,71 @@ def test_keys_are_those_the_reference_run_stored_so_old_runs_resume() -> None:
         assert key(cell, v100) == stored["key"], stored["attention"]
     train = Cell("vanilla", n=512, mode="train")  # a new mode is a new key
     assert key(train, v100) != key(Cell("vanilla", n=512), v100)
+
+
+def test_a_setting_added_with_a_default_leaves_every_key_as_it_was(monkeypatch) -> None:
+    """Key version 2's promise: a workload's setting (or a task's) declared with a default
+    moves no key, so no stored run stops resuming. Every committed row's cell, keyed before
+    and after ``packed``, ``train``, ``decode`` and MQAR each gain a setting."""
+    from attnbench import workload
+    from attnbench.cell_key import stored_cell
+    from attnbench.quality import tasks
+    from attnbench.settings import Setting, integer
+    from tests.test_reference_runs import REFERENCE, RUNS
+    from tests.test_reference_runs import rows as stored
+
+    cells = [stored_cell(r.cell, r.key_version or 1) for run in RUNS for r in stored(run)]
+    before = [key(c, p) for c, p in cells]
+    extra = Setting("toy_split", 2, "a toy setting", int, integer())
+    for name in ("packed", "packed_train", "train", "decode"):
+        work = workload.get(name)
+        monkeypatch.setattr(work, "settings", (*work.settings, extra.owned(f"mode={name}")))
+    mqar = tasks.REGISTRY["mqar"]
+    monkeypatch.setitem(tasks.REGISTRY, "mqar", dataclasses.replace(
+        mqar, settings=(*mqar.settings, extra)))  # fmt: skip
+    again = [Cell.from_dict(dataclasses.asdict(c)) for c, _ in cells]  # defaults filled anew
+    assert all(("toy_split", 2) in c.mode_settings for c in again if c.mode == "train")
+    assert [key(c, p) for c, (_, p) in zip(again, cells, strict=True)] == before
+    assert REFERENCE.is_dir() and len(before) > 1000
+    # the setting at another value is another cell
+    train = Cell("vanilla", 512, mode="train", mode_settings={"toy_split": 3})
+    assert key(train, cells[0][1]) != key(Cell("vanilla", 512, mode="train"), cells[0][1])
+
+
+def test_a_setting_in_no_use_does_not_split_a_cell() -> None:
+    """Which settings a cell uses is its workload's one answer (``Workload.in_use``), asked by
+    the key and by reports: decode's draw with every prompt n, the distribution's settings
+    beside explicit lengths, packed's ``bucket_tokens`` outside ``layout=bucketed``."""
+    v100 = presets.load("v100_16gb")
+
+    def same(mode: str, a: dict, b: dict) -> bool:
+        one = Cell("vanilla", 512, params=(("causal", True),), mode=mode, mode_settings=a)
+        two = Cell("vanilla", 512, params=(("causal", True),), mode=mode, mode_settings=b)
+        return key(one, v100) == key(two, v100)
+
+    assert same("decode", {}, {"length_seed": 7})  # contexts=n: no draw
+    assert not same("decode", {"contexts": "drawn"}, {"contexts": "drawn", "length_seed": 7})
+    given = {"contexts": "drawn", "lengths": (64, 128)}
+    assert same("decode", given, {**given, "length_seed": 7})
+    assert same("packed", {"layout": "padded"}, {"layout": "padded", "bucket_tokens": 8192})
+    bucketed = {"layout": "bucketed"}
+    assert not same("packed", bucketed, {**bucketed, "bucket_tokens": 8192})
+
+
+def test_a_settings_null_is_its_default() -> None:
+    """A row stored before one of its workload's settings was declared (``Workload.later``),
+    or holding null for it, measured the default (``row_upgrade.later_settings``): sound only
+    while no setting takes null for another value, which every declared setting is held to
+    here."""
+    from attnbench import workload
+    from attnbench.quality import tasks
+
+    declared = [s for m in workload.names() for s in workload.get(m).settings]
+    declared += [s for t in tasks.REGISTRY.values() for s in t.settings if not s.carried]
+    for s in declared:
+        if s.check is not None and s.default is not None:
+            with pytest.raises(ValueError):
+                s.check(s.name, None)
 
 
 def test_one_label_for_reports_the_gate_and_progress() -> None:

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell, key
+from attnbench.cell import Cell
+from attnbench.cell_key import key
 from attnbench.measure import compiled, presets
 from attnbench.runner import run_cell
 from attnbench.workload import Work

@@ -24,12 +24,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from attnbench.cell import Cell, key, validate
+from attnbench.cell import Cell
+from attnbench.cell_key import key, stored_cell, stored_key
 from attnbench.row import Row, read
+from attnbench.store import CELLS
 from tests.test_docs import ROOT
 
 REFERENCE = ROOT / "results" / "reference"
@@ -51,9 +54,11 @@ def modeled(row: Row) -> bool:
 
 
 def figures(row: Row) -> dict[str, Any]:
-    """What a row says that the code alone decides: its key, status and modeled figures."""
-    names = ("key", "status", *COUNTED, *(MODELED if modeled(row) else ()))
-    out = {name: getattr(row, name, None) for name in names}
+    """What a row says that the code alone decides: its key (the one a resume finds it by,
+    :func:`attnbench.cell_key.stored_key`), status and modeled figures."""
+    names = ("status", *COUNTED, *(MODELED if modeled(row) else ()))
+    out = {"key": stored_key(row.to_dict())}
+    out |= {name: getattr(row, name, None) for name in names}
     if row.task == "mqar":
         out |= {f: row.quality[f] for f in ("context_elements", "context_bytes")}
     return out
@@ -64,8 +69,8 @@ def remade(row: Row) -> dict[str, Any]:
     too: the cell read back is the cell that was run)."""
     from attnbench.runner import run_cell
 
-    cell = Cell.from_dict(row.cell)
-    made = {"key": key(cell, validate(cell).preset)}
+    cell = Cell.from_dict(row.cell)  # as run, its ceiling resolved; as a sweep makes it now:
+    made = {"key": key(*stored_cell(row.cell, row.key_version or 1))}
     if row.task == "mqar":
         return {**figures(row), **made, **_context(cell)}
     again = run_cell(dataclasses.replace(cell, model_only=True))
@@ -125,6 +130,40 @@ def test_modeled_figures_are_the_codes(run: str) -> None:
     stale = [(f"{r.attention} {r.params} n={r.n} k={r.k} {r.mode}", was, now)
              for r, was, now in moved(sample(run))]  # fmt: skip
     assert not stale, f"{run}: stored ≠ made now (make the run again): {stale}"
+
+
+# the runs a real resume is tried on: the paper's grid (keys the same under every rule), and
+# those whose keys moved with KEY_VERSION 2 (a workload's settings at their default, a
+# compile mode, a quality task's settings, the cpu preset's ceiling); serving's own is left to
+# its smaller twins (serving_mix, serving_mixers), its 362 cells take a minute to plan
+RESUMED = ("table3-v100_16gb-cpu", "table3_train-v100_16gb-cpu", "packed-v100_16gb-cpu",
+           "serving_mixers-v100_16gb-cpu", "compiled-v100_16gb-cpu", "recall-cpu-cpu")  # fmt: skip
+
+
+@pytest.mark.parametrize("run", RESUMED)
+def test_a_committed_run_resumes_under_todays_keys(run: str, tmp_path: Path) -> None:
+    """Every row of a committed run is found by a cell that the commands which stored it
+    plan today (``prevalidate``, as ``attnbench run`` composes and keys its jobs): a resume
+    measures none of them again, whatever rule keyed them when they were stored. The keys
+    that moved since must be among them, or this would not test the migration."""
+    from attnbench.store import RunStore
+    from attnbench.sweep.config import prevalidate
+
+    stored = RunStore(REFERENCE / run, rekey=stored_key).rows()
+    planned: set[str] = set()
+    for line in (REFERENCE / run / "commands.jsonl").read_text().splitlines():
+        argv = json.loads(line)["argv"]
+        if argv[:1] == ["python"]:  # a rewrite of modeled figures: it planned no cell
+            continue
+        argv = [a for a in argv if not a.startswith(("out_dir=", "rerun="))]
+        planned |= {k for _, k in prevalidate([*argv, f"out_dir={tmp_path}"])}
+    lost = [(r["attention"], r["mode"], r["n"]) for r in stored if r["key"] not in planned]
+    assert not lost, f"{run}: stored rows no cell plans today (a resume measures again): {lost}"
+    if run != "table3-v100_16gb-cpu":
+        raw = {
+            json.loads(line)["key"] for line in (REFERENCE / run / CELLS).read_text().splitlines()
+        }
+        assert raw - planned, f"{run}: no stored key moved; pick a run that tests the migration"
 
 
 def rewrite(run: str) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.cell_key import KEY_VERSION
 from attnbench.measure.contention import is_busy
 from attnbench.store import CorruptLine, RunStore, read_rows
 from attnbench.validators import parse_size
@@ -55,6 +56,7 @@ def test_smoke_sweep_writes_a_row_per_cell_and_resumes(
     rows = rows_of(tmp_path)
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
     assert len({r["key"] for r in rows}) == 6
+    assert {r["key_version"] for r in rows} == {KEY_VERSION}  # the rule that made the keys
     run_dir = next(tmp_path.glob("results/smoke/*/cells.jsonl")).parent
     assert (run_dir / "config.yaml").read_text().count("sweep_name: smoke") == 1
     assert json.loads((run_dir / "env.json").read_text())["torch"]

@@ -14,7 +14,8 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import workload
-from attnbench.cell import Cell, key, validate
+from attnbench.cell import Cell, validate
+from attnbench.cell_key import key
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.row_fields import BY_NAME

@@ -57,8 +57,8 @@ def test_a_quality_sweep_plans_the_cells_its_reference_run_stored(
     did, on a machine whose RAM is the reference machine's, a few kB off it (another
     machine of its kind; a reboot) or another size. The ``cpu`` preset's ceiling is the
     machine's memory, which no key holds to the byte."""
+    from attnbench.cell_key import stored_key
     from attnbench.measure import presets
-    from attnbench.resume import stored_key
     from attnbench.sweep.config import prevalidate
 
     monkeypatch.setattr(presets, "host_memory_bytes", lambda: ram)

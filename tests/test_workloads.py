@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from attnbench import workload
-from attnbench.cell import Cell, key, validate
+from attnbench.cell import Cell, validate
+from attnbench.cell_key import key
 from attnbench.measure import presets
 from attnbench.registry import Info
 from attnbench.settings import Setting, number

@@ -29,6 +29,8 @@ from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import NOISY
 from attnbench.report.marks import BUSY, OOM, SKIPPED
 from attnbench.row import Row, printable
+from attnbench.workload import find as find_workload
+from attnbench.workload.draw import DRAW
 
 
 def kv_heads(row: Row) -> int | None:
@@ -97,20 +99,17 @@ def group(row: Row) -> tuple:
 
 def _draw(row: Row) -> tuple:
     """The draw of lengths a row uses (decode's ``contexts=drawn``, packed's documents):
-    rows of two draws serve different sequences. Only the settings in use, as a cell's key
-    has them (``Decode.keyed``): none with every prompt n, the list where it is explicit."""
-    if row.contexts == "n":
-        return (row.contexts,)
-    if row.lengths is not None:
-        return (row.contexts, tuple(row.lengths))
-    return (
-        row.contexts,
-        row.distribution,
-        row.total_tokens,
-        row.length_mean,
-        row.length_min,
-        row.length_seed,
-    )
+    rows of two draws serve different sequences. Only the settings in use, as its workload
+    says for a cell's key too (:meth:`attnbench.workload.Workload.in_use`): none with every
+    prompt n, the list where it is explicit."""
+    given = {n: getattr(row, n, None) for n in DRAW_NAMES}
+    given = {n: tuple(v) if isinstance(v, list) else v for n, v in given.items() if v is not None}
+    work = find_workload(row.mode)
+    return tuple((work.in_use(given) if work is not None else given).values())
+
+
+# the settings a draw of lengths is made of, and decode's choice of one
+DRAW_NAMES = ("contexts", *(s.name for s in DRAW))
 
 
 NAMED = 2  # the entries at the end of :func:`group` that :func:`name` says

@@ -26,7 +26,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
-from attnbench import registry
+from attnbench import cell_key, registry
 from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.quality import tasks
@@ -275,7 +275,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
             resolve_threads(cell.threads)
             if line := training_note(cell):  # hours of training: said before it starts
                 once[line] = None
-        planned = (where, cells.key(cell, preset))
+        planned = (where, cell_key.key(cell, preset))
         if cfg.k is not None and cell.k is None:  # said whether or not k was swept
             once[f"{cell.attention} ignores k: measured once"] = None
         elif planned in plan:

@@ -27,10 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell as cells
 from attnbench.cell import Cell
+from attnbench.cell_key import KEY_VERSION, stored_key
+from attnbench.cell_key import key as cell_key
 from attnbench.cell_rules import left_out
 from attnbench.env import environment
 from attnbench.measure import presets
-from attnbench.resume import stored_key
 from attnbench.row import Row
 from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError
@@ -144,7 +145,7 @@ def _job(cfg: DictConfig) -> Row | None:
         return None
     preset = preset_from_cfg(cfg)
     store = RunStore(run_dir(cfg), rekey=stored_key)
-    key = cells.key(cell, preset)
+    key = cell_key(cell, preset)
     rerun = bool(cfg.rerun)
     if not claims.claim(key):
         return None  # the same cell as another job of this command: said once, before it ran
@@ -167,6 +168,7 @@ def _job(cfg: DictConfig) -> Row | None:
             row = measure(cell, preset, timeout, _isolated())
         row = row.replaced(  # which run it is stored in, and when
             key=key,
+            key_version=KEY_VERSION,
             sweep=cfg.sweep_name,
             wall_s=round(time.perf_counter() - start, 3),
             finished_at=time.time(),

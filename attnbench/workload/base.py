@@ -91,8 +91,12 @@ class Workload:
     ``settings`` declare what this workload takes beyond every cell's fields (train:
     ``optimizer``, ``checkpoint``), each a top-level config key with its default, check and
     doc (:class:`~attnbench.settings.Setting`). A cell carries their values as this
-    workload's set (``Cell.mode_settings``); they enter its key (so two settings never
-    share a stored row) and are row fields of their own, null in other workloads' rows.
+    workload's set (``Cell.mode_settings``); those in use (:meth:`in_use`) and not at their
+    default enter its key (so two settings never share a stored row, and a setting added
+    with a default leaves every key as it was: :func:`attnbench.cell_key.key`) and are row
+    fields of their own, null in other workloads' rows. A setting's null is its default:
+    no setting may take null for another value (a row stored before a setting was declared,
+    named in :attr:`later`, reads as its default).
     ``parts`` names the timed parts when there are several (they are stored in
     ``time_parts``); ``grad`` says whether a step needs autograd (memory is then
     tracked with it and timing leaves ``inference_mode`` off). ``primes``: a first step
@@ -106,7 +110,8 @@ class Workload:
     primes: bool = False
     settings: tuple[Setting, ...] = ()
     # settings declared after rows of this workload were stored: a row without one reads
-    # as its default, which is what every row before it measured (decode's contexts)
+    # as its default, which is what every row before it measured (decode's contexts); a
+    # row without another of its settings is not a row of this workload (in no table)
     later: tuple[str, ...] = ()
     parts: tuple[str, ...] = ()
     # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
@@ -123,11 +128,12 @@ class Workload:
         out, a single cell is refused."""
         return None
 
-    def keyed(self, cell: Cell) -> dict[str, Any]:
-        """The settings that enter the cell's key: all of them, but those a setting's value
-        makes unused may be left out (decode's draw, with every prompt n), so that cells
-        from before a setting existed keep their keys."""
-        return cell.settings
+    def in_use(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Of a cell's (or a row's) values of this workload's settings, those its step uses:
+        all of them, but another setting's value may leave one unused (decode's draw, with
+        every prompt n). The one answer to "which settings does this cell use", asked by the
+        cell's key and by reports grouping rows."""
+        return settings
 
     def refuses_on_cpu(self, info: Info) -> str | None:
         """Why a mechanism cannot run this workload where its cell runs on the CPU (no GPU of

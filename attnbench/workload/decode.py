@@ -30,6 +30,7 @@ from attnbench.measure.memory import module_bytes
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
+from attnbench.workload import draw
 from attnbench.workload.base import DTYPES, MAX_LOOP_STEPS, Work, Workload, setting
 from attnbench.workload.decode_memory import (
     ServingScenario,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from attnbench.cell import Cell
 
 STATE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+_DRAW_NAMES = {s.name for s in DRAW}  # unused with every prompt n
 # cells whose prompts a CPU cannot prefill within time_budget_s (Decode.cost_s decides, the
 # work reads it): their steps are timed over states filled with random values instead
 _NO_PREFILL: set[Cell] = set()
@@ -194,13 +196,11 @@ class Decode(Workload):
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
 
-    def keyed(self, cell: Cell) -> dict[str, Any]:
-        """Every prompt n: the draw is unused, and the cell keeps the key it had before
-        ``contexts`` existed."""
-        if setting(cell, "contexts") != "n":
-            return cell.settings
-        unused = {"contexts", *(s.name for s in DRAW)}
-        return {k: v for k, v in cell.settings.items() if k not in unused}
+    def in_use(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Every prompt n (``contexts=n``): no draw is used; a draw: its settings in use."""
+        if settings.get("contexts", "n") == "n":
+            return {k: v for k, v in settings.items() if k not in _DRAW_NAMES}
+        return draw.in_use(settings)
 
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
         """A decoder is causal; the weights and one sequence's state at n + decode_tokens

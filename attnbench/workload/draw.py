@@ -37,6 +37,18 @@ DRAW = (
 )  # fmt: skip
 
 
+# the distribution's own settings: unused where the lengths are given
+DRAWN = tuple(s.name for s in DRAW if s.name != "lengths")
+
+
+def in_use(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` less the distribution's where explicit ``lengths`` replace the draw: two
+    cells of one list of lengths are one cell, whatever their unused ``distribution``."""
+    if settings.get("lengths") is None:
+        return settings
+    return {k: v for k, v in settings.items() if k not in DRAWN}
+
+
 def draw_of(cell: Any) -> tuple[int, ...]:
     """The cell's lengths: its explicit ``lengths``, else its seeded draw (none above n)."""
     given = setting(cell, "lengths")

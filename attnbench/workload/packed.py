@@ -38,6 +38,7 @@ from attnbench.attention.packing import Packing
 from attnbench.registry import Info, info
 from attnbench.settings import Setting, choice, integer
 from attnbench.train import PARTS
+from attnbench.workload import draw
 from attnbench.workload.base import Work, Workload, encoder, setting
 from attnbench.workload.draw import DRAW, draw_of, draw_words
 from attnbench.workload.train import TRAIN, StepWork, Train, train_label, train_step
@@ -166,6 +167,13 @@ class Packed(Workload):
 
     def plan(self, cell: Cell) -> Plan:
         return Plan(setting(cell, "layout"), draw_of(cell), setting(cell, "bucket_tokens"))
+
+    def in_use(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The draw's settings in use; ``bucket_tokens`` only where the layout buckets."""
+        used = draw.in_use(settings)
+        if used.get("layout", "packed") != "bucketed":
+            used = {k: v for k, v in used.items() if k != "bucket_tokens"}
+        return used
 
     def refuses(self, info: Info) -> str | None:  # a training step's refusals are mode=train's
         return TRAIN.refuses(info) if self.train else super().refuses(info)

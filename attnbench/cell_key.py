@@ -1,0 +1,154 @@
+"""A cell's key: what a stored row is found by, made by one rule with a version, and the key
+a stored row answers to today.
+
+:func:`key` hashes what a cell measures by the rule of :data:`KEY_VERSION`. A row records
+the rule its key was made by (``key_version``; a row without it: 1). A row of today's rule
+answers to its own key (:func:`stored_key`); an older row is keyed again from the cell
+stored with it, brought forward through :data:`MIGRATIONS`, so a run stored under any
+earlier rule still resumes, and its rows are found by the cells that measure the same thing
+today. The store (:class:`attnbench.store.RunStore`, given ``rekey=stored_key``), a
+command's rows (:func:`attnbench.sweep.claims.rows_of`) and the sweep ask it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from attnbench.cell import Cell, as_tuples, spec
+from attnbench.measure import presets
+from attnbench.quality import tasks
+from attnbench.settings import COMPILE, TIMING, defaults
+from attnbench.workload import DEFAULT as DEFAULT_MODE
+from attnbench.workload import find as find_workload
+
+# every cell's own part, always in its key
+KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
+MACHINE = "machine"  # a key's ceiling where it is the machine's whole memory
+
+
+def key(cell: Cell, preset: presets.Preset) -> str:
+    """A stable id of what a cell measures (not of how long it is timed), by the rule of
+    :data:`KEY_VERSION`: every cell's own part whole (:data:`KEY_FIELDS`), and beyond it only
+    what differs from its declared default — a thread count, compiling, a workload other
+    than the paper's and each of its settings in use (:meth:`attnbench.workload.Workload.
+    in_use`), a quality task and its settings. So a setting added with a default leaves every
+    key as it was; a default changed is a new :data:`KEY_VERSION` (rows keyed before are keyed
+    again from their stored cell: :func:`stored_key`). Nothing this machine decides
+    alone enters it: a preset whose memory is the machine's own (``cpu``) is keyed, at its
+    default ceiling, as ``machine``, and the row records the bytes beside the key."""
+    s = spec(cell, preset)
+    fields: dict[str, Any] = {f: s[f] for f in KEY_FIELDS}
+    if cell.ceiling_bytes is None and preset.machine_memory:
+        fields["ceiling_bytes"] = MACHINE
+    fields.update(beyond_defaults(cell))
+    canonical = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+
+def beyond_defaults(cell: Cell) -> dict[str, Any]:
+    """What a cell asks for beyond every cell's part, each entry only where it is not its
+    default: the part of its key that grows as settings are declared, and never moves
+    when one is added."""
+    out: dict[str, Any] = {}
+    for s in OPTIONS:
+        value = getattr(cell, s.name)
+        if s.name == "compile_mode" and not cell.compile:
+            continue  # an eager cell uses no compile mode
+        if as_tuples(value) != as_tuples(s.default):
+            out[s.name] = value
+    if cell.mode != DEFAULT_MODE:
+        out["mode"] = cell.mode
+    work = find_workload(cell.mode)
+    used = work.in_use(cell.settings) if work is not None else cell.settings
+    declared = defaults(work.settings) if work is not None else {}
+    if own := _changed(used, declared):
+        out["mode_settings"] = own
+    if cell.task != "cost":
+        out["task"] = cell.task
+        task = tasks.REGISTRY.get(cell.task)
+        if own := _changed(dict(cell.quality), task.defaults() if task else {}):
+            out["quality"] = own
+    return out
+
+
+def _changed(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``values`` that differ from ``defaults`` (one without a default always differs)."""
+    absent = object()
+    return {k: v for k, v in values.items() if as_tuples(v) != as_tuples(defaults.get(k, absent))}
+
+
+# Cell fields beyond :data:`KEY_FIELDS` that say what a cell measures, each keyed where it is
+# not its default: a thread count asked for (a sweep over timing.threads is one cell per
+# count; following the allocation, the default, is not) and compiling
+OPTIONS = tuple(s for s in (*TIMING, *COMPILE) if s.in_key)
+# the rule :func:`key` keys by; rows stored under an older one are keyed again from their
+# stored cell when a resume looks for them (:data:`MIGRATIONS`)
+KEY_VERSION = 2
+
+
+def _machine_ceiling(spec: dict[str, Any], preset: presets.Preset) -> dict[str, Any]:
+    """Keys of version 1 held a machine's-memory preset's RAM to the byte where the ceiling
+    was the machine's (a run did not resume on another machine of its kind, or after a
+    reboot). A row stored since says where its ceiling was given (``ceiling_given``);
+    before, a ceiling given is told by being a whole number of MB or MiB, as one a user
+    types is (``ceiling=8GB``), where a kernel's MemTotal is not. Not given: the default."""
+    ceiling = spec.get("ceiling_bytes")
+    if not preset.machine_memory or spec.get("ceiling_given") or not isinstance(ceiling, int):
+        return spec
+    if ceiling % 10**6 == 0 or ceiling % 2**20 == 0:
+        return spec
+    return {**spec, "ceiling_bytes": None}
+
+
+# (the last key version a step applies to, what changed since, the step): a stored cell of
+# key version v passes through every step whose version is >= v, in order, then is keyed by
+# today's rule. Version 2 (attnbench.cell.KEY_VERSION): settings at their default left out
+# of the key (a workload's settings were all keyed, defaults too); no spec step is needed
+# for it, the stored cell is simply keyed again
+Step = Callable[[dict[str, Any], presets.Preset], dict[str, Any]]
+MIGRATIONS: tuple[tuple[int, str, Step], ...] = (
+    (1, "a machine's-memory ceiling keyed as the machine's RAM", _machine_ceiling),
+)
+
+
+def stored_key(row: dict[str, Any]) -> Any:
+    """The key a stored row answers to today: its own under today's rule, else its stored
+    cell's key by today's rule, the cell brought forward through :data:`MIGRATIONS` (its own,
+    where that cell cannot be read here: a plugin not loaded, a hand edit)."""
+    stored, spec = row.get("key"), row.get("cell")
+    version = row.get("key_version") or 1
+    if version == KEY_VERSION or not isinstance(stored, str) or not isinstance(spec, dict):
+        return stored
+    memo = (stored, version, json.dumps(spec, sort_keys=True, default=str))
+    if memo not in _REKEYED:  # a row's answer is its own: the watcher asks often
+        _REKEYED[memo] = _rekeyed(stored, spec, version)
+    return _REKEYED[memo]
+
+
+_REKEYED: dict[tuple[Any, int, str], Any] = {}
+
+
+def _rekeyed(stored: Any, spec: dict[str, Any], version: int) -> Any:
+    try:
+        return key(*stored_cell(spec, version))
+    except (ValueError, TypeError, KeyError):  # a plugin's preset or workload, a hand edit
+        return stored
+
+
+def stored_cell(spec: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Preset]:
+    """The cell a stored row's ``cell`` (stored under key ``version``) is today, with its
+    preset: what a sweep asking for the same measurement makes now."""
+    preset = _preset(str(spec.get("device")))
+    for last, _, step in MIGRATIONS:
+        if version <= last:
+            spec = step(spec, preset)
+    return Cell.from_dict(spec), preset
+
+
+@functools.cache
+def _preset(name: str) -> presets.Preset:
+    return presets.load(name)
