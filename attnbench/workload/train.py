@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from attnbench.measure.autocast import emulated_autocast
 from attnbench.measure.fused import device_kernels
+from attnbench.measure.memory import CudaBackwardTemporaries
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, flag
 from attnbench.train import OPTIMIZERS, PARTS, TrainStep
@@ -60,7 +61,9 @@ def _entered(*contexts: AbstractContextManager[Any]) -> Any:
 class StepWork(Work):
     """A :class:`TrainStep` as the runner drives it. On meta it runs under the device's
     attention kernels (their saved tensors are what the backward keeps), and a checkpointed
-    layer's second run, in the backward, gets the same kernels and casts."""
+    layer's second run, in the backward, gets the same kernels and casts; modeling a GPU,
+    its backward kernels' own temporaries are counted too
+    (:class:`~attnbench.measure.memory.CudaBackwardTemporaries`)."""
 
     def __init__(self, step: TrainStep, device: str, *, gpu: bool) -> None:
         self.step, self.model = step, step.model
@@ -85,7 +88,13 @@ class StepWork(Work):
         return self.step.parts
 
     def __call__(self) -> None:
-        with device_kernels(self.kernels) if self.meta else contextlib.nullcontext():
+        if not self.meta:
+            self.step()
+            return
+        # a GPU's backward kernels allocate temporaries inside one op (CUDA's softmax
+        # backward a gradient-sized product) that their meta kernels do not: counted here
+        temporaries = CudaBackwardTemporaries() if self.gpu else contextlib.nullcontext()
+        with device_kernels(self.kernels), temporaries:
             self.step()
 
     def state_tensors(self) -> list[Tensor]:
