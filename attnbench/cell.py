@@ -21,6 +21,7 @@ import torch
 from attnbench import registry
 from attnbench.cell_rules import (
     budget_of,
+    check_allocator,
     check_budget,
     check_causal,
     check_k,
@@ -73,6 +74,7 @@ class Cell:
     kv_heads: int | None = _D["kv_heads"]
     compile: bool = _D["compile"]
     compile_mode: str = _D["compile_mode"]
+    allocator: str = _D["allocator"]  # PyTorch's caching allocator's settings (see settings)
     task: str = "cost"  # or a quality task of quality.tasks.REGISTRY
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
@@ -236,6 +238,7 @@ def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
     work.check(cell, params, ceiling - preset.overhead_bytes)
     check_traceable(cell, layer)  # after the workload's check: a draw is checked there
     gpu = on_gpu(cell, preset)
+    check_allocator(cell, preset, gpu)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
         raise ValueError(f"mode: attention={cell.attention} {why}")
     if why := layer.refuses(cell.dtype, preset.is_gpu):  # a kernel's own dtypes and devices

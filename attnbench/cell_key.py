@@ -18,10 +18,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from attnbench import settings
 from attnbench.cell import Cell, as_tuples, spec
 from attnbench.measure import presets
 from attnbench.quality import tasks
-from attnbench.settings import COMPILE, TIMING, defaults
+from attnbench.settings import defaults
 from attnbench.workload import DEFAULT as DEFAULT_MODE
 from attnbench.workload import find as find_workload
 
@@ -83,8 +84,8 @@ def _changed(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
 
 # Cell fields beyond :data:`KEY_FIELDS` that say what a cell measures, each keyed where it is
 # not its default: a thread count asked for (a sweep over timing.threads is one cell per
-# count; following the allocation, the default, is not) and compiling
-OPTIONS = tuple(s for s in (*TIMING, *COMPILE) if s.in_key)
+# count; following the allocation, the default, is not), compiling, the allocator
+OPTIONS = tuple(s for s in settings.OPTIONS if s.in_key)
 # the rule :func:`key` keys by; rows stored under an older one are keyed again from their
 # stored cell when a resume looks for them (:data:`MIGRATIONS`)
 KEY_VERSION = 2

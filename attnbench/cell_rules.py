@@ -7,6 +7,7 @@ and the gate ask :func:`left_out` and :func:`kept_k` before a cell exists to val
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from torch import nn
 
 from attnbench import registry
 from attnbench.attention.base import check_kv_heads
-from attnbench.measure import presets
+from attnbench.measure import allocator_rules, presets
 from attnbench.quality import tasks
 from attnbench.settings import CELL_FIELDS, resolve
 from attnbench.validators import check_bool, check_int
@@ -134,11 +135,32 @@ def check_settings(cell: Cell) -> None:
         s.validate(getattr(cell, s.name))
     if cell.kv_heads is not None:
         check_kv_heads(cell.kv_heads, cell.n_heads)
+    allocator_rules.from_setting(cell.allocator)  # what PYTORCH_CUDA_ALLOC_CONF would take
     declared = {s.name: s for s in cell.workload.settings}
     for name, value in resolve(
         f"mode={cell.mode}", cell.workload.settings, cell.mode_settings
     ).items():
         declared[name].validate(value)
+
+
+def check_allocator(cell: Cell, preset: presets.Preset, gpu: bool) -> None:
+    """The ``allocator`` setting where the cell runs: a preset without a GPU has no caching
+    allocator to set; where this process runs a GPU cell, a ``PYTORCH_CUDA_ALLOC_CONF`` of
+    its environment that says otherwise would measure another allocator than the row names
+    (``attnbench run`` starts such a cell in a process of its own with the setting)."""
+    if cell.allocator != "default" and not preset.is_gpu:
+        raise ValueError(
+            f"allocator: device={cell.device} has no CUDA caching allocator; allowed: default"
+        )
+    conf = os.environ.get(ALLOC_CONF, "")
+    if gpu and conf and conf != allocator_rules.conf_string(cell.allocator):
+        raise ValueError(
+            f"allocator: {ALLOC_CONF}={conf} is set in this environment, so a GPU cell would run"
+            f" under it, not under allocator={cell.allocator}; set allocator={conf} or unset it"
+        )
+
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def runs_causally(cell: Cell) -> bool:

@@ -44,6 +44,7 @@ class MaxBatch:
     predicted: int
     probed: int | None = None
     probes: int = 0
+    allocated: int | None = None  # the allocation-only answer, beside the replayed one
 
     @property
     def model_error(self) -> int | None:
@@ -54,12 +55,14 @@ class MaxBatch:
 @dataclass(frozen=True)
 class Memory:
     """The memory figure: where it comes from (``measured``, ``modeled``, ``profiled``), the
-    batch it is of, its peak and, on CUDA, the allocator's reserved peak (None: not taken)."""
+    batch it is of, its peak and the allocator's reserved peak (on CUDA, measured; modeled,
+    replayed: :mod:`attnbench.measure.allocator`; None: not taken)."""
 
     source: str
     batch: int | None = None
     peak_bytes: int | None = None
     reserved_bytes: int | None = None
+    fragmentation: float | None = None  # modeled: the replay's reserved over allocated, less 1
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def _memory_fields(memory: Memory | None, max_batch: MaxBatch | None) -> dict[st
     fields: dict[str, Any] = {}
     if max_batch is not None:
         fields["predicted_max_batch"] = max_batch.predicted
+        fields["allocated_max_batch"] = max_batch.allocated
         if max_batch.probed is not None:
             fields.update(
                 max_batch=max_batch.probed,
@@ -156,6 +160,7 @@ def _memory_fields(memory: Memory | None, max_batch: MaxBatch | None) -> dict[st
             batch=memory.batch,
             peak_bytes=memory.peak_bytes,
             peak_reserved_bytes=memory.reserved_bytes,
+            fragmentation=memory.fragmentation,
         )
     return fields
 

@@ -121,6 +121,7 @@ class _Record:
                 **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
                 compile=cell.compile,
                 compile_mode=cell.compile_mode if cell.compile else None,
+                allocator=cell.allocator,
                 batch_asked=cell.batch,
                 ceiling_bytes=ceiling,
                 overhead_bytes=overhead,

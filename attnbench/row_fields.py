@@ -28,6 +28,7 @@ from attnbench.row_checks import (
     identifier,
     model,
     model_error,
+    number,
     params,
     parts,
     positive,
@@ -133,6 +134,9 @@ FIELDS: tuple[Field, ...] = (
     _f("compile", bool, check_bool, "", "cell", "the cell's layers were compiled"
        " (`torch.compile`, each encoder layer)", default=False, missing=False),
     _f("compile_mode", str | None, text, "", "cell", "compiled rows: torch.compile's mode"),
+    _f("allocator", str | None, text, "", "cell", "the CUDA caching allocator's settings the max"
+       " batch was found under (`default`, `expandable` or a `PYTORCH_CUDA_ALLOC_CONF` string);"
+       " null: stored before the replay, its modeled max batch allocation-only"),
     _f("batch_asked", int | str, batch_asked, "", "cell", "the batch the cell asked: `max` or a"
        " number", default="max", missing="max", column="string"),
     _f("ceiling_bytes", int | None, positive, "bytes", "cell", "the resolved memory ceiling"),
@@ -145,11 +149,18 @@ FIELDS: tuple[Field, ...] = (
     _f("reason", str | None, text, "", "outcome", "why it is not ok, or a note on it"),
     _f("max_batch", int | None, count, "", "memory", "the largest batch under the ceiling"),
     _f("batch", int | None, count, "", "memory", "the batch the memory figures were taken at"),
-    _f("predicted_max_batch", int | None, count, "", "memory", "the modeled max batch"),
+    _f("predicted_max_batch", int | None, count, "", "memory", "the modeled max batch: the"
+       " largest whose allocations the caching allocator, replayed, serves under the ceiling"
+       " (decode: allocation-only)"),
+    _f("allocated_max_batch", int | None, count, "", "memory", "the largest batch whose live"
+       " bytes fit under the ceiling, fragmentation aside (allocation-only)"),
     _f("probes", int | None, count, "", "memory", "real probes (CUDA) confirming it", default=0),
     _f("model_error", int | None, model_error, "", "memory", "prediction less the max batch"),
     _f("peak_bytes", int | None, count, "bytes", "memory", "peak allocated memory at `batch`"),
-    _f("peak_reserved_bytes", int | None, count, "bytes", "memory", "peak reserved memory"),
+    _f("peak_reserved_bytes", int | None, count, "bytes", "memory", "peak reserved memory at"
+       " `batch`: measured on CUDA, replayed where memory is modeled"),
+    _f("fragmentation", float | None, number, "", "memory", "modeled rows: reserved over"
+       " allocated, less 1, at the replay's reserved peak"),
     _f("state_bytes", int | None, count, "bytes", "memory", "decode rows: the cache or state"
        " one sequence keeps at n + decode_tokens, every layer (the mechanisms' one formula)"),
     _f("eager_peak_bytes", int | None, count, "bytes", "memory", "compiled rows on a CPU: the"

@@ -35,6 +35,7 @@ class Row(_Record):
     bucket_tokens: int | None
     compile: bool
     compile_mode: str | None
+    allocator: str | None
     batch_asked: int | str
     ceiling_bytes: int | None
     overhead_bytes: int | None
@@ -44,10 +45,12 @@ class Row(_Record):
     max_batch: int | None
     batch: int | None
     predicted_max_batch: int | None
+    allocated_max_batch: int | None
     probes: int | None
     model_error: int | None
     peak_bytes: int | None
     peak_reserved_bytes: int | None
+    fragmentation: float | None
     state_bytes: int | None
     eager_peak_bytes: int | None
     memory_source: str | None

@@ -18,7 +18,7 @@ is :mod:`attnbench.timed`'s.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import gc
 
 import torch
@@ -28,75 +28,19 @@ from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import compiled, contention
+from attnbench.measure.allocator import replay
+from attnbench.measure.allocator_rules import from_setting
 from attnbench.measure.memory import (
     measured_peak_cuda,
-    module_bytes,
-    rounded,
-    tracked_peak,
 )
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measured import Flops, Found, MaxBatch, Memory, assemble
+from attnbench.memory_model import MemoryModel, build, feed, make_input, modeled_peak
 from attnbench.quality import tasks
 from attnbench.row import Row
-from attnbench.workload import DTYPES, Work, random_input
+from attnbench.workload import DTYPES, Work
 
 GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
-
-
-def build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The cell's encoder as its workload builds it, on ``device`` in ``dtype``."""
-    return cell.workload.build(cell, res.params, device, dtype)
-
-
-def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
-    """Random (never zero) inputs of batch b, as the cell's workload takes them."""
-    return random_input(cell.workload, cell, b, device, dtype)
-
-
-def _feed(work: Work, cell: Cell, b: int, device: str) -> None:
-    """A new input of batch b for ``work``; the previous one goes first, so that only the
-    step's own input is live when its peak is taken."""
-    work.x = None
-    work.x = make_input(b, cell, device, DTYPES[cell.dtype])
-
-
-def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
-    """The tracked peak of ``work`` (on meta) at batch b above ``fixed`` bytes plus its input."""
-    _feed(work, cell, b, "meta")
-    base = fixed + rounded(work.x.nbytes)
-    own = work.modeled_peak(base)
-    return own if own is not None else tracked_peak(work, base, grad=cell.workload.grad)
-
-
-class MemoryModel:
-    """The modeled peak of one cell at any batch: its workload's step on meta tensors, plus
-    what is live before it: weights, what a first step leaves (an optimizer's state, as in a
-    real run after step one), the input and the preset's overhead."""
-
-    def __init__(self, cell: Cell, res: Resolved) -> None:
-        self.cell, self.overhead = cell, res.preset.overhead_bytes
-        dtype = DTYPES[cell.dtype]
-        self.model = build(cell, res, "meta", dtype)
-        self.fixed = module_bytes(self.model) + self.overhead
-        x = make_input(1, cell, "meta", dtype)
-        self.work = cell.workload.work(self.model, cell, x, "meta", gpu=res.preset.is_gpu)
-        if cell.workload.primes:
-            self.work()  # makes the state every later step keeps
-            state = self.work.state_tensors()
-            self.fixed += sum(rounded(t.untyped_storage().nbytes()) for t in state)
-
-    @functools.cache  # noqa: B019 (one model per cell, dropped with it)
-    def peak(self, b: int) -> int:
-        return _modeled(self.work, self.cell, b, self.fixed)
-
-
-def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
-    """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
-    + input + the preset's fixed overhead (a workload that primes: without its state)."""
-    work = cell.workload.work(
-        model, cell, make_input(b, cell, "meta", DTYPES[cell.dtype]), "meta", gpu=False
-    )
-    return _modeled(work, cell, b, module_bytes(model) + overhead)
 
 
 def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> bool:
@@ -105,7 +49,7 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> b
     Fit or not, what the probe allocated is freed before anything else runs."""
     dev = indexed_device(GPU)
     try:
-        _feed(work, cell, b, GPU)
+        feed(work, cell, b, GPU)
         _warm(work, cell, dev, found)
         measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
         return True
@@ -181,9 +125,13 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     found.attention_params = modeled.model.attention_params()
     found.workload = cell.workload.describe(modeled.model, cell)
     if cell.batch == "max":
-        # meta forwards cost the same at any b; the search's last one is the row's peak
-        predicted, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
-        found.max_batch = MaxBatch(predicted)
+        # meta forwards cost the same at any b; the search's last one is the row's peak. The
+        # allocation-only answer bounds what the allocator's replay lets fit (measure/fit.py)
+        allocated, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
+        predicted = allocated
+        if modeled.replays and res.preset.is_gpu:  # a CPU has no caching allocator
+            predicted = modeled.replayed_max_batch(allocated, res.usable, cell.allocator)
+        found.max_batch = MaxBatch(predicted, allocated=allocated)
     else:
         predicted = None
 
@@ -209,6 +157,14 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
             "oom", f"modeled: b={b} peaks at {peak} bytes, over the ceiling of {res.ceiling}"
         )
         return
+    if modeled.replays and res.preset.is_gpu:  # what the allocator reserves, and fits?
+        again = replay(modeled.trace(b), res.usable, from_setting(cell.allocator))
+        reserved = again.peak_reserved + modeled.overhead
+        found.memory = Memory("modeled", b, peak, reserved, again.fragmentation)
+        if not again.fits:
+            why = "but the caching allocator (replayed) cannot reserve it under the ceiling"
+            found.stop("oom", f"modeled: b={b} fits in {peak} bytes, {why} of {res.ceiling}")
+            return
     if cell.model_only:
         found.reason = "model only: no time measured"
         return
@@ -233,14 +189,14 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
         b, probes = largest_fitting(
             lambda b: _cuda_fits(work, cell, res, b, found), max(predicted, 1)
         )
-        found.max_batch = MaxBatch(predicted, b, probes)
+        found.max_batch = dataclasses.replace(found.max_batch, probed=b, probes=probes)
     else:
         b = cell.batch
     if b == 0:
         found.memory = Memory("measured")
         found.stop("oom", f"b=1 does not fit under {res.ceiling} bytes")
         return
-    _feed(work, cell, b, GPU)
+    feed(work, cell, b, GPU)
     timed.ready(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
     try:
         _warm(work, cell, dev, found)
@@ -265,4 +221,4 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
         found.contention = {**found.contention, contention.GPU_OTHERS: others}
 
 
-__all__ = ["Cell", "MemoryModel", "modeled_peak", "run_cell", "validate"]
+__all__ = ["Cell", "MemoryModel", "build", "make_input", "modeled_peak", "run_cell", "validate"]

@@ -1,8 +1,8 @@
 """A setting is declared once, by its owner, as a :class:`Setting`.
 
-The owners are the model (``model.*``), timing (``timing.*``), compiling, each workload
-(``mode=train``'s optimizer) and each quality task (``quality.<task>.*``). From one
-declaration come:
+The owners are the model (``model.*``), timing (``timing.*``), compiling, the allocator,
+each workload (``mode=train``'s optimizer) and each quality task (``quality.<task>.*``). From
+one declaration come:
 
 * the Hydra default: :func:`yaml_block` writes the generated part of conf/config.yaml
   (``python -m attnbench.settings`` prints it) and a test holds the file equal to it; the
@@ -133,7 +133,30 @@ COMPILE: tuple[Setting, ...] = tuple(
     )
 )  # fmt: skip
 
-CELL_FIELDS: tuple[Setting, ...] = (*MODEL, *TIMING, *COMPILE)
+
+def _allocator_text(name: str, value: Any) -> str:
+    """A word or a ``PYTORCH_CUDA_ALLOC_CONF`` string; what it may say is checked with the
+    cell (:func:`attnbench.cell_rules.check_settings`), by the replay's own parser."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}: must be default, expandable or a PYTORCH_CUDA_ALLOC_CONF"
+                         f" string (max_split_size_mb:256), got {value!r}")  # fmt: skip
+    return value
+
+
+ALLOCATOR: tuple[Setting, ...] = tuple(
+    s.owned("allocator")
+    for s in (
+        Setting("allocator", "default", "PyTorch's CUDA caching allocator, as the max batch is"
+                " found under it (replayed where no GPU runs the cell, set for its process"
+                " where one does): `default`, `expandable` (`expandable_segments:True`) or a"
+                " `PYTORCH_CUDA_ALLOC_CONF` string (`max_split_size_mb:256`)", str,
+                _allocator_text),
+    )
+)  # fmt: skip
+# cell fields beyond its own part that say what it measures, in the key where not default
+OPTIONS: tuple[Setting, ...] = (*TIMING, *COMPILE, *ALLOCATOR)
+
+CELL_FIELDS: tuple[Setting, ...] = (*MODEL, *OPTIONS)
 
 
 def defaults(settings: Iterable[Setting]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnbench.cell import Cell
+from attnbench.measure import presets
 from attnbench.row import Row
 from attnbench.workload import find as find_workload
 from attnbench.workload.base import setting
@@ -229,7 +230,11 @@ def order(p: Profile, measured: Collection[str] = ()) -> list[Item]:
     ]  # fmt: skip
     frag = f"the allocator's fragmentation: default, then {ALLOC_ENV}={EXPANDABLE}"
     fragmented = cells(p.ns[:1], shape, dev, dtype, p.fragmented)
-    out += [Item(c, frag, alloc) for alloc in (None, EXPANDABLE) for c in fragmented]
+    named = presets.load(dev).is_gpu  # a GPU preset's cell names its allocator (the row
+    out += [  # records it, the model replays it); the CPU smoke's cpu preset has none
+        Item(replace(c, allocator=alloc) if alloc and named else c, frag, alloc)
+        for alloc in (None, EXPANDABLE) for c in fragmented
+    ]  # fmt: skip
     rest = (
         all_cells(p.ns, p.ns_train, shape, dev, dtype)
         + compiled

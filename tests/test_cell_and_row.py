@@ -319,8 +319,8 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
 
     cell = Cell("flex", n=256, k=64, params=(("pattern", "window"),), dtype="fp32", device="cpu")
     found = Found(threads=(2, 4), flops=Flops(100, None, 160), recompiled=0)
-    found.max_batch = MaxBatch(predicted=9, probed=8, probes=2)
-    found.memory = Memory("measured", 8, 1000, 2000)
+    found.max_batch = MaxBatch(predicted=9, probed=8, probes=2, allocated=10)
+    found.memory = Memory("measured", 8, 1000, 2000, 0.25)
     found.mask_build_s, found.compiled = 0.5, Compiled("kernel", 3.0, 2)
     whole = Timing((2.0, 4.0, 6.0), "perf_counter", 3)
     found.timing = StepTiming(whole, {}, 8, "cpu", "fp32", flops=800, peak_flops=1600.0)
@@ -329,6 +329,7 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
     assert (row.status, row.reason, row.flops, row.flops_dense) == ("ok", None, 100, 160)
     assert (row.max_batch, row.predicted_max_batch, row.probes, row.model_error) == (8, 9, 2, 1)
     assert (row.batch, row.peak_bytes, row.peak_reserved_bytes) == (8, 1000, 2000)
+    assert (row.allocated_max_batch, row.fragmentation) == (10, 0.25)
     assert (row.compiled, row.compile_s, row.compilations, row.mask_build_s) == (
         "kernel", 3.0, 2, 0.5,
     )  # fmt: skip

@@ -348,8 +348,12 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
     plan.on_gpu = True
     row = run_cell(cell, plan)
     assert row.status == "ok" and row.memory_source == "measured", row.reason
-    assert row.max_batch == row.predicted_max_batch > 1 and row.model_error == 0
-    assert row.probes == 2 and row.time_batch == row.max_batch
+    # the CPU's stand-in for a card caps live bytes (the tracker), not what an allocator
+    # reserves: its probes find the allocation-only answer, from the replay's lower guess
+    assert row.max_batch == row.allocated_max_batch > 1
+    assert row.predicted_max_batch <= row.allocated_max_batch
+    assert row.model_error == row.predicted_max_batch - row.max_batch
+    assert row.time_batch == row.max_batch
     assert row.peak_bytes <= row.ceiling_bytes
     assert row.pct_of_peak is None  # this is not the preset's A100
 

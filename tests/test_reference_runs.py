@@ -38,7 +38,8 @@ from tests.test_docs import ROOT
 REFERENCE = ROOT / "results" / "reference"
 RUNS = sorted(p.name for p in REFERENCE.iterdir() if p.is_dir())
 # a row's figures that are functions of its cell and the code (no clock, no training)
-MODELED = ("max_batch", "predicted_max_batch", "batch", "peak_bytes", "state_bytes")
+MODELED = ("max_batch", "predicted_max_batch", "batch", "peak_bytes", "state_bytes",
+           "allocated_max_batch", "peak_reserved_bytes", "fragmentation", "allocator")  # fmt: skip
 COUNTED = ("flops", "flops_backward", "flops_dense")
 # the runs whose rows are trained: no modeled figure but MQAR's context memory
 TRAINED = {"approx-cpu-cpu", "listops-cpu-cpu", "listops_seeds-cpu-cpu", "spectrum-cpu-cpu"}
@@ -53,18 +54,25 @@ def modeled(row: Row) -> bool:
     return row.task in (None, "cost") and row.memory_source == "modeled"
 
 
-def figures(row: Row) -> dict[str, Any]:
+def figures(row: Row, *, full: bool = False) -> dict[str, Any]:
     """What a row says that the code alone decides: its key (the one a resume finds it by,
-    :func:`attnbench.cell_key.stored_key`), status and modeled figures."""
+    :func:`attnbench.cell_key.stored_key`), status and modeled figures. A row stored before
+    the allocator's replay (``allocator`` null) reads as what it was, allocation-only: its
+    max batch is held to the allocation-only one made now, and its state's bytes (``full``:
+    every figure, as :func:`rewrite` makes them anew)."""
     names = ("status", *COUNTED, *(MODELED if modeled(row) else ()))
+    if modeled(row) and row.allocator is None and not full:
+        names = ("status", *COUNTED, "state_bytes")
     out = {"key": stored_key(row.to_dict())}
     out |= {name: getattr(row, name, None) for name in names}
+    if modeled(row) and row.allocator is None and not full:
+        out["allocated_max_batch"] = row.max_batch
     if row.task == "mqar":
         out |= {f: row.quality[f] for f in ("context_elements", "context_bytes")}
     return out
 
 
-def remade(row: Row) -> dict[str, Any]:
+def remade(row: Row, *, full: bool = False) -> dict[str, Any]:
     """:func:`figures` of the row the code makes now of the stored row's cell (its key
     too: the cell read back is the cell that was run)."""
     from attnbench.runner import run_cell
@@ -74,7 +82,7 @@ def remade(row: Row) -> dict[str, Any]:
     if row.task == "mqar":
         return {**figures(row), **made, **_context(cell)}
     again = run_cell(dataclasses.replace(cell, model_only=True))
-    return {**{name: getattr(again, name, None) for name in figures(row)}, **made}
+    return {**{name: getattr(again, name, None) for name in figures(row, full=full)}, **made}
 
 
 def _context(cell: Cell) -> dict[str, int]:
@@ -89,10 +97,13 @@ def _context(cell: Cell) -> dict[str, int]:
     return {"context_elements": elements, "context_bytes": nbytes}
 
 
-def moved(of: list[Row]) -> Iterator[tuple[Row, dict[str, Any], dict[str, Any]]]:
+def moved(
+    of: list[Row], *, full: bool = False
+) -> Iterator[tuple[Row, dict[str, Any], dict[str, Any]]]:
     """(row, stored, made now) for each measured row of ``of`` whose figures moved."""
     for r in of:
-        if r.status in ("ok", "oom") and (again := remade(r)) != (was := figures(r)):
+        was = figures(r, full=full)
+        if r.status in ("ok", "oom") and (again := remade(r, full=full)) != was:
             yield r, was, again
 
 
@@ -178,7 +189,7 @@ def rewrite(run: str) -> int:
     path = REFERENCE / run / "cells.jsonl"
     lines = path.read_text().splitlines()
     changes = {}
-    for r, was, now in moved(rows(run)):
+    for r, was, now in moved(rows(run), full=True):
         if any(was[f] != now[f] for f in ("key", "status", *COUNTED)):
             raise SystemExit(f"{run}: {r.key}: key, status or FLOPs moved; make it again")
         changes[r.key] = {f: now[f] for f in MODELED if f in was and was[f] != now[f]}

@@ -106,6 +106,24 @@ class AllocatorConfig:
         return -(-size // MIN_BLOCK) * MIN_BLOCK
 
 
+WORDS = {"default": "", "expandable": "expandable_segments:True"}  # the setting's names
+
+
+def from_setting(value: str) -> AllocatorConfig:
+    """The cell's ``allocator`` setting as the allocator's configuration: ``default``,
+    ``expandable`` (``expandable_segments:True``) or a ``PYTORCH_CUDA_ALLOC_CONF`` string;
+    a bad one is one ValueError line naming ``allocator``."""
+    try:
+        return AllocatorConfig.parse(conf_string(value))
+    except ValueError as e:
+        raise ValueError(f"allocator: {e}; or default, expandable") from None
+
+
+def conf_string(value: str) -> str:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` a real run of the setting sets for its process."""
+    return WORDS.get(value, value)
+
+
 def _split(conf: str) -> list[str]:
     """``conf``'s ``key:value`` items: commas inside ``[...]`` belong to the value."""
     items, depth, start = [], 0, 0

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 from attnbench import workload
 from attnbench.quality import tasks
-from attnbench.settings import COMPILE, MODEL, TIMING, Setting, markdown_table, yaml_block
+from attnbench.settings import (
+    ALLOCATOR,
+    COMPILE,
+    MODEL,
+    TIMING,
+    Setting,
+    markdown_table,
+    yaml_block,
+)
 
 
 def all_settings() -> tuple[Setting, ...]:
-    """The model's, each built-in workload's, compiling's, each quality task's, timing's."""
+    """The model's, each built-in workload's, compiling's, the allocator's, each quality
+    task's, timing's."""
     work = workload.workload_settings(workload.get(name) for name in workload.BUILTINS)
     quality = [s for t in tasks.REGISTRY.values() for s in t.settings]
-    return (*MODEL, *work, *COMPILE, *quality, *TIMING)
+    return (*MODEL, *work, *COMPILE, *ALLOCATOR, *quality, *TIMING)
 
 
 def config_block() -> str:

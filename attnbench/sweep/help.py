@@ -49,7 +49,10 @@ def keys_text() -> str:
         f"task ({'|'.join(tasks.names())})",
         "quality.*",
         f"mode ({'|'.join(workload.names())})",
-        *(f"{s.key or s.name} ({values(s)})" for s in (*declared, *settings.COMPILE)),
+        *(
+            f"{s.key or s.name} ({values(s)})"
+            for s in (*declared, *settings.COMPILE, *settings.ALLOCATOR)
+        ),
         "ceiling (bytes or 16GB)",
         "out_dir,",
     ]

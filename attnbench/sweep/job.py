@@ -29,9 +29,10 @@ from attnbench import cell as cells
 from attnbench.cell import Cell
 from attnbench.cell_key import KEY_VERSION, stored_key
 from attnbench.cell_key import key as cell_key
-from attnbench.cell_rules import left_out
+from attnbench.cell_rules import ALLOC_CONF, left_out
 from attnbench.env import environment
 from attnbench.measure import presets
+from attnbench.measure.allocator_rules import conf_string
 from attnbench.row import Row
 from attnbench.runner import run_cell
 from attnbench.store import RunStore, StoreError
@@ -80,15 +81,18 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate
     """One row for ``cell``; a timeout (after ``timeout_s``, None: no limit) is a row too. An
     isolated cell killed by Ctrl-C or SIGTERM is no row: it was interrupted, not broken, and
     the next command measures it."""
-    if isolate:
+    conf = _allocator_env(cell, preset)
+    if isolate or conf is not None:
         parent = os.getpid()  # the cell dies with this process (cell_process.die_with_parent)
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
+        env = None if conf is None else {**os.environ, ALLOC_CONF: conf}
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "attnbench.sweep.cell_process", "--cell", payload],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
+                env=env,
             )
         except subprocess.TimeoutExpired:
             return _failed(cell, preset, f"timed out after {timeout_s:g} s")
@@ -104,6 +108,15 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate
             return run_cell(cell, cells.validate(cell, preset))
     except CellTimeout:
         return _failed(cell, preset, f"timed out after {timeout_s:g} s")
+
+
+def _allocator_env(cell: Cell, preset: presets.Preset) -> str | None:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` a GPU cell's own process needs for its ``allocator``
+    setting (read once, when CUDA starts: so the cell runs in a fresh process with it); None
+    where the cell runs in this process (its CPU model replays the setting instead)."""
+    if cell.allocator == "default" or not cells.validate(cell, preset).on_gpu:
+        return None
+    return conf_string(cell.allocator)
 
 
 def _exit_reason(code: int) -> str:

@@ -1,0 +1,102 @@
+"""The memory model of one cell: its workload's step on meta tensors at any batch, what is
+live before it, the step's allocator calls in order (for :mod:`attnbench.measure.fit`'s
+replay of the caching allocator) and the encoder and inputs the runner builds for it, on
+any device. :mod:`attnbench.runner` measures with it; tests and scripts model with it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from attnbench.cell import Cell, Resolved
+from attnbench.measure import fit
+from attnbench.measure.allocator_rules import from_setting
+from attnbench.measure.memory import Event, module_bytes, rounded, traced, tracked_peak
+from attnbench.workload import DTYPES, Work, random_input
+
+
+def build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The cell's encoder as its workload builds it, on ``device`` in ``dtype``."""
+    return cell.workload.build(cell, res.params, device, dtype)
+
+
+def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random (never zero) inputs of batch b, as the cell's workload takes them."""
+    return random_input(cell.workload, cell, b, device, dtype)
+
+
+def feed(work: Work, cell: Cell, b: int, device: str) -> None:
+    """A new input of batch b for ``work``; the previous one goes first, so that only the
+    step's own input is live when its peak is taken."""
+    work.x = None
+    work.x = make_input(b, cell, device, DTYPES[cell.dtype])
+
+
+def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
+    """The tracked peak of ``work`` (on meta) at batch b above ``fixed`` bytes plus its input."""
+    feed(work, cell, b, "meta")
+    base = fixed + rounded(work.x.nbytes)
+    own = work.modeled_peak(base)
+    return own if own is not None else tracked_peak(work, base, grad=cell.workload.grad)
+
+
+class MemoryModel:
+    """The modeled peak of one cell at any batch: its workload's step on meta tensors, plus
+    what is live before it: weights, what a first step leaves (an optimizer's state, as in a
+    real run after step one), the input and the preset's overhead. Where the runner tracks
+    one call of the step (``replays``), the call's allocations in order too (:meth:`trace`),
+    for the allocator's replay; the peak is then the trace's, one meta pass for both."""
+
+    def __init__(self, cell: Cell, res: Resolved) -> None:
+        self.cell, self.overhead = cell, res.preset.overhead_bytes
+        dtype = DTYPES[cell.dtype]
+        self.model = build(cell, res, "meta", dtype)
+        held = [*self.model.parameters(), *self.model.buffers()]
+        x = make_input(1, cell, "meta", dtype)
+        self.work = cell.workload.work(self.model, cell, x, "meta", gpu=res.preset.is_gpu)
+        if cell.workload.primes:
+            self.work()  # makes the state every later step keeps
+            held += self.work.state_tensors()
+        storages = {id(t.untyped_storage()): t.untyped_storage() for t in held}
+        self.held = [s.nbytes() for s in storages.values()]  # each its own allocation
+        self.fixed = sum(rounded(n) for n in self.held) + self.overhead
+        self.replays = type(self.work).modeled_peak is Work.modeled_peak
+
+    @functools.cache  # noqa: B019 (one model per cell, dropped with it)
+    def peak(self, b: int) -> int:
+        if not self.replays:  # the workload's own scenario (decode: the larger of two)
+            return _modeled(self.work, self.cell, b, self.fixed)
+        sizes: dict[int, int] = {}
+        live = top = 0
+        for event in self.trace(b):  # the tracker's running sum, as tracked_peak takes it
+            if event[0] == "alloc":
+                sizes[event[1]] = rounded(event[2])
+                live += sizes[event[1]]
+                top = max(top, live)
+            else:
+                live -= sizes.pop(event[1])
+        return top + self.overhead
+
+    @functools.cache  # noqa: B019
+    def trace(self, b: int) -> list[Event]:
+        """The step's allocator calls at batch b, what is held before it first."""
+        feed(self.work, self.cell, b, "meta")
+        events = traced(self.work, [*self.held, self.work.x.untyped_storage().nbytes()],
+                        grad=self.cell.workload.grad)  # fmt: skip
+        return events
+
+    def replayed_max_batch(self, allocated: int, cap: int, allocator: str) -> int:
+        """The largest batch whose calls the caching allocator serves under ``cap`` bytes
+        (:func:`attnbench.measure.fit.replayed_max_batch`), searched from ``allocated``."""
+        return fit.replayed_max_batch(self.trace, cap, from_setting(allocator), allocated)
+
+
+def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
+    """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
+    + input + the preset's fixed overhead (a workload that primes: without its state)."""
+    work = cell.workload.work(
+        model, cell, make_input(b, cell, "meta", DTYPES[cell.dtype]), "meta", gpu=False
+    )
+    return _modeled(work, cell, b, module_bytes(model) + overhead)

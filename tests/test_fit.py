@@ -1,0 +1,173 @@
+"""The max batch a card fits, as its caching allocator decides (#45): the search over replayed
+traces (attnbench/measure/fit.py), the runner's modeled rows, and the ``allocator`` setting.
+
+The allocator's rules themselves are held rule by rule in ``test_allocator.py``, and the
+replay against a real card's rows in ``test_allocator_check.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnbench.cell import Cell, validate
+from attnbench.cell_key import key
+from attnbench.cell_rules import check_allocator
+from attnbench.measure import fit, presets
+from attnbench.measure.allocator import replay
+from attnbench.measure.allocator_rules import AllocatorConfig, from_setting
+from attnbench.runner import MemoryModel, run_cell
+
+MiB = 1 << 20
+SMALL = dict(layers=2, d_model=64, n_heads=4, d_ff=128, min_repeats=1, min_seconds=0.0)
+
+
+def _steps(b: int) -> list[tuple]:
+    """A step that fragments: two held 1-MiB weights, then per sequence a 5-MiB transient
+    and an 8-MiB block kept. Requests of 1-10 MiB are served from 20-MiB segments, so two
+    kept blocks leave 4 MiB of a segment that neither request size can use: live bytes fit
+    7 sequences under 64 MiB, the allocator (replayed) 5."""
+    events: list[tuple] = [("alloc", 0, MiB), ("alloc", 1, MiB)]
+    for i in range(b):
+        events += [("alloc", 10 + 2 * i, 5 * MiB), ("alloc", 11 + 2 * i, 8 * MiB)]
+        events += [("free", 10 + 2 * i)]
+    return events
+
+
+def test_affine_interpolates_a_trace_and_refuses_one_that_is_not() -> None:
+    same = [("alloc", 0, 100), ("alloc", 1, 8), ("free", 1)]
+    double = [("alloc", 0, 100), ("alloc", 1, 24), ("free", 1)]  # 8 bytes a sequence more
+    at = fit.affine(same, 1, double, 3)
+    assert at is not None and at(10) == [("alloc", 0, 100), ("alloc", 1, 80), ("free", 1)]
+    assert fit.affine(same, 1, double[:2], 3) is None  # another number of calls
+    assert fit.affine(same, 1, [*double[:2], ("free", 0)], 3) is None  # another order
+    assert fit.affine(same, 1, [("alloc", 0, 100), ("alloc", 1, 25), ("free", 1)], 3) is None
+    assert fit.affine(same, 2, double, 2) is None
+
+
+def test_the_replayed_max_batch_is_the_largest_whose_replay_fits_below_the_allocated_one() -> None:
+    """The replay's answer is the largest b whose replay does not run out (5), below the
+    allocation-only one (7), found from it; each searched b is one traced call."""
+    cap = 64 * MiB
+    asked: list[int] = []
+
+    def trace_of(b: int) -> list[tuple]:
+        asked.append(b)
+        return _steps(b)
+
+    live = [b for b in range(1, 40) if _peak(_steps(b)) <= cap]
+    allocated = max(live)
+    fits = [b for b in range(1, 40) if replay(_steps(b), cap, AllocatorConfig()).fits]
+    got = fit.replayed_max_batch(trace_of, cap, AllocatorConfig(), allocated)
+    assert (allocated, got, max(fits)) == (7, 5, 5)  # fragmentation costs two sequences
+    assert len(set(asked)) <= 5  # b = 2, the allocated answer, then about two real traces
+
+
+def _peak(events: list[tuple]) -> int:
+    live = top = 0
+    sizes = {}
+    for e in events:
+        if e[0] == "alloc":
+            sizes[e[1]] = -(-e[2] // 512) * 512
+            live += sizes[e[1]]
+            top = max(top, live)
+        else:
+            live -= sizes.pop(e[1])
+    return top
+
+
+def test_a_modeled_gpu_row_is_replayed_and_a_cpu_row_is_not() -> None:
+    """On a GPU preset the modeled max batch is the replay's, at most the allocation-only one
+    beside it, with the replayed reserved peak and its fragmentation at that batch; the cpu
+    preset has no caching allocator: allocation-only, nothing reserved."""
+    gpu = run_cell(Cell("sdpa", 512, model_only=True))
+    assert gpu.status == "ok" and gpu.allocator == "default"
+    assert 0 < gpu.max_batch == gpu.predicted_max_batch <= gpu.allocated_max_batch
+    assert gpu.peak_reserved_bytes >= gpu.peak_bytes and gpu.fragmentation >= 0
+    cpu = run_cell(Cell("sdpa", 64, dtype="fp32", device="cpu", ceiling_bytes=64 * MiB, **SMALL))
+    assert cpu.max_batch == cpu.allocated_max_batch and cpu.peak_reserved_bytes is None
+
+
+def test_expandable_segments_fit_at_least_what_the_default_allocator_fits() -> None:
+    """The same step's calls, replayed with expandable segments: one growing segment per
+    pool, so a freed block's space serves the next request of another size."""
+    cell = Cell("linformer", 512, k=128, **SMALL, ceiling_bytes=2 << 30)
+    res = validate(cell)
+    model = MemoryModel(cell, res)
+    from attnbench.measure.search import solve_affine
+
+    allocated, _ = solve_affine(model.peak, res.ceiling, model.fixed)
+    default = model.replayed_max_batch(allocated, res.usable, "default")
+    expandable = model.replayed_max_batch(allocated, res.usable, "expandable")
+    assert 0 < default <= expandable <= allocated
+
+
+def test_the_allocator_setting_is_checked_keyed_only_when_set_and_refused_where_it_cannot_be() -> (
+    None
+):
+    v100 = presets.load("v100_16gb")
+    assert key(Cell("vanilla", 512, allocator="default"), v100) == key(Cell("vanilla", 512), v100)
+    assert key(Cell("vanilla", 512, allocator="expandable"), v100) != key(
+        Cell("vanilla", 512), v100
+    )
+    assert from_setting("expandable").expandable_segments
+    assert from_setting("max_split_size_mb:256").max_split_size == 256 * MiB
+    with pytest.raises(ValueError, match=r"^allocator: PYTORCH_CUDA_ALLOC_CONF key 'nope'"):
+        validate(Cell("vanilla", 512, allocator="nope"))
+    with pytest.raises(ValueError, match=r"^allocator: device=cpu has no CUDA caching allocator"):
+        validate(Cell("vanilla", 64, dtype="fp32", device="cpu", allocator="expandable"))
+
+
+def test_a_gpu_cell_refuses_an_environment_that_sets_another_allocator(monkeypatch) -> None:
+    """Where this process runs the cell on its GPU, the environment's allocator is the one
+    measured: one that differs from the cell's setting is one line, not a mislabelled row."""
+    cell = Cell("vanilla", 512, allocator="default")
+    v100 = presets.load("v100_16gb")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    check_allocator(cell, v100, gpu=False)  # modeled: the environment plays no part
+    with pytest.raises(ValueError, match=r"^allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_"):
+        check_allocator(cell, v100, gpu=True)
+    check_allocator(Cell("vanilla", 512, allocator="expandable"), v100, gpu=True)
+
+
+def test_a_row_stored_before_the_replay_reads_as_allocation_only() -> None:
+    from attnbench.row import Row
+
+    old = Row.from_dict({"attention": "vanilla", "n": 512, "dtype": "fp16",
+                         "device": "v100_16gb", "max_batch": 897})  # fmt: skip
+    assert old.allocator is None and old.allocated_max_batch is None and old.max_batch == 897
+
+
+def test_a_bad_allocator_is_one_line_and_exit_2(cli_in_process, tmp_path) -> None:
+    done = cli_in_process("run", "attention=vanilla", "n=64", "allocator=max_split_size_mb:1",
+                          f"out_dir={tmp_path}", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("attnbench run: error: allocator: PYTORCH_CUDA_ALLOC_CONF")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_gpu_cell_with_its_own_allocator_runs_in_a_process_that_sets_it(monkeypatch) -> None:
+    """PYTORCH_CUDA_ALLOC_CONF is read once, when CUDA starts: a GPU cell whose setting is not
+    the default is measured in a fresh process with it set; without the GPU it is modeled
+    here, replayed under the setting."""
+    import dataclasses
+    import subprocess
+
+    from attnbench.sweep import job
+
+    cell, v100 = Cell("vanilla", 512, allocator="expandable"), presets.load("v100_16gb")
+    res = validate(cell, v100)  # the process's one answer for this cell (memoized)
+    assert job._allocator_env(cell, v100) is None  # no GPU here
+    monkeypatch.setattr(res, "on_gpu", True)  # as on a machine with the preset's GPU
+    assert job._allocator_env(cell, v100) == "expandable_segments:True"
+    plain = dataclasses.replace(cell, allocator="default")
+    assert job._allocator_env(plain, v100) is None
+    seen = {}
+
+    def started(argv, **kw):  # the cell's process, as job.measure starts it
+        seen.update(kw.get("env") or {})
+        return subprocess.CompletedProcess(argv, 1, "", "stopped here\n")
+
+    monkeypatch.setattr(job.subprocess, "run", started)
+    row = job.measure(cell, v100, None, isolate=False)
+    assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert row.status == "error" and row.reason == "stopped here"
