@@ -1,0 +1,113 @@
+"""What a CUDA run allocates that the meta-device trace does not show, each cited to the
+kernel or library that allocates it: for a replay of the caching allocator
+(:mod:`attnbench.measure.allocator`) over the trace of a cell that runs on a GPU preset.
+
+The memory model traces the step on ``meta`` tensors, where ``scaled_dot_product_attention``
+stays one call (:data:`attnbench.measure.memory.KEEP_WHOLE`) and returns a contiguous
+(b, h, n, dh) output: merging the heads then copies it. On CUDA the fused kernels write
+their output as (b, n, h, dh) and hand back its transposed view, so the merge is a view, and
+they allocate their own temporaries. A live-bytes model barely notices (one transient among
+many); the allocator's reserved peak does, because each transient is one more block of a size
+the next request may not reuse. :class:`CudaLayouts`, entered inside the tracker
+(:func:`attnbench.measure.memory.traced`), replaces each such call on meta by the
+allocations the CUDA kernel makes, in its order; :func:`persistent_workspaces` are the
+blocks cuBLAS keeps from the first matmul on. Nothing here runs unless a caller asks for it:
+the modeled figures of CPU reports never pass through it.
+
+Sources (PyTorch, ``aten/src/ATen``):
+
+* backend choice: ``native/transformers/cuda/sdp_utils.cpp`` (``priority_order``: cuDNN
+  first on sm90 and sm100, ``check_prefer_cudnn_attention``; else flash first, where it can
+  run: fp16/bf16, head dim ≤ 256 and a multiple of 8, no ``attn_mask``; a masked call goes
+  to memory-efficient);
+* cuDNN: ``native/cudnn/MHA.cpp`` (``run_cudnn_SDP_fprop``: ``o`` by
+  ``alloc_with_matching_layout(q, …)``, q's (b, n, h, dh) memory order; ``softmaxstats``
+  only when it returns them, for a backward: none in a forward);
+* flash: ``native/transformers/cuda/flash_attn/flash_api.cpp`` (``mha_fwd``: ``out =
+  at::empty_like(q)`` on q transposed to (b, n, h, dh), then ``softmax_lse`` fp32 (b, h, n));
+  ``native/transformers/cuda/attention.cu`` (``_scaled_dot_product_flash_attention_cuda``
+  returns ``out.transpose(1, 2)``); ``native/transformers/attention.cpp``
+  (``scaled_dot_product_attention`` keeps element 0 of the result, so the log-sum-exp is
+  freed when the call returns);
+* memory-efficient: ``attention.cu`` (``_efficient_attention_forward``: ``res`` (b, n, h,
+  dh), ``logsumexp`` fp32 (b, h, ⌈n / 32⌉·32) only when it computes one: for a backward),
+  ``attention.cpp`` (``convert_boolean_attn_mask``: a boolean mask becomes ``where(
+  mask.logical_not(), -inf, 0)`` in the query's dtype; ``preprocess_mask``/``pad_bias``: a
+  bias whose strides are not multiples of 8 elements is copied into a padded one);
+* cuBLAS: ``cuda/CublasHandlePool.cpp`` (``parseChosenWorkspaceSize``: 4096 KiB × 8 = 32 MiB
+  on sm90, ``4096 KiB × 2 + 16 KiB × 8`` elsewhere; ``parseCUDABlasLtWorkspaceSize``: 1024
+  KiB for cuBLASLt, which ``addmm``'s bias epilogue uses; both from the caching allocator,
+  ``getNewWorkspace``/``getNewCUDABlasLtWorkspace``, kept per handle and stream).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_MASK_ALIGN = 8  # attention.cpp preprocess_mask: mem_eff_alignment
+
+# CublasHandlePool.cpp parseChosenWorkspaceSize / parseCUDABlasLtWorkspaceSize defaults
+CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLASLT_WORKSPACE = 1024 * 1024
+
+
+def persistent_workspaces(sm90: bool = True) -> tuple[int, ...]:
+    """Bytes of the workspaces cuBLAS and cuBLASLt take from the caching allocator at the
+    first matmul and keep (one stream, one handle): allocated before any probe's step."""
+    return (CUBLAS_WORKSPACE_SM90 if sm90 else CUBLAS_WORKSPACE_OTHER, CUBLASLT_WORKSPACE)
+
+
+def flash_eligible(q: torch.Tensor, mask: Any, dropout: float) -> bool:
+    """Whether ``select_sdp_backend`` would run flash: half precision, a head dim flash
+    supports, no mask, no dropout (what the cells here ask; the other checks pass for them)."""
+    dh = q.shape[-1]
+    return q.dtype in _FLASH_DTYPES and dh <= 256 and dh % 8 == 0 and mask is None and not dropout
+
+
+class CudaLayouts(TorchDispatchMode):
+    """On meta, a forward's ``scaled_dot_product_attention`` as its CUDA kernel allocates:
+    a (b, n, h, dh) output handed back transposed, the kernel's own temporaries in its order.
+    ``sm90``: the card prefers cuDNN (an H100 or H200, as the GPU check's rows), whose
+    forward keeps no log-sum-exp; else flash, which allocates one and drops it.
+
+    Inference only: under autograd the call is decomposed before any mode sees it (meta
+    then runs the memory-efficient kernel's meta function, which already writes the CUDA
+    layout). Enter it inside the tracker, so that what it allocates is traced.
+    """
+
+    def __init__(self, sm90: bool = True) -> None:
+        super().__init__()
+        self.sm90 = sm90
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        q, _, v, *rest = args
+        names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        given = dict(zip(names, rest, strict=False)) | kwargs
+        mask, dropout = given.get("attn_mask"), given.get("dropout_p", 0.0)
+        b, h, n, dv = *q.shape[:-1], v.shape[-1]
+        if flash_eligible(q, mask, dropout):  # cuDNN's constraints as flash's, for these cells
+            out = q.new_empty((b, n, h, dv))  # cuDNN: o as q's layout; flash: empty_like(q)
+            if not self.sm90:  # flash's mha_fwd: softmax_lse, always
+                lse = q.new_empty((b, h, n), dtype=torch.float32)
+                del lse  # dropped by scaled_dot_product_attention with the rest of the tuple
+            return out.transpose(1, 2)
+        if mask is not None and mask.dtype == torch.bool:  # convert_boolean_attn_mask
+            inverted = mask.logical_not()
+            mask = torch.where(inverted, -math.inf, torch.zeros((), dtype=q.dtype, device=q.device))
+            del inverted
+        if mask is not None and any(s % _MASK_ALIGN for s in mask.stride()[:-1] if s):
+            padded = -(-mask.shape[-1] // _MASK_ALIGN) * _MASK_ALIGN  # pad_bias
+            mask = mask.new_empty((*mask.shape[:-1], padded))[..., : mask.shape[-1]]
+        out = q.new_empty((b, n, h, dv))  # _efficient_attention_forward: res
+        del mask  # the converted or padded bias lives as long as the call
+        return out.transpose(1, 2)
