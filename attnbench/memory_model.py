@@ -68,16 +68,7 @@ class MemoryModel:
     def peak(self, b: int) -> int:
         if not self.replays:  # the workload's own scenario (decode: the larger of two)
             return _modeled(self.work, self.cell, b, self.fixed)
-        sizes: dict[int, int] = {}
-        live = top = 0
-        for event in self.trace(b):  # the tracker's running sum, as tracked_peak takes it
-            if event[0] == "alloc":
-                sizes[event[1]] = rounded(event[2])
-                live += sizes[event[1]]
-                top = max(top, live)
-            else:
-                live -= sizes.pop(event[1])
-        return top + self.overhead
+        return fit.live_peak(self.trace(b)) + self.overhead  # one meta pass for both
 
     @functools.cache  # noqa: B019
     def trace(self, b: int) -> list[Event]:

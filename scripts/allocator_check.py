@@ -48,6 +48,7 @@ from attnbench.cell import Cell, validate
 from attnbench.measure.allocator import _Allocator, replay
 from attnbench.measure.allocator_rules import AllocatorConfig
 from attnbench.measure.cuda_layouts import CudaLayouts, persistent_workspaces
+from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.runner import MemoryModel, make_input
@@ -222,16 +223,7 @@ class Tracer:
 
     def allocated_peak(self, b: int) -> int:
         """The trace's live-bytes peak at b (each request rounded to 512 bytes)."""
-        live = peak = 0
-        sizes: dict[int, int] = {}
-        for event in self.trace(b):
-            if event[0] == "alloc":
-                sizes[event[1]] = rounded(event[2])
-                live += sizes[event[1]]
-                peak = max(peak, live)
-            else:
-                live -= sizes.pop(event[1])
-        return peak
+        return live_peak(self.trace(b))
 
     def allocated_max_batch(self) -> int:
         """The allocation-only max batch of this trace: the runner's affine search over its

@@ -13,6 +13,7 @@ import torch
 
 from attnbench import registry
 from attnbench.measure.allocator import AllocatorConfig, allocation_size, largest_batch, replay
+from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import module_bytes, rounded, traced, tracked_peak
 
 MiB = 1 << 20
@@ -265,20 +266,13 @@ def test_the_trace_of_a_modeled_forward_peaks_where_the_tracker_does(grad: bool)
     weights = [t.untyped_storage().nbytes() for t in layer.parameters()]
     base_sizes = [*weights, x.untyped_storage().nbytes()]
     events = traced(lambda: layer(x), base_sizes, grad=grad)
-    live = peak = 0
-    sizes = {}
-    for event in events:
-        if event[0] == "alloc":
-            sizes[event[1]] = rounded(event[2])
-            live += sizes[event[1]]
-            peak = max(peak, live)
-        else:
-            live -= sizes.pop(event[1])
+    peak = live_peak(events)
     base = module_bytes(layer) + rounded(x.nbytes)
     assert sum(rounded(n) for n in base_sizes) == base
     assert peak == tracked_peak(lambda: layer(x), base, grad=grad) > base
     assert any(e[0] == "free" for e in events)  # the forward's transients come and go
-    assert set(range(len(base_sizes))) <= sizes.keys()  # the weights and input stay
+    freed = {e[1] for e in events if e[0] == "free"}
+    assert not freed & set(range(len(base_sizes)))  # the weights and input stay
     # replayed, every request of a layer this small is <= 1 MiB: small-pool blocks split off
     # exactly the rounded request (remainders are multiples of 512 B), so the allocator's
     # allocated peak is the trace's, and it reserves whole 2 MiB segments

@@ -54,25 +54,12 @@ def test_the_replayed_max_batch_is_the_largest_whose_replay_fits_below_the_alloc
         asked.append(b)
         return _steps(b)
 
-    live = [b for b in range(1, 40) if _peak(_steps(b)) <= cap]
+    live = [b for b in range(1, 40) if fit.live_peak(_steps(b)) <= cap]
     allocated = max(live)
     fits = [b for b in range(1, 40) if replay(_steps(b), cap, AllocatorConfig()).fits]
     got = fit.replayed_max_batch(trace_of, cap, AllocatorConfig(), allocated)
     assert (allocated, got, max(fits)) == (7, 5, 5)  # fragmentation costs two sequences
     assert len(set(asked)) <= 5  # b = 2, the allocated answer, then about two real traces
-
-
-def _peak(events: list[tuple]) -> int:
-    live = top = 0
-    sizes = {}
-    for e in events:
-        if e[0] == "alloc":
-            sizes[e[1]] = -(-e[2] // 512) * 512
-            live += sizes[e[1]]
-            top = max(top, live)
-        else:
-            live -= sizes.pop(e[1])
-    return top
 
 
 def test_a_modeled_gpu_row_is_replayed_and_a_cpu_row_is_not() -> None:

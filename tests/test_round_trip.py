@@ -59,6 +59,7 @@ TYPED: dict[str, tuple[str, Any]] = {
     "threads": ("1", 1),
     "compile": ("true", True),
     "compile_mode": ("max-autotune", "max-autotune"),
+    "allocator": ("expandable", "expandable"),
 }
 BASE = ("attention=vanilla", "causal=true", "device=cpu", "dtype=fp32", "n=64", "batch=1")
 

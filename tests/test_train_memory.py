@@ -23,8 +23,8 @@ from torch import Tensor
 
 from attnbench import model as encoder_model
 from attnbench.cell import Cell, validate
+from attnbench.measure.cuda_layouts import CudaBackwardTemporaries
 from attnbench.measure.memory import (
-    CudaBackwardTemporaries,
     MemoryTracker,
     profiled_peak,
     rounded,

@@ -11,8 +11,10 @@ many); the allocator's reserved peak does, because each transient is one more bl
 the next request may not reuse. :class:`CudaLayouts`, entered inside the tracker
 (:func:`attnbench.measure.memory.traced`), replaces each such call on meta by the
 allocations the CUDA kernel makes, in its order; :func:`persistent_workspaces` are the
-blocks cuBLAS keeps from the first matmul on. Nothing here runs unless a caller asks for it:
-the modeled figures of CPU reports never pass through it.
+blocks cuBLAS keeps from the first matmul on; these two serve ``scripts/allocator_check.py``
+alone so far. :class:`CudaBackwardTemporaries`, the one a backward kernel makes that decides a
+training step's peak, is counted by every training step modeled for a GPU preset
+(:class:`attnbench.workload.train.StepWork`); a CPU preset's figures pass through none.
 
 Sources (PyTorch, ``aten/src/ATen``):
 
@@ -111,3 +113,38 @@ class CudaLayouts(TorchDispatchMode):
         out = q.new_empty((b, n, h, dv))  # _efficient_attention_forward: res
         del mask  # the converted or padded bias lives as long as the call
         return out.transpose(1, 2)
+
+
+_SOFTMAX_BACKWARD = torch.ops.aten._softmax_backward_data.default
+
+
+class CudaBackwardTemporaries(TorchDispatchMode):
+    """On meta, the temporaries a CUDA backward kernel allocates and frees inside one op,
+    which the op's meta kernel does not: entered *inside* a :class:`MemoryTracker`, so that
+    what it allocates is counted, by a training step that models a GPU.
+
+    Why it matters: CUDA's softmax backward (``softmax_backward_cuda_out`` in
+    ``aten/src/ATen/native/cuda/SoftMax.cu``) first computes ``tmp = grad * output``, a whole
+    tensor of the gradient's size, then hands it to ``host_softmax_backward``, which also
+    takes ``output_.contiguous()``. Under fp16 autocast the gradient is fp32, so a vanilla
+    layer's backward holds one more fp32 (b, h, n, n) block than its meta kernel shows,
+    beside the saved probabilities and the gradient: with checkpointing that block is a
+    fifth of the step's peak (an H200 row of n = 1024: 58 sequences fit, 87 modeled). The
+    CPU's kernel (``softmax_backward_cpu_out`` in ``aten/src/ATen/native/SoftMax.cpp``)
+    makes no such product, which is why the CPU profiler agrees with the model there.
+
+    The kernel's order is kept: the gradient's output (allocated before the kernel body
+    runs, as a structured kernel's is), then ``tmp``, then the contiguous copy of
+    ``output`` where it is not contiguous; the two go when the op returns.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # through the tracker below: the op's own output
+        if func is _SOFTMAX_BACKWARD:
+            grad, output = args[0], args[1]
+            shape = torch.broadcast_shapes(grad.shape, output.shape)
+            product = grad.new_empty(shape, dtype=torch.result_type(grad, output))
+            copy = output if output.is_contiguous() else output.contiguous()
+            del product, copy
+        return out

@@ -26,9 +26,26 @@ from collections.abc import Callable, Sequence
 
 from attnbench.measure.allocator import replay
 from attnbench.measure.allocator_rules import AllocatorConfig
+from attnbench.measure.memory import rounded
 from attnbench.measure.search import largest_fitting
 
 Trace = Sequence[tuple]
+
+
+def live_peak(trace: Trace) -> int:
+    """The most bytes a trace holds live at once, each request rounded to 512 bytes: the
+    tracker's own running sum (:func:`attnbench.measure.memory.tracked_peak`), what the
+    allocation-only search compares with the ceiling."""
+    sizes: dict[int, int] = {}
+    live = top = 0
+    for event in trace:
+        if event[0] == "alloc":
+            sizes[event[1]] = rounded(event[2])
+            live += sizes[event[1]]
+            top = max(top, live)
+        else:
+            live -= sizes.pop(event[1])
+    return top
 
 
 def affine(first: Trace, b1: int, second: Trace, b2: int) -> Callable[[int], list[tuple]] | None:

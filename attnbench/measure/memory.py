@@ -18,7 +18,8 @@ path and count the n × n matrix that the fused kernels never make.
 What it cannot see:
 * memory allocated and freed inside one primitive op, e.g. cuBLAS workspaces or a fused
   kernel's per-row logsumexp; a training step that models a GPU adds the one that decides
-  a peak, CUDA's softmax backward's gradient-sized product (:class:`CudaBackwardTemporaries`);
+  a peak, CUDA's softmax backward's gradient-sized product
+  (:class:`attnbench.measure.cuda_layouts.CudaBackwardTemporaries`);
 * the allocator's block sizes beyond the 512-byte rounding (a large block whose remainder is
   at most 1 MiB is not split) and fragmentation of its segments: :func:`traced` records the
   calls for :mod:`attnbench.measure.allocator` to replay them;
@@ -140,41 +141,6 @@ class MemoryTracker(TorchDispatchMode):
                     f"attnbench tracker: {self.live} bytes live exceed the ceiling of "
                     f"{self.ceiling} bytes"
                 )
-        return out
-
-
-_SOFTMAX_BACKWARD = torch.ops.aten._softmax_backward_data.default
-
-
-class CudaBackwardTemporaries(TorchDispatchMode):
-    """On meta, the temporaries a CUDA backward kernel allocates and frees inside one op,
-    which the op's meta kernel does not: entered *inside* a :class:`MemoryTracker`, so that
-    what it allocates is counted, by a training step that models a GPU.
-
-    Why it matters: CUDA's softmax backward (``softmax_backward_cuda_out`` in
-    ``aten/src/ATen/native/cuda/SoftMax.cu``) first computes ``tmp = grad * output``, a whole
-    tensor of the gradient's size, then hands it to ``host_softmax_backward``, which also
-    takes ``output_.contiguous()``. Under fp16 autocast the gradient is fp32, so a vanilla
-    layer's backward holds one more fp32 (b, h, n, n) block than its meta kernel shows,
-    beside the saved probabilities and the gradient: with checkpointing that block is a
-    fifth of the step's peak (an H200 row of n = 1024: 58 sequences fit, 87 modeled). The
-    CPU's kernel (``softmax_backward_cpu_out`` in ``aten/src/ATen/native/SoftMax.cpp``)
-    makes no such product, which is why the CPU profiler agrees with the model there.
-
-    The kernel's order is kept: the gradient's output (allocated before the kernel body
-    runs, as a structured kernel's is), then ``tmp``, then the contiguous copy of
-    ``output`` where it is not contiguous; the two go when the op returns.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)  # through the tracker below: the op's own output
-        if func is _SOFTMAX_BACKWARD:
-            grad, output = args[0], args[1]
-            shape = torch.broadcast_shapes(grad.shape, output.shape)
-            product = grad.new_empty(shape, dtype=torch.result_type(grad, output))
-            copy = output if output.is_contiguous() else output.contiguous()
-            del product, copy
         return out
 
 

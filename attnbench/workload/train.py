@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from attnbench.measure.autocast import emulated_autocast
+from attnbench.measure.cuda_layouts import CudaBackwardTemporaries
 from attnbench.measure.fused import device_kernels
-from attnbench.measure.memory import CudaBackwardTemporaries
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, flag
 from attnbench.train import OPTIMIZERS, PARTS, TrainStep
@@ -63,7 +63,7 @@ class StepWork(Work):
     attention kernels (their saved tensors are what the backward keeps), and a checkpointed
     layer's second run, in the backward, gets the same kernels and casts; modeling a GPU,
     its backward kernels' own temporaries are counted too
-    (:class:`~attnbench.measure.memory.CudaBackwardTemporaries`)."""
+    (:class:`~attnbench.measure.cuda_layouts.CudaBackwardTemporaries`)."""
 
     def __init__(self, step: TrainStep, device: str, *, gpu: bool) -> None:
         self.step, self.model = step, step.model
