@@ -164,7 +164,7 @@ def test_reference_values_equal_the_json(reference: pd.DataFrame) -> None:
             assert _same(got[f"cell.{key}"], stored["cell"][key]), (i, key)
         assert got.batch_asked == str(stored["cell"]["batch"])
     first = reference.iloc[0]
-    assert (first.attention, first.n, first.max_batch) == ("vanilla", 512, 897)
+    assert (first.attention, first.n, first.max_batch) == ("vanilla", 512, 896)
     assert first.time_per_seq_s == 0.5996142460007832
     assert first.time_samples_s == rows[0]["time_samples_s"]
     missing = reference.time_samples_s[[r.get("time_samples_s") is None for r in rows]]
