@@ -25,6 +25,7 @@ from attnbench.quality import tasks
 from attnbench.settings import defaults
 from attnbench.workload import DEFAULT as DEFAULT_MODE
 from attnbench.workload import find as find_workload
+from attnbench.workload.draw import DRAW
 
 # every cell's own part, always in its key
 KEY_FIELDS = ("attention", "params", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "model")
@@ -34,13 +35,14 @@ MACHINE = "machine"  # a key's ceiling where it is the machine's whole memory
 def key(cell: Cell, preset: presets.Preset) -> str:
     """A stable id of what a cell measures (not of how long it is timed), by the rule of
     :data:`KEY_VERSION`: every cell's own part whole (:data:`KEY_FIELDS`), and beyond it only
-    what differs from its declared default — a thread count, compiling, a workload other
-    than the paper's and each of its settings in use (:meth:`attnbench.workload.Workload.
-    in_use`), a quality task and its settings. So a setting added with a default leaves every
-    key as it was; a default changed is a new :data:`KEY_VERSION` (rows keyed before are keyed
-    again from their stored cell: :func:`stored_key`). Nothing this machine decides
-    alone enters it: a preset whose memory is the machine's own (``cpu``) is keyed, at its
-    default ceiling, as ``machine``, and the row records the bytes beside the key."""
+    what differs from its declared default — a thread count, compiling, the allocator, a
+    workload other than the paper's and each of its settings in use
+    (:meth:`attnbench.workload.Workload.in_use`), a quality task and its settings. So a
+    setting added with a default leaves every key as it was; a default changed is a new
+    :data:`KEY_VERSION` (rows keyed before are keyed again from their stored cell:
+    :func:`stored_key`). Nothing this machine decides alone enters it: a preset whose memory
+    is the machine's own (``cpu``) is keyed, at its default ceiling, as ``machine``, and the
+    row records the bytes beside the key."""
     s = spec(cell, preset)
     fields: dict[str, Any] = {f: s[f] for f in KEY_FIELDS}
     if cell.ceiling_bytes is None and preset.machine_memory:
@@ -91,28 +93,81 @@ OPTIONS = tuple(s for s in settings.OPTIONS if s.in_key)
 KEY_VERSION = 2
 
 
-def _machine_ceiling(spec: dict[str, Any], preset: presets.Preset) -> dict[str, Any]:
-    """Keys of version 1 held a machine's-memory preset's RAM to the byte where the ceiling
-    was the machine's (a run did not resume on another machine of its kind, or after a
-    reboot). A row stored since says where its ceiling was given (``ceiling_given``);
-    before, a ceiling given is told by being a whole number of MB or MiB, as one a user
-    types is (``ceiling=8GB``), where a kernel's MemTotal is not. Not given: the default."""
+def _machine_ceiling(
+    row: dict[str, Any], spec: dict[str, Any], preset: presets.Preset
+) -> dict[str, Any]:
+    """A machine's-memory preset's ceiling, as the row's cell had it. A row stored since the
+    ceiling is keyed as ``machine`` says where it was given (``ceiling_given``), and one that
+    does not, keyed by version 1's rule at the default ceiling, was not given. Before that,
+    keys held the machine's RAM to the byte (a run did not resume on another machine of its
+    kind, or after a reboot): a ceiling given is told by being a whole number of MB or MiB,
+    as one a user types is (``ceiling=8GB``), where a kernel's MemTotal is not."""
     ceiling = spec.get("ceiling_bytes")
     if not preset.machine_memory or spec.get("ceiling_given") or not isinstance(ceiling, int):
         return spec
+    default = {**spec, "ceiling_bytes": None}
+    if _key_v1(Cell.from_dict(default), preset) == row.get("key"):
+        return default
     if ceiling % 10**6 == 0 or ceiling % 2**20 == 0:
         return spec
-    return {**spec, "ceiling_bytes": None}
+    return default
 
+
+def _key_v1(cell: Cell, preset: presets.Preset) -> str:
+    """Version 1's rule, kept to read version-1 keys: every setting of a workload other than
+    the paper's keyed, defaults too (decode's draw left out with every prompt n), a quality
+    task's whole set, compiling with its mode."""
+    s = spec(cell, preset)
+    fields: dict[str, Any] = {f: s[f] for f in KEY_FIELDS}
+    if cell.ceiling_bytes is None and preset.machine_memory:
+        fields["ceiling_bytes"] = MACHINE
+    if cell.threads is not None:
+        fields["threads"] = cell.threads
+    if cell.mode != DEFAULT_MODE:
+        fields["mode"] = cell.mode
+        unused = set()
+        if cell.settings.get("contexts") == "n":  # decode's every prompt n
+            unused = {"contexts", *(w.name for w in DRAW)}
+        fields.update({k: v for k, v in cell.settings.items() if k not in unused})
+    if cell.task != "cost":
+        fields.update(task=cell.task, quality=s["quality"])
+    if cell.compile:
+        fields.update(compile=True, compile_mode=cell.compile_mode)
+    canonical = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
+
+
+def _before_replay(
+    row: dict[str, Any], spec: dict[str, Any], preset: presets.Preset
+) -> dict[str, Any]:
+    """A row stored before the caching allocator's replay (its ``allocator`` null)
+    whose max batch a GPU preset's model gave from live bytes alone measured what no cell
+    asks for today: it is keyed apart (``allocator`` :data:`ALLOCATION_ONLY`), so a resume
+    measures it again rather than mixing its batch with replayed ones. A row whose figures
+    the allocator does not enter (measured on the GPU, the cpu preset, decode, a quality
+    task) is today's cell at the default allocator."""
+    if row.get("allocator") is not None or row.get("memory_source") != "modeled":
+        return spec
+    if not preset.is_gpu:
+        return spec
+    work = find_workload(spec.get("mode", DEFAULT_MODE))
+    if work is None or not work.replays or spec.get("task", "cost") != "cost":
+        return spec
+    return {**spec, "allocator": ALLOCATION_ONLY}
+
+
+ALLOCATION_ONLY = "allocation-only"  # no setting takes it: no cell of today keys as one
 
 # (the last key version a step applies to, what changed since, the step): a stored cell of
 # key version v passes through every step whose version is >= v, in order, then is keyed by
-# today's rule. Version 2 (attnbench.cell.KEY_VERSION): settings at their default left out
-# of the key (a workload's settings were all keyed, defaults too); no spec step is needed
-# for it, the stored cell is simply keyed again
-Step = Callable[[dict[str, Any], presets.Preset], dict[str, Any]]
+# today's rule. Version 2 (KEY_VERSION): settings at their default left out of the key (a
+# workload's settings were all keyed, defaults too); no spec step is needed for it, the
+# stored cell is simply keyed again. The allocator's replay came within version 2: a row
+# without the field passes its step whatever its version
+Step = Callable[[dict[str, Any], dict[str, Any], presets.Preset], dict[str, Any]]
 MIGRATIONS: tuple[tuple[int, str, Step], ...] = (
     (1, "a machine's-memory ceiling keyed as the machine's RAM", _machine_ceiling),
+    (2, "a GPU preset's modeled max batch from live bytes, before the replay", _before_replay),
 )
 
 
@@ -122,31 +177,41 @@ def stored_key(row: dict[str, Any]) -> Any:
     where that cell cannot be read here: a plugin not loaded, a hand edit)."""
     stored, spec = row.get("key"), row.get("cell")
     version = row.get("key_version") or 1
-    if version == KEY_VERSION or not isinstance(stored, str) or not isinstance(spec, dict):
+    if not isinstance(stored, str) or not isinstance(spec, dict):
         return stored
-    memo = (stored, version, json.dumps(spec, sort_keys=True, default=str))
+    if version == KEY_VERSION and row.get("allocator") is not None:
+        return stored
+    source = (row.get("memory_source"), row.get("allocator"))
+    memo = (stored, version, source, json.dumps(spec, sort_keys=True, default=str))
     if memo not in _REKEYED:  # a row's answer is its own: the watcher asks often
-        _REKEYED[memo] = _rekeyed(stored, spec, version)
+        _REKEYED[memo] = _rekeyed(row, version)
     return _REKEYED[memo]
 
 
-_REKEYED: dict[tuple[Any, int, str], Any] = {}
+_REKEYED: dict[tuple[Any, ...], Any] = {}
 
 
-def _rekeyed(stored: Any, spec: dict[str, Any], version: int) -> Any:
+def _rekeyed(row: dict[str, Any], version: int) -> Any:
     try:
-        return key(*stored_cell(spec, version))
+        return key(*stored_cell(row, version))
     except (ValueError, TypeError, KeyError):  # a plugin's preset or workload, a hand edit
-        return stored
+        return row["key"]
 
 
-def stored_cell(spec: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Preset]:
-    """The cell a stored row's ``cell`` (stored under key ``version``) is today, with its
-    preset: what a sweep asking for the same measurement makes now."""
+def stored_cell(row: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Preset]:
+    """The cell a stored row (its ``cell``, stored under key ``version``) measured, as today's
+    cells are, with its preset: what a sweep asking for the same measurement makes now. A
+    row whose workload or quality task is not registered here (a plugin not loaded) raises
+    ``KeyError``: its cell's defaults are unknown, so it answers to its own key."""
+    spec = row["cell"]
     preset = _preset(str(spec.get("device")))
+    if find_workload(spec.get("mode", DEFAULT_MODE)) is None:
+        raise KeyError(spec.get("mode"))
+    if spec.get("task", "cost") not in ("cost", *tasks.REGISTRY):
+        raise KeyError(spec.get("task"))
     for last, _, step in MIGRATIONS:
         if version <= last:
-            spec = step(spec, preset)
+            spec = step(row, spec, preset)
     return Cell.from_dict(spec), preset
 
 

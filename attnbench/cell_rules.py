@@ -152,15 +152,25 @@ def check_allocator(cell: Cell, preset: presets.Preset, gpu: bool) -> None:
         raise ValueError(
             f"allocator: device={cell.device} has no CUDA caching allocator; allowed: default"
         )
-    conf = os.environ.get(ALLOC_CONF, "")
-    if gpu and conf and conf != allocator_rules.conf_string(cell.allocator):
-        raise ValueError(
-            f"allocator: {ALLOC_CONF}={conf} is set in this environment, so a GPU cell would run"
-            f" under it, not under allocator={cell.allocator}; set allocator={conf} or unset it"
-        )
+    if not gpu:
+        return
+    wanted = allocator_rules.from_setting(cell.allocator)
+    for name in ALLOC_CONFS:  # torch reads either (c10's AllocatorConfig); compared as parsed
+        conf = os.environ.get(name, "")
+        try:
+            same = not conf or allocator_rules.AllocatorConfig.parse(conf) == wanted
+        except ValueError:
+            same = False
+        if not same:
+            raise ValueError(
+                f"allocator: {name}={conf} is set in this environment, so a GPU cell would run"
+                f" under it, not under allocator={cell.allocator}; set allocator to the same"
+                f" settings or unset {name}"
+            )
 
 
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # what a cell's own process is started with
+ALLOC_CONFS = (ALLOC_CONF, "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads the second too
 
 
 def runs_causally(cell: Cell) -> bool:

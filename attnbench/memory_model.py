@@ -62,7 +62,7 @@ class MemoryModel:
         storages = {id(t.untyped_storage()): t.untyped_storage() for t in held}
         self.held = [s.nbytes() for s in storages.values()]  # each its own allocation
         self.fixed = sum(rounded(n) for n in self.held) + self.overhead
-        self.replays = type(self.work).modeled_peak is Work.modeled_peak
+        self.replays = cell.workload.replays
 
     @functools.cache  # noqa: B019 (one model per cell, dropped with it)
     def peak(self, b: int) -> int:

@@ -148,7 +148,10 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     b = predicted if cell.batch == "max" else cell.batch
     found.memory = Memory("modeled", b)
     if b == 0:
-        found.stop("oom", f"modeled: b=1 does not fit under {res.ceiling} bytes")
+        fits_live = found.max_batch is not None and bool(found.max_batch.allocated)
+        how = "fits in live bytes, but the caching allocator (replayed) cannot reserve it"
+        found.stop("oom", f"modeled: b=1 {how if fits_live else 'does not fit'} under "
+                   f"{res.ceiling} bytes")  # fmt: skip
         return
     peak = modeled.peak(b)
     found.memory = Memory("modeled", b, peak)

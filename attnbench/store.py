@@ -84,7 +84,7 @@ def replace_file(path: Path, text: str) -> None:
 
 class RunStore:
     """One run directory: ``cells.jsonl``, ``config.yaml`` and ``env.json``. ``rekey`` gives
-    the key a stored row answers to today (:func:`attnbench.cell.stored_key`: rows keyed by
+    the key a stored row answers to today (:func:`attnbench.cell_key.stored_key`: rows keyed by
     an older rule still resume); by default, its stored ``key``."""
 
     def __init__(self, run_dir: Path, rekey: Rekey = _own_key) -> None:

@@ -49,7 +49,7 @@ def test_a_setting_added_with_a_default_leaves_every_key_as_it_was(monkeypatch) 
     from tests.test_reference_runs import REFERENCE, RUNS
     from tests.test_reference_runs import rows as stored
 
-    cells = [stored_cell(r.cell, r.key_version or 1) for run in RUNS for r in stored(run)]
+    cells = [stored_cell(r.to_dict(), r.key_version or 1) for run in RUNS for r in stored(run)]
     before = [key(c, p) for c, p in cells]
     extra = Setting("toy_split", 2, "a toy setting", int, integer())
     for name in ("packed", "packed_train", "train", "decode"):
@@ -355,3 +355,53 @@ def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
     assert row.status == "error" and row.reason == "RuntimeError: no peak here"
     assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
     assert row.peak_bytes is None and row.time_median_s is None and row.max_batch is None
+
+
+def test_version_1s_rule_kept_for_reading_reproduces_every_committed_key() -> None:
+    """``cell_key._key_v1`` is version 1's rule, frozen: it decides whether a version-1 row's
+    ceiling was the machine's. Held to every committed row's stored key (all version 1;
+    those of the cpu preset from before ``machine`` keys, with the RAM's bytes)."""
+    from attnbench.cell_key import _key_v1, _preset
+    from tests.test_reference_runs import REFERENCE
+
+    rows = [json.loads(line) for f in sorted(REFERENCE.glob("*/cells.jsonl"))
+            for line in f.read_text().splitlines()]  # fmt: skip
+    assert len(rows) > 1000
+    for r in rows:
+        assert _key_v1(Cell.from_dict(r["cell"]), _preset(r["cell"]["device"])) == r["key"]
+
+
+def test_a_version_1_row_of_the_machines_memory_is_found_whatever_the_ram() -> None:
+    """A cpu-preset row keyed as ``machine`` by version 1, on a machine whose RAM is a whole
+    number of MiB (which the older heuristic takes for a ceiling typed by hand), is found by
+    today's cell at the default ceiling; one whose ceiling was given is not."""
+    from attnbench.cell_key import _key_v1, stored_key
+
+    cpu = presets.load("cpu")
+    cell = Cell("vanilla", 64, dtype="fp32", device="cpu")
+    spec = {**dataclasses.asdict(cell), "ceiling_bytes": 16 << 30}  # 16 GiB: whole MiB
+    row = {"key": _key_v1(cell, cpu), "cell": spec, "memory_source": "modeled"}
+    assert stored_key(row) == key(cell, cpu)
+    given = dataclasses.replace(cell, ceiling_bytes=16 << 30)
+    typed = {"key": _key_v1(given, cpu), "cell": spec, "memory_source": "modeled"}
+    assert stored_key(typed) == key(given, cpu) != key(cell, cpu)
+
+
+def test_a_gpu_presets_modeled_row_from_before_the_replay_is_measured_again() -> None:
+    """Its max batch is live bytes' alone: a resume must not take it for today's replayed
+    cell. Rows the allocator does not enter (decode, the cpu preset, measured) still resume."""
+    from attnbench.cell_key import stored_key
+    from tests.test_reference_runs import REFERENCE
+
+    def first(run: str) -> dict:
+        return json.loads((REFERENCE / run / "cells.jsonl").read_text().splitlines()[0])
+
+    old = first("mixers-v100_16gb-cpu")  # stored before the replay, not remade
+    assert old.get("allocator") is None and old["memory_source"] == "modeled"
+    v100 = presets.load("v100_16gb")
+    assert stored_key(old) != key(Cell.from_dict(old["cell"]), v100)
+    remade = first("table3-v100_16gb-cpu")  # remade under the replay: allocator recorded
+    assert stored_key(remade) == key(Cell.from_dict(remade["cell"]), v100)
+    serving = first("serving-v100_16gb-cpu")  # decode: allocation-only as ever
+    assert serving.get("allocator") is None
+    assert stored_key(serving) == key(Cell.from_dict(serving["cell"]), v100)

@@ -114,6 +114,14 @@ def test_a_gpu_cell_refuses_an_environment_that_sets_another_allocator(monkeypat
     with pytest.raises(ValueError, match=r"^allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_"):
         check_allocator(cell, v100, gpu=True)
     check_allocator(Cell("vanilla", 512, allocator="expandable"), v100, gpu=True)
+    # the same settings in another spelling are the same allocator; torch's other name too
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:True")
+    mine = Cell("vanilla", 512, allocator="expandable_segments:True,max_split_size_mb:64")
+    check_allocator(mine, v100, gpu=True)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    with pytest.raises(ValueError, match=r"^allocator: PYTORCH_ALLOC_CONF=expandable_segments"):
+        check_allocator(cell, v100, gpu=True)
 
 
 def test_a_row_stored_before_the_replay_reads_as_allocation_only() -> None:
@@ -155,6 +163,8 @@ def test_a_gpu_cell_with_its_own_allocator_runs_in_a_process_that_sets_it(monkey
         return subprocess.CompletedProcess(argv, 1, "", "stopped here\n")
 
     monkeypatch.setattr(job.subprocess, "run", started)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")  # not passed on
     row = job.measure(cell, v100, None, isolate=False)
     assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_ALLOC_CONF" not in seen
     assert row.status == "error" and row.reason == "stopped here"

@@ -78,7 +78,7 @@ def remade(row: Row, *, full: bool = False) -> dict[str, Any]:
     from attnbench.runner import run_cell
 
     cell = Cell.from_dict(row.cell)  # as run, its ceiling resolved; as a sweep makes it now:
-    made = {"key": key(*stored_cell(row.cell, row.key_version or 1))}
+    made = {"key": key(*stored_cell(row.to_dict(), row.key_version or 1))}
     if row.task == "mqar":
         return {**figures(row), **made, **_context(cell)}
     again = run_cell(dataclasses.replace(cell, model_only=True))

@@ -29,7 +29,7 @@ from attnbench import cell as cells
 from attnbench.cell import Cell
 from attnbench.cell_key import KEY_VERSION, stored_key
 from attnbench.cell_key import key as cell_key
-from attnbench.cell_rules import ALLOC_CONF, left_out
+from attnbench.cell_rules import ALLOC_CONF, ALLOC_CONFS, left_out
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.measure.allocator_rules import conf_string
@@ -85,7 +85,10 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate
     if isolate or conf is not None:
         parent = os.getpid()  # the cell dies with this process (cell_process.die_with_parent)
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
-        env = None if conf is None else {**os.environ, ALLOC_CONF: conf}
+        env = None
+        if conf is not None:  # the cell's own, under the one name torch reads first here
+            env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONFS}
+            env[ALLOC_CONF] = conf
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "attnbench.sweep.cell_process", "--cell", payload],

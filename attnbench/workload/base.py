@@ -113,6 +113,10 @@ class Workload:
     # as its default, which is what every row before it measured (decode's contexts); a
     # row without another of its settings is not a row of this workload (in no table)
     later: tuple[str, ...] = ()
+    # its modeled peak is one traced call of the step, which the caching allocator's replay
+    # follows (attnbench.measure.fit); False where the workload's work models its own
+    # scenario (Work.modeled_peak: decode's larger of two), whose max batch is live bytes'
+    replays: bool = True
     parts: tuple[str, ...] = ()
     # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
     # False, one shape per batch; None where a step's shapes change by design (decode)

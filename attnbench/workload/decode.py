@@ -192,6 +192,7 @@ class Decode(Workload):
     )  # fmt: skip
     compile_dynamic = None  # the context grows each step: automatic dynamic shapes
     later = ("contexts", *(s.name for s in DRAW))  # every prompt n, before they existed
+    replays = False  # its peak is the larger of two serving scenarios (decode_memory.py)
 
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
