@@ -43,11 +43,20 @@ def key(cell: Cell, preset: presets.Preset) -> str:
     :func:`stored_key`). Nothing this machine decides alone enters it: a preset whose memory
     is the machine's own (``cpu``) is keyed, at its default ceiling, as ``machine``, and the
     row records the bytes beside the key."""
+    return _digest({**_own_part(cell, preset), **beyond_defaults(cell)})
+
+
+def _own_part(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
+    """:data:`KEY_FIELDS` of the stored spec, the machine's memory keyed as :data:`MACHINE`:
+    the part every key version holds whole."""
     s = spec(cell, preset)
     fields: dict[str, Any] = {f: s[f] for f in KEY_FIELDS}
     if cell.ceiling_bytes is None and preset.machine_memory:
         fields["ceiling_bytes"] = MACHINE
-    fields.update(beyond_defaults(cell))
+    return fields
+
+
+def _digest(fields: dict[str, Any]) -> str:
     canonical = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha1(canonical.encode()).hexdigest()[:16]
 
@@ -117,10 +126,7 @@ def _key_v1(cell: Cell, preset: presets.Preset) -> str:
     """Version 1's rule, kept to read version-1 keys: every setting of a workload other than
     the paper's keyed, defaults too (decode's draw left out with every prompt n), a quality
     task's whole set, compiling with its mode."""
-    s = spec(cell, preset)
-    fields: dict[str, Any] = {f: s[f] for f in KEY_FIELDS}
-    if cell.ceiling_bytes is None and preset.machine_memory:
-        fields["ceiling_bytes"] = MACHINE
+    fields = _own_part(cell, preset)
     if cell.threads is not None:
         fields["threads"] = cell.threads
     if cell.mode != DEFAULT_MODE:
@@ -130,11 +136,10 @@ def _key_v1(cell: Cell, preset: presets.Preset) -> str:
             unused = {"contexts", *(w.name for w in DRAW)}
         fields.update({k: v for k, v in cell.settings.items() if k not in unused})
     if cell.task != "cost":
-        fields.update(task=cell.task, quality=s["quality"])
+        fields.update(task=cell.task, quality=spec(cell, preset)["quality"])
     if cell.compile:
         fields.update(compile=True, compile_mode=cell.compile_mode)
-    canonical = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha1(canonical.encode()).hexdigest()[:16]
+    return _digest(fields)
 
 
 def _before_replay(

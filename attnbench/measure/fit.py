@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from attnbench.measure.allocator import replay
+from attnbench.measure.allocator import largest_batch
 from attnbench.measure.allocator_rules import AllocatorConfig
 from attnbench.measure.memory import rounded
-from attnbench.measure.search import largest_fitting
 
 Trace = Sequence[tuple]
 
@@ -87,5 +86,5 @@ def replayed_max_batch(
     guess = max(allocated, 1)
     # from b = 2: at b = 1 some ops take other paths (matmul copies an operand only at b >= 2)
     if allocated >= 3 and (at := affine(trace_of(2), 2, trace_of(allocated), allocated)):
-        guess = max(largest_fitting(lambda b: replay(at(b), cap, config).fits, guess)[0], 1)
-    return largest_fitting(lambda b: replay(trace_of(b), cap, config).fits, guess)[0]
+        guess = max(largest_batch(at, cap, config, guess), 1)
+    return largest_batch(trace_of, cap, config, guess)
