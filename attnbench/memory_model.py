@@ -6,13 +6,16 @@ any device. :mod:`attnbench.runner` measures with it; tests and scripts model wi
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Any, Literal
 
 import torch
 
 from attnbench.cell import Cell, Resolved
 from attnbench.measure import fit
 from attnbench.measure.allocator_rules import from_setting
+from attnbench.measure.cuda_layouts import CudaLayouts, persistent_workspaces
 from attnbench.measure.memory import Event, module_bytes, rounded, traced, tracked_peak
 from attnbench.workload import DTYPES, Work, random_input
 
@@ -42,15 +45,29 @@ def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
     return own if own is not None else tracked_peak(work, base, grad=cell.workload.grad)
 
 
+Capability = tuple[int, int] | None  # a CUDA compute capability; None: meta's own trace
+
+
 class MemoryModel:
     """The modeled peak of one cell at any batch: its workload's step on meta tensors, plus
     what is live before it: weights, what a first step leaves (an optimizer's state, as in a
     real run after step one), the input and the preset's overhead. Where the runner tracks
     one call of the step (``replays``), the call's allocations in order too (:meth:`trace`),
-    for the allocator's replay; the peak is then the trace's, one meta pass for both."""
+    for the allocator's replay; the peak is then the trace's, one meta pass for both.
 
-    def __init__(self, cell: Cell, res: Resolved) -> None:
+    A GPU preset's trace is the card's (:mod:`attnbench.measure.cuda_layouts`): cuBLAS's
+    workspaces are held from the first matmul, and attention's fused kernel allocates as it
+    does on a card of ``capability`` (by default the card this runs on, where the cell runs on
+    one, else the preset's); ``capability=None`` traces the step as meta runs it."""
+
+    def __init__(
+        self, cell: Cell, res: Resolved, capability: Capability | Literal["card"] = "card"
+    ) -> None:
         self.cell, self.overhead = cell, res.preset.overhead_bytes
+        self.replays = cell.workload.replays
+        if capability == "card":  # the trace decides the replay's figures: no replay, no card
+            capability = card_capability(res) if self.replays else None
+        self.capability = capability if res.preset.is_gpu else None
         dtype = DTYPES[cell.dtype]
         self.model = build(cell, res, "meta", dtype)
         held = [*self.model.parameters(), *self.model.buffers()]
@@ -61,8 +78,9 @@ class MemoryModel:
             held += self.work.state_tensors()
         storages = {id(t.untyped_storage()): t.untyped_storage() for t in held}
         self.held = [s.nbytes() for s in storages.values()]  # each its own allocation
+        if self.capability is not None:
+            self.held += persistent_workspaces(self.capability)
         self.fixed = sum(rounded(n) for n in self.held) + self.overhead
-        self.replays = cell.workload.replays
 
     @functools.cache  # noqa: B019 (one model per cell, dropped with it)
     def peak(self, b: int) -> int:
@@ -73,15 +91,32 @@ class MemoryModel:
     @functools.cache  # noqa: B019
     def trace(self, b: int) -> list[Event]:
         """The step's allocator calls at batch b, what is held before it first."""
+        return self.trace_at(b)
+
+    def trace_at(self, b: int) -> list[Event]:
+        """:meth:`trace`, made anew on each call."""
         feed(self.work, self.cell, b, "meta")
-        events = traced(self.work, [*self.held, self.work.x.untyped_storage().nbytes()],
-                        grad=self.cell.workload.grad)  # fmt: skip
-        return events
+        work, held = self.work, [*self.held, self.work.x.untyped_storage().nbytes()]
+        cap = self.capability
+
+        def step() -> Any:  # the card's kernels' allocations, inside the tracker
+            with CudaLayouts(cap) if cap is not None else contextlib.nullcontext():
+                return work()
+
+        return traced(step, held, grad=self.cell.workload.grad)
 
     def replayed_max_batch(self, allocated: int, cap: int, allocator: str) -> int:
         """The largest batch whose calls the caching allocator serves under ``cap`` bytes
         (:func:`attnbench.measure.fit.replayed_max_batch`), searched from ``allocated``."""
         return fit.replayed_max_batch(self.trace, cap, from_setting(allocator), allocated)
+
+
+def card_capability(res: Resolved) -> Capability:
+    """The compute capability whose kernels a cell's model traces: the card the cell runs on
+    (its probes then check the model on that card), else the preset's own."""
+    if res.on_gpu:  # None where a test drives the GPU path with the CPU standing in
+        return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return res.preset.capability
 
 
 def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:

@@ -47,15 +47,16 @@ from attnbench import model as model_module
 from attnbench.cell import Cell, validate
 from attnbench.measure.allocator import _Allocator, replay
 from attnbench.measure.allocator_rules import AllocatorConfig
-from attnbench.measure.cuda_layouts import CudaLayouts, persistent_workspaces
+from attnbench.measure.cuda_layouts import persistent_workspaces
 from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
-from attnbench.runner import MemoryModel, make_input
+from attnbench.runner import MemoryModel
 from attnbench.workload import DTYPES
 
 ROWS = Path("results/gpu_check/rows.jsonl")
 MODES = ("inference", "train", "decode")
+H200 = (9, 0)  # the compute capability of the card the rows ran on
 FIELDS = ("attention", "n", "k", "mode", "checkpoint", "device", "kv_heads", "causal")
 
 
@@ -183,36 +184,20 @@ class Tracer:
         self.cell = cell_of(row)
         self.res = validate(self.cell)
         self.cap = row["ceiling_bytes"] - row["overhead_bytes"]
-        with as_at_431ec60():
-            self.mm = MemoryModel(self.cell, self.res)
-        model, work = self.mm.model, self.mm.work
-        tensors = (*model.parameters(), *model.buffers(), *work.state_tensors())
-        storages = {id(t.untyped_storage()): t.untyped_storage() for t in tensors}
-        self.weights = [s.nbytes() for s in storages.values()]  # and a primed step's state
-        self.workspaces = (
-            list(persistent_workspaces(sm90=True)) if cuda and self.res.preset.is_gpu else []
-        )  # the rows' H200 is sm90
-        self.base = [*self.weights, *self.workspaces]
+        with as_at_431ec60():  # the card of the rows: an H200, sm90
+            self.mm = MemoryModel(self.cell, self.res, capability=H200 if cuda else None)
+        self.base = self.mm.held  # the weights, a primed step's state, cuBLAS's workspaces
+        self.workspaces = list(persistent_workspaces(H200)) if self.mm.capability else []
+        self.weights = self.base[: len(self.base) - len(self.workspaces)]
         self.dtype = DTYPES[self.cell.dtype]
 
     def trace(self, b: int) -> list:
         """The allocator's calls of one step at batch b (the input allocated before it)."""
-        work = self.mm.work
-        work.x = None
-        work.x = make_input(b, self.cell, "meta", self.dtype)
-        base = [*self.base, work.x.untyped_storage().nbytes()]
-        # the rows' H200 is sm90: cuDNN attention first, cuBLAS's 32 MiB workspace
-        layouts = CudaLayouts(sm90=True) if self.cuda and self.res.preset.is_gpu else None
-
-        def step() -> Any:
-            with layouts if layouts is not None else contextlib.nullcontext():
-                return work()
-
         with as_at_431ec60():
             try:
-                return traced(step, base, grad=self.cell.workload.grad)
+                return self.mm.trace_at(b)
             finally:
-                work.release()
+                self.mm.work.release()
 
     def fits(self, b: int) -> bool:
         return replay(self.trace(b), self.cap).fits

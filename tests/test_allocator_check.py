@@ -105,7 +105,7 @@ def test_cuda_layouts_writes_flash_attentions_output_and_log_sum_exp() -> None:
     q, k, v = (torch.empty(b, h, n, dh, device="meta", dtype=torch.float16) for _ in range(3))
 
     def step(sm90: bool = False) -> torch.Tensor:
-        with CudaLayouts(sm90=sm90):
+        with CudaLayouts((9, 0) if sm90 else (8, 0)):
             out = F.scaled_dot_product_attention(q, k, v)
         assert out.shape == (b, h, n, dh) and out.transpose(1, 2).is_contiguous()
         return out.transpose(1, 2).reshape(b, n, h * dh)  # merging heads: a view
@@ -124,7 +124,7 @@ def test_cuda_layouts_writes_flash_attentions_output_and_log_sum_exp() -> None:
     mask = torch.ones(b, 1, n, n, device="meta", dtype=torch.bool)
 
     def masked() -> torch.Tensor:
-        with CudaLayouts():
+        with CudaLayouts((8, 0)):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     with torch.inference_mode():
@@ -132,7 +132,7 @@ def test_cuda_layouts_writes_flash_attentions_output_and_log_sum_exp() -> None:
     # logical_not, the two scalars (0 and -inf, each one 512-byte block), where, res
     assert sizes[0] == b * n * n and sizes[-2:] == [b * n * n * 2, out]
     assert len(sizes) == 5 and all(s <= 8 for s in sizes[1:3])
-    assert persistent_workspaces() == (32 << 20, 1 << 20)
+    assert persistent_workspaces((9, 0)) == (32 << 20, 1 << 20)
 
 
 def test_the_script_prints_one_object_per_row(script: ModuleType) -> None:

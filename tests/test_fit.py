@@ -74,6 +74,30 @@ def test_a_modeled_gpu_row_is_replayed_and_a_cpu_row_is_not() -> None:
     assert cpu.max_batch == cpu.allocated_max_batch and cpu.peak_reserved_bytes is None
 
 
+def test_a_gpu_presets_trace_is_its_cards_own() -> None:
+    """A GPU preset's step is traced as its card's kernels allocate (cuda_layouts.py): after
+    SDPA, merging the heads is a view of the fused kernel's (b, n, h, dh) output, where on
+    meta it copies; cuBLAS's workspaces (8 MiB + 128 KiB on a V100, 32 MiB on an H100, and
+    cuBLASLt's 1 MiB) are held before the step. ``capability=None`` is meta's own trace."""
+    cell = Cell("sdpa", 512, **SMALL)
+    res = validate(cell)
+    card, plain = MemoryModel(cell, res), MemoryModel(cell, res, capability=None)
+    assert card.capability == (7, 0) and plain.capability is None
+    assert card.held[-2:] == [8 * MiB + 128 * 1024, MiB] and card.held[:-2] == plain.held
+    merged = 4 * 512 * 64 * 2  # b = 4: one (b, n, d) fp16 block, the merge's copy on meta
+
+    def sizes(model: MemoryModel) -> list[int]:
+        return sorted(e[2] for e in model.trace(4)[len(model.held) + 1 :] if e[0] == "alloc")
+
+    copies = sizes(plain).count(merged) - sizes(card).count(merged)
+    assert copies == SMALL["layers"]  # one a layer: the merge after each layer's SDPA
+    h100 = validate(Cell("sdpa", 512, **SMALL, device="h100_80gb"))
+    assert MemoryModel(cell, h100).held[-2:] == [32 * MiB, MiB]
+    cpu = validate(Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL))
+    assert MemoryModel(Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL), cpu).capability \
+        is None  # fmt: skip
+
+
 def test_expandable_segments_fit_at_least_what_the_default_allocator_fits() -> None:
     """The same step's calls, replayed with expandable segments: one growing segment per
     pool, so a freed block's space serves the next request of another size."""

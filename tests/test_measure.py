@@ -295,6 +295,12 @@ def test_presets_say_what_they_hold() -> None:
     assert v100.total_bytes == 16160 * MiB and v100.usable_bytes < v100.total_bytes
     assert "bf16" not in v100.peak_flops and presets.load("a100_40gb").peak_flops["bf16"] > 0
     assert presets.load("cpu").total_bytes > 0 and validate(Cell("vanilla", n=8, device="cpu"))
+    # the card's compute capability: which kernels its run allocates (cuda_layouts.py)
+    assert [presets.load(p).capability for p in ("v100_16gb", "a100_40gb", "h100_80gb", "cpu")] \
+        == [(7, 0), (8, 0), (9, 0), None]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^device.compute_capability: must be MAJOR.MINOR"):
+        presets.from_dict(dict(name="x", gpu="X", total_bytes=1, overhead_bytes=0,
+                               peak_flops=None, compute_capability="sm90"))  # fmt: skip
 
 
 def test_views_of_existing_tensors_cost_nothing_and_new_ones_cost_their_bytes() -> None:

@@ -18,6 +18,8 @@ from attnbench.report.serving_state import state_grids
 from attnbench.report.text import grid_markdown, to_latex, to_markdown
 from attnbench.row import Row
 
+ALLOCATION_ONLY = "¹ memory modeled (allocated bytes; no caching allocator replayed), not measured"
+
 MODEL = {"layers": 12, "d_model": 768, "n_heads": 12, "d_ff": 3072}
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
 
@@ -114,7 +116,7 @@ def test_ratios_against_vanilla_with_its_full_cache() -> None:
     assert time.text[(512, "linear")] == "0.50x¹"  # timed on the CPU: said
     assert "time measured on cpu in fp32 at b = 1" in time.footnotes[0]
     assert memory.text[(2048, "linear")] == "16.0x¹"
-    assert memory.footnotes == ("¹ memory modeled, not measured",)
+    assert memory.footnotes == (ALLOCATION_ONLY,)
     md = to_markdown(time)
     assert "| n | vanilla (kv_heads=3) | sdpa (kv_heads=3) | linear |" in md
     assert "| 512 | 1.25x¹ | 2.00x¹ | 0.50x¹ |" in md

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,8 @@ from attnbench.report.tables import marked, ratio_tables, split_marks
 from attnbench.report.text import to_csv, to_latex, to_markdown
 from attnbench.row import Row
 from attnbench.store import CorruptLine, read_rows
+
+ALLOCATION_ONLY = "¹ memory modeled (allocated bytes; no caching allocator replayed), not measured"
 
 FIXTURE = Path(__file__).parent / "data" / "cells_fixture.jsonl"
 CONTEXT = (  # the preset's dtype beside its ceiling; the times as the rows took them
@@ -82,9 +85,33 @@ def test_modeled_memory_and_cpu_time_are_marked(tmp_path: Path) -> None:
         r.update(memory_source="modeled", time_device="cpu", time_dtype="fp32", time_batch=1)
     tables = {t.kind: t for t in ratio_tables(rows)}
     assert tables["memory"].text[(512, 128)] == "1.7x¹"
-    assert tables["memory"].footnotes[0] == "¹ memory modeled, not measured"
+    assert tables["memory"].footnotes[0] == ALLOCATION_ONLY
     assert tables["time"].text[(512, 128)] == "1.25x¹"
     assert "time measured on cpu in fp32 at b = 1" in tables["time"].footnotes[0]
+
+
+def test_a_memory_figure_says_whether_it_is_replayed_allocated_or_measured() -> None:
+    """Each memory ratio's note names its figures' kind: the caching allocator replayed over
+    the modeled allocations (and under which setting), modeled allocated bytes alone, or
+    measured on the card, where under an allocator setting of its own."""
+
+    def notes(**fields: Any) -> tuple[str, ...]:
+        rows = read_rows(FIXTURE)
+        for r in rows:
+            r.update(fields)
+        return {t.kind: t for t in ratio_tables(rows)}["memory"].footnotes
+
+    replayed = notes(memory_source="modeled", allocator="expandable", fragmentation=0.01)
+    assert replayed[0] == (
+        "¹ memory modeled (the caching allocator replayed, allocator=expandable, over the "
+        "modeled allocations), not measured"
+    )
+    assert "allocated bytes; no caching allocator replayed" in notes(memory_source="modeled")[0]
+    measured = notes(memory_source="measured", allocator="default")
+    assert not [n for n in measured if "allocat" in n or "modeled" in n]
+    assert notes(memory_source="measured", allocator="expandable")[0] == (
+        "¹ max batch measured with allocator=expandable"
+    )
 
 
 def test_a_corrupt_line_is_reported_with_its_number(tmp_path: Path) -> None:
@@ -125,7 +152,7 @@ def test_measured_over_paper_cell_by_cell(tables) -> None:
     modeled = {t.kind: t for t in ratio_tables(rows)}["memory"]
     q = quotient(modeled, paper_table(modeled, paper))
     assert q.text[(512, 128)] == "1.00¹"  # 1.7x measured (modeled, footnote ¹), paper 1.7x
-    assert q.footnotes == ("¹ memory modeled, not measured",)  # the OOM's ² marks no quotient
+    assert q.footnotes == (ALLOCATION_ONLY,)  # the OOM's ² marks no quotient
     assert memory.text[(512, 128)] == "1.7x"
     assert (memory.source, modeled.source, tables["time"].source) == (
         "measured",

@@ -11,17 +11,21 @@ many); the allocator's reserved peak does, because each transient is one more bl
 the next request may not reuse. :class:`CudaLayouts`, entered inside the tracker
 (:func:`attnbench.measure.memory.traced`), replaces each such call on meta by the
 allocations the CUDA kernel makes, in its order; :func:`persistent_workspaces` are the
-blocks cuBLAS keeps from the first matmul on; these two serve ``scripts/allocator_check.py``
-alone so far. :class:`CudaBackwardTemporaries`, the one a backward kernel makes that decides a
-training step's peak, is counted by every training step modeled for a GPU preset
-(:class:`attnbench.workload.train.StepWork`); a CPU preset's figures pass through none.
+blocks cuBLAS keeps from the first matmul on. The memory model
+(:class:`attnbench.memory_model.MemoryModel`) traces every GPU preset's step under both, for
+the card the preset names (its ``compute_capability``), as ``scripts/allocator_check.py``
+does for the H200 of the GPU check's rows. :class:`CudaBackwardTemporaries`, the one a
+backward kernel makes that decides a training step's peak, is counted by every training step
+modeled for a GPU preset (:class:`attnbench.workload.train.StepWork`); a CPU preset's figures
+pass through none.
 
 Sources (PyTorch, ``aten/src/ATen``):
 
 * backend choice: ``native/transformers/cuda/sdp_utils.cpp`` (``priority_order``: cuDNN
   first on sm90 and sm100, ``check_prefer_cudnn_attention``; else flash first, where it can
-  run: fp16/bf16, head dim ≤ 256 and a multiple of 8, no ``attn_mask``; a masked call goes
-  to memory-efficient);
+  run: sm80 to sm121 (``check_flash_attention_hardware_support``), fp16/bf16, head dim ≤ 256
+  and a multiple of 8, no ``attn_mask``; a masked call, or an older card such as the V100
+  (sm70), goes to memory-efficient, ``check_mem_efficient_hardware_support``: sm50 on);
 * cuDNN: ``native/cudnn/MHA.cpp`` (``run_cudnn_SDP_fprop``: ``o`` by
   ``alloc_with_matching_layout(q, …)``, q's (b, n, h, dh) memory order; ``softmaxstats``
   only when it returns them, for a backward: none in a forward);
@@ -37,9 +41,10 @@ Sources (PyTorch, ``aten/src/ATen``):
   mask.logical_not(), -inf, 0)`` in the query's dtype; ``preprocess_mask``/``pad_bias``: a
   bias whose strides are not multiples of 8 elements is copied into a padded one);
 * cuBLAS: ``cuda/CublasHandlePool.cpp`` (``parseChosenWorkspaceSize``: 4096 KiB × 8 = 32 MiB
-  on sm90, ``4096 KiB × 2 + 16 KiB × 8`` elsewhere; ``parseCUDABlasLtWorkspaceSize``: 1024
-  KiB for cuBLASLt, which ``addmm``'s bias epilogue uses; both from the caching allocator,
-  ``getNewWorkspace``/``getNewCUDABlasLtWorkspace``, kept per handle and stream).
+  on Hopper and Blackwell (major 9, 10, 12), ``4096 KiB × 2 + 16 KiB × 8`` elsewhere;
+  ``parseCUDABlasLtWorkspaceSize``: 1024 KiB for cuBLASLt, which ``addmm``'s bias epilogue
+  uses; both from the caching allocator, ``getNewWorkspace``/``getNewCUDABlasLtWorkspace``,
+  kept per handle and stream).
 """
 
 from __future__ import annotations
@@ -60,33 +65,47 @@ CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
 CUBLASLT_WORKSPACE = 1024 * 1024
 
 
-def persistent_workspaces(sm90: bool = True) -> tuple[int, ...]:
+def persistent_workspaces(capability: tuple[int, int]) -> tuple[int, ...]:
     """Bytes of the workspaces cuBLAS and cuBLASLt take from the caching allocator at the
     first matmul and keep (one stream, one handle): allocated before any probe's step."""
-    return (CUBLAS_WORKSPACE_SM90 if sm90 else CUBLAS_WORKSPACE_OTHER, CUBLASLT_WORKSPACE)
+    cublas = CUBLAS_WORKSPACE_SM90 if capability[0] in (9, 10, 12) else CUBLAS_WORKSPACE_OTHER
+    return (cublas, CUBLASLT_WORKSPACE)
 
 
 def flash_eligible(q: torch.Tensor, mask: Any, dropout: float) -> bool:
-    """Whether ``select_sdp_backend`` would run flash: half precision, a head dim flash
-    supports, no mask, no dropout (what the cells here ask; the other checks pass for them)."""
+    """Whether flash's (and, for these cells, cuDNN's) input checks pass: half precision, a
+    head dim it supports, no mask, no dropout (what the cells here ask; the others pass)."""
     dh = q.shape[-1]
     return q.dtype in _FLASH_DTYPES and dh <= 256 and dh % 8 == 0 and mask is None and not dropout
 
 
+def sdpa_backend(capability: tuple[int, int], q: torch.Tensor, mask: Any, dropout: float) -> str:
+    """The kernel ``select_sdp_backend`` runs for a forward on a card of ``capability``:
+    ``cudnn`` first on sm90 and sm100 (``check_prefer_cudnn_attention``), ``flash`` on sm80
+    to sm121 (``check_flash_attention_hardware_support``), else ``efficient`` (sm50 on,
+    ``check_mem_efficient_hardware_support``), which also takes every masked call."""
+    if not flash_eligible(q, mask, dropout):
+        return "efficient"
+    if capability in ((9, 0), (10, 0)):
+        return "cudnn"
+    return "flash" if (8, 0) <= capability <= (12, 1) else "efficient"
+
+
 class CudaLayouts(TorchDispatchMode):
-    """On meta, a forward's ``scaled_dot_product_attention`` as its CUDA kernel allocates:
-    a (b, n, h, dh) output handed back transposed, the kernel's own temporaries in its order.
-    ``sm90``: the card prefers cuDNN (an H100 or H200, as the GPU check's rows), whose
-    forward keeps no log-sum-exp; else flash, which allocates one and drops it.
+    """On meta, a forward's ``scaled_dot_product_attention`` as its CUDA kernel allocates on
+    a card of ``capability`` (:func:`sdpa_backend`): a (b, n, h, dh) output handed back
+    transposed, the kernel's own temporaries in its order. cuDNN's forward keeps no
+    log-sum-exp; flash allocates one and drops it; memory-efficient computes none without a
+    backward, but first makes a boolean mask an additive bias.
 
     Inference only: under autograd the call is decomposed before any mode sees it (meta
     then runs the memory-efficient kernel's meta function, which already writes the CUDA
     layout). Enter it inside the tracker, so that what it allocates is traced.
     """
 
-    def __init__(self, sm90: bool = True) -> None:
+    def __init__(self, capability: tuple[int, int]) -> None:
         super().__init__()
-        self.sm90 = sm90
+        self.capability = capability
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -97,9 +116,10 @@ class CudaLayouts(TorchDispatchMode):
         given = dict(zip(names, rest, strict=False)) | kwargs
         mask, dropout = given.get("attn_mask"), given.get("dropout_p", 0.0)
         b, h, n, dv = *q.shape[:-1], v.shape[-1]
-        if flash_eligible(q, mask, dropout):  # cuDNN's constraints as flash's, for these cells
+        backend = sdpa_backend(self.capability, q, mask, dropout)
+        if backend != "efficient":
             out = q.new_empty((b, n, h, dv))  # cuDNN: o as q's layout; flash: empty_like(q)
-            if not self.sm90:  # flash's mha_fwd: softmax_lse, always
+            if backend == "flash":  # flash's mha_fwd: softmax_lse, always
                 lse = q.new_empty((b, h, n), dtype=torch.float32)
                 del lse  # dropped by scaled_dot_product_attention with the rest of the tuple
             return out.transpose(1, 2)

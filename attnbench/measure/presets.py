@@ -28,10 +28,19 @@ class Preset:
     # figure: a cell's key names "the machine's memory", never these bytes, which differ by
     # kilobytes between two machines of one kind and after a reboot
     machine_memory: bool = False
+    # the card's CUDA compute capability ("9.0"): which attention kernel and which cuBLAS
+    # workspace the card's run allocates (measure/cuda_layouts.py); None where not known
+    compute_capability: str | None = None
 
     @property
     def is_gpu(self) -> bool:
         return self.gpu is not None
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as (major, minor), as ``torch.cuda.get_device_capability``
+        gives it; None on a CPU preset or a GPU preset that does not say."""
+        return parse_capability(self.compute_capability)
 
     @property
     def usable_bytes(self) -> int:
@@ -56,6 +65,19 @@ class Preset:
                 "memory"
             )
         return ceiling
+
+
+def parse_capability(text: str | None) -> tuple[int, int] | None:
+    """``"8.0"`` as (8, 0); one line naming the key for anything else."""
+    if text is None:
+        return None
+    major, dot, minor = str(text).partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        raise ValueError(
+            f"device.compute_capability: must be MAJOR.MINOR as CUDA gives it (7.0, 8.0, 9.0), "
+            f"got {text!r}"
+        )
+    return int(major), int(minor)
 
 
 def _preset_dir():  # type: ignore[no-untyped-def]
@@ -93,4 +115,14 @@ def from_dict(raw: dict) -> Preset:
         int(raw["overhead_bytes"]),
         {k: float(v) for k, v in (raw["peak_flops"] or {}).items()},
         machine_memory=machine,
+        compute_capability=_capability_text(raw.get("compute_capability")),
     )
+
+
+def _capability_text(value: object) -> str | None:
+    """YAML reads ``9.0`` as a float: the text it was written as, checked."""
+    if value is None:
+        return None
+    text = f"{value:.1f}" if isinstance(value, float) else str(value)
+    parse_capability(text)
+    return text

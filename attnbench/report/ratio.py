@@ -224,8 +224,7 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
         if not r.max_batch or not b.max_batch:
             return _undefined(SKIPPED, "fixed batch: no max batch was searched")
         v = r.max_batch / b.max_batch
-        sources = (r.memory_source, b.memory_source)
-        notes = ("memory modeled, not measured",) if "modeled" in sources else ()
+        notes = tuple(dict.fromkeys(n for x in (r, b) if (n := memory_note(x))))
         return Ratio(v, f"{v:.1f}x", notes)
     t, tb = r.time_per_seq_s, b.time_per_seq_s
     if busy := next((x for x in (r, b) if x.busy and x.time_per_seq_s), None):
@@ -241,6 +240,27 @@ def ratio(kind: str, r: Row, b: Row) -> Ratio:
     if not math.isfinite(v):  # 1 s over 1e-320 s: no ratio a table can show
         return _undefined(SKIPPED, f"time ratio beyond a float's range: {tb!r} s / {t!r} s")
     return Ratio(v, f"{v:.2f}x", _time_notes(r, b))
+
+
+ALLOCATION_ONLY = "memory modeled (allocated bytes; no caching allocator replayed), not measured"
+
+
+def memory_note(row: Row) -> str | None:
+    """What a row's max batch is, where it is not the plain measure of the card: the caching
+    allocator replayed over the modeled allocations, under which setting; the modeled
+    allocated bytes alone (a cpu preset, which has no caching allocator; a decode step; a
+    row stored before the replay); measured under an allocator setting of its own."""
+    allocator = row.allocator or "default"
+    if row.memory_source == "measured":
+        return None if allocator == "default" else f"max batch measured with allocator={allocator}"
+    if row.memory_source != "modeled":
+        return None
+    if row.fragmentation is None:
+        return ALLOCATION_ONLY
+    return (
+        f"memory modeled (the caching allocator replayed, allocator={allocator}, over the "
+        "modeled allocations), not measured"
+    )
 
 
 def _time_notes(r: Row, b: Row) -> tuple[str, ...]:
