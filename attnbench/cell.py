@@ -1,14 +1,14 @@
-"""The cell: one point of a sweep, and every rule about it in one place.
+"""The cell: one point of a sweep.
 
 A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, model shape, n, k,
-batch, dtype, device preset, ceiling, mode, and how long to time it. This module owns what the
-rest of attnbench asks of a cell: its validation (:func:`validate`, one ``ValueError`` line
-naming the parameter), the ceiling resolved against the preset and the preset's fixed overhead
-(:func:`resolve_ceiling`), ``k`` against ``n`` (:func:`check_k`, :func:`left_out`), causal
-masking (:func:`check_causal`), the mechanism's label (:func:`label`) and the key a stored row
-is found by (:mod:`attnbench.cell_key`). The runner measures a validated cell; the sweep
-builds cells from configs; the gate builds its suite from them; reports label rows with the
-same :func:`label`.
+batch, dtype, device preset, ceiling, mode, and how long to time it. This module makes one
+from a row or a config (:meth:`Cell.from_dict`), validates it (:func:`validate`: one
+``ValueError`` line naming the parameter, from the rules in :mod:`attnbench.cell_rules`:
+the ceiling against the preset, ``k`` against ``n``, causal masking, the settings each
+workload and task declares) and labels it (:func:`label`); the key a stored row is found by
+is :mod:`attnbench.cell_key`'s. The runner measures a validated cell; the sweep builds cells
+from configs; the gate builds its suite from them; reports label rows with the same
+:func:`label`.
 """
 
 from __future__ import annotations

@@ -58,10 +58,15 @@ class MemoryModel:
     A GPU preset's trace is the card's (:mod:`attnbench.measure.cuda_layouts`): cuBLAS's
     workspaces are held from the first matmul, and attention's fused kernel allocates as it
     does on a card of ``capability`` (by default the card this runs on, where the cell runs on
-    one, else the preset's); ``capability=None`` traces the step as meta runs it."""
+    one, else the preset's); ``capability=None`` traces the step as meta runs it. ``unified``:
+    whether cuBLASLt shares cuBLAS's workspace (None: as the torch installed here does)."""
 
     def __init__(
-        self, cell: Cell, res: Resolved, capability: Capability | Literal["card"] = "card"
+        self,
+        cell: Cell,
+        res: Resolved,
+        capability: Capability | Literal["card"] = "card",
+        unified: bool | None = None,
     ) -> None:
         self.cell, self.overhead = cell, res.preset.overhead_bytes
         self.replays = cell.workload.replays
@@ -78,8 +83,10 @@ class MemoryModel:
             held += self.work.state_tensors()
         storages = {id(t.untyped_storage()): t.untyped_storage() for t in held}
         self.held = [s.nbytes() for s in storages.values()]  # each its own allocation
-        if self.capability is not None:
-            self.held += persistent_workspaces(self.capability)
+        # cuBLAS's, held from the first matmul: last of what is live before the step
+        cap = self.capability
+        self.workspaces = persistent_workspaces(cap, unified) if cap is not None else ()
+        self.held += self.workspaces
         self.fixed = sum(rounded(n) for n in self.held) + self.overhead
 
     @functools.cache  # noqa: B019 (one model per cell, dropped with it)

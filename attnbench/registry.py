@@ -4,7 +4,7 @@ A mechanism registers itself with :func:`register`: its module class, its strict
 dataclass and its capabilities. Everything else (``create``, ``build_model``, the CLI, sweeps,
 reports, tests) asks the registry, so a mechanism registered by a user shows up everywhere
 without editing attnbench. Capabilities live here as data rather than as flags on the module
-class, so nothing dispatches on them (see STYLE.md, "avoid" 3).
+class, so nothing dispatches on a module's class: code asks the registry.
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ FIELDS: tuple[Field, ...] = (
     _f("k", int | None, positive, "", "cell", "the budget's value"),
     _f("budget", str | None, identifier, "", "cell",
        "the name of the parameter k sets (`k`, `nb_features`)"),
-    _f("mode", str, text, "", "cell", "`inference`, `train` or `decode`", default="inference",
+    _f("mode", str, text, "", "cell", "the workload: `inference`, `train`, `decode`, `packed` or"
+       " `packed_train`", default="inference",
        missing="inference", column="seen"),
     _f("task", str, identifier, "", "cell", "`cost`, or the quality task whose figures `quality`"
        " holds (a plugin's too)", default="cost", missing="cost"),

@@ -47,7 +47,6 @@ from attnbench import model as model_module
 from attnbench.cell import Cell, validate
 from attnbench.measure.allocator import _Allocator, replay
 from attnbench.measure.allocator_rules import AllocatorConfig
-from attnbench.measure.cuda_layouts import persistent_workspaces
 from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
@@ -184,10 +183,13 @@ class Tracer:
         self.cell = cell_of(row)
         self.res = validate(self.cell)
         self.cap = row["ceiling_bytes"] - row["overhead_bytes"]
-        with as_at_431ec60():  # the card of the rows: an H200, sm90
-            self.mm = MemoryModel(self.cell, self.res, capability=H200 if cuda else None)
+        # the card of the rows: an H200 (sm90) under torch 2.11, whose cuBLASLt workspace is
+        # its own, apart from cuBLAS's (cuda_layouts.cublaslt_unified)
+        with as_at_431ec60():
+            capability = H200 if cuda else None
+            self.mm = MemoryModel(self.cell, self.res, capability=capability, unified=False)
         self.base = self.mm.held  # the weights, a primed step's state, cuBLAS's workspaces
-        self.workspaces = list(persistent_workspaces(H200)) if self.mm.capability else []
+        self.workspaces = list(self.mm.workspaces)
         self.weights = self.base[: len(self.base) - len(self.workspaces)]
         self.dtype = DTYPES[self.cell.dtype]
 

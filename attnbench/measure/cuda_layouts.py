@@ -50,6 +50,7 @@ Sources (PyTorch, ``aten/src/ATen``):
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -60,35 +61,71 @@ _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 _MASK_ALIGN = 8  # attention.cpp preprocess_mask: mem_eff_alignment
 
 # CublasHandlePool.cpp parseChosenWorkspaceSize / parseCUDABlasLtWorkspaceSize defaults
-CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_LARGE = 4096 * 8 * 1024  # Hopper, Blackwell, Thor: major 9 to 12
 CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
 CUBLASLT_WORKSPACE = 1024 * 1024
+_UNIFIED_FROM = (2, 12)  # the cuBLASLt workspace is the cuBLAS one's (below)
 
 
-def persistent_workspaces(capability: tuple[int, int]) -> tuple[int, ...]:
-    """Bytes of the workspaces cuBLAS and cuBLASLt take from the caching allocator at the
-    first matmul and keep (one stream, one handle): allocated before any probe's step."""
-    cublas = CUBLAS_WORKSPACE_SM90 if capability[0] in (9, 10, 12) else CUBLAS_WORKSPACE_OTHER
-    return (cublas, CUBLASLT_WORKSPACE)
+def cublaslt_unified(version: str = torch.__version__) -> bool:
+    """Whether cuBLASLt reuses cuBLAS's workspace rather than allocating its own 1 MiB:
+    ``unified_cublas_and_lt_workspaces`` (CublasHandlePool.cpp), on by default in open-source
+    builds, and ``getCUDABlasLtWorkspace`` returning the cuBLAS workspace of the handle and
+    stream (torch 2.12 on; ``torch.backends.cuda.blas_workspace_size``'s note). Earlier
+    releases allocated the two apart, as the GPU check's rows (torch 2.11) show to the byte.
+    ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0`` keeps them apart."""
+    if os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().lower() in ("0", "false"):
+        return False
+    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    return (major, minor) >= _UNIFIED_FROM
 
 
-def flash_eligible(q: torch.Tensor, mask: Any, dropout: float) -> bool:
-    """Whether flash's (and, for these cells, cuDNN's) input checks pass: half precision, a
-    head dim it supports, no mask, no dropout (what the cells here ask; the others pass)."""
-    dh = q.shape[-1]
-    return q.dtype in _FLASH_DTYPES and dh <= 256 and dh % 8 == 0 and mask is None and not dropout
+def persistent_workspaces(
+    capability: tuple[int, int], unified: bool | None = None
+) -> tuple[int, ...]:
+    """Bytes of the workspaces cuBLAS (and, where not ``unified``, cuBLASLt) take from the
+    caching allocator at the first matmul and keep (one stream, one handle): allocated before
+    any probe's step. ``unified`` None: as the torch installed here does it."""
+    large = 9 <= capability[0] <= 12
+    cublas = CUBLAS_WORKSPACE_LARGE if large else CUBLAS_WORKSPACE_OTHER
+    unified = cublaslt_unified() if unified is None else unified
+    return (cublas,) if unified else (cublas, CUBLASLT_WORKSPACE)
 
 
-def sdpa_backend(capability: tuple[int, int], q: torch.Tensor, mask: Any, dropout: float) -> str:
-    """The kernel ``select_sdp_backend`` runs for a forward on a card of ``capability``:
-    ``cudnn`` first on sm90 and sm100 (``check_prefer_cudnn_attention``), ``flash`` on sm80
-    to sm121 (``check_flash_attention_hardware_support``), else ``efficient`` (sm50 on,
-    ``check_mem_efficient_hardware_support``), which also takes every masked call."""
-    if not flash_eligible(q, mask, dropout):
-        return "efficient"
-    if capability in ((9, 0), (10, 0)):
+def _gemm_alignment(capability: tuple[int, int], half: bool) -> int:
+    """``minimum_gemm_alignment`` (sdp_utils.cpp): the head dim's alignment the
+    memory-efficient kernel needs, 8 for half precision on tensor cores, 4 (sm80 on) or 1
+    for fp32."""
+    align = 4 if capability[0] >= 8 else 1
+    tensor_cores = capability[0] >= 8 or (capability[0] >= 7 and half)
+    return max(align, 128 // (16 if half else 32)) if tensor_cores else align
+
+
+def _enabled(backend: str) -> bool:
+    """Whether ``sdpa_kernel`` (or ``torch.backends.cuda.enable_*_sdp``) leaves a backend on,
+    as ``select_sdp_backend`` asks before any other check (a pinned ``sdpa`` backend)."""
+    cuda = torch.backends.cuda
+    return {"cudnn": cuda.cudnn_sdp_enabled, "flash": cuda.flash_sdp_enabled,
+            "efficient": cuda.mem_efficient_sdp_enabled}[backend]()  # fmt: skip
+
+
+def sdpa_backend(capability: tuple[int, int], q: torch.Tensor, mask: Any) -> str:
+    """The kernel ``select_sdp_backend`` (sdp_utils.cpp) runs for a forward on a card of
+    ``capability``, in ``priority_order``: cuDNN first where it is preferred (sm90 and
+    sm100, ``check_prefer_cudnn_attention``: fp16/bf16, a head dim ≤ 128 and a multiple of 8;
+    a mask is taken), then flash (sm80 to sm121, ``check_flash_attention_hardware_support``:
+    fp16/bf16, head dim ≤ 256, no mask), then memory-efficient (sm50 on; its head dim
+    aligned, ``check_head_dim_size_mem_efficient``), else ``math``: the call as meta
+    decomposes it. A backend turned off (``sdpa_kernel``) is passed over."""
+    dh, half = q.shape[-1], q.dtype in _FLASH_DTYPES
+    if capability in ((9, 0), (10, 0)) and half and dh <= 128 and dh % 8 == 0 and _enabled("cudnn"):
         return "cudnn"
-    return "flash" if (8, 0) <= capability <= (12, 1) else "efficient"
+    if (8, 0) <= capability <= (12, 1) and half and dh <= 256 and mask is None:
+        if _enabled("flash"):
+            return "flash"
+    if dh % _gemm_alignment(capability, half) == 0 and _enabled("efficient"):
+        return "efficient"
+    return "math"
 
 
 class CudaLayouts(TorchDispatchMode):
@@ -113,24 +150,37 @@ class CudaLayouts(TorchDispatchMode):
             return func(*args, **kwargs)
         q, _, v, *rest = args
         names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        given = dict(zip(names, rest, strict=False)) | kwargs
-        mask, dropout = given.get("attn_mask"), given.get("dropout_p", 0.0)
+        mask = (dict(zip(names, rest, strict=False)) | kwargs).get("attn_mask")
         b, h, n, dv = *q.shape[:-1], v.shape[-1]
-        backend = sdpa_backend(self.capability, q, mask, dropout)
-        if backend != "efficient":
-            out = q.new_empty((b, n, h, dv))  # cuDNN: o as q's layout; flash: empty_like(q)
-            if backend == "flash":  # flash's mha_fwd: softmax_lse, always
-                lse = q.new_empty((b, h, n), dtype=torch.float32)
-                del lse  # dropped by scaled_dot_product_attention with the rest of the tuple
+        backend = sdpa_backend(self.capability, q, mask)
+        if backend == "math":  # no fused kernel takes it: the call as meta runs it
+            return func(*args, **kwargs)
+        if backend == "flash":
+            dh = q.shape[-1]
+            if dh % 8:  # attention.cpp pad_last_dim<8>: q, k and v copied, padded
+                padded = [t.new_empty((*t.shape[:-1], -(-dh // 8) * 8)) for t in args[:3]]
+                del padded  # freed when the call returns, the output sliced back (a view)
+            out = q.new_empty((b, n, h, dv))  # flash's mha_fwd: empty_like(q) as (b, n, h, d)
+            lse = q.new_empty((b, h, n), dtype=torch.float32)  # softmax_lse, always
+            del lse  # dropped by scaled_dot_product_attention with the rest of the tuple
             return out.transpose(1, 2)
-        if mask is not None and mask.dtype == torch.bool:  # convert_boolean_attn_mask
+        if mask is not None and mask.dtype == torch.bool:  # convert_boolean_attn_mask(_cudnn)
             inverted = mask.logical_not()
-            mask = torch.where(inverted, -math.inf, torch.zeros((), dtype=q.dtype, device=q.device))
+            if backend == "cudnn":  # where(…, -65504, a host scalar 0): its output alone
+                mask = torch.empty_like(inverted, dtype=q.dtype)
+            else:
+                zero = torch.zeros((), dtype=q.dtype, device=q.device)
+                mask = torch.where(inverted, -math.inf, zero)
             del inverted
-        if mask is not None and any(s % _MASK_ALIGN for s in mask.stride()[:-1] if s):
-            padded = -(-mask.shape[-1] // _MASK_ALIGN) * _MASK_ALIGN  # pad_bias
-            mask = mask.new_empty((*mask.shape[:-1], padded))[..., : mask.shape[-1]]
-        out = q.new_empty((b, n, h, dv))  # _efficient_attention_forward: res
+        if backend == "efficient" and mask is not None:
+            if any(s % _MASK_ALIGN for s in mask.stride()[:-1] if s):
+                padded = -(-mask.shape[-1] // _MASK_ALIGN) * _MASK_ALIGN  # pad_bias
+                mask = mask.new_empty((*mask.shape[:-1], padded))[..., : mask.shape[-1]]
+        out = q.new_empty((b, n, h, dv))  # cuDNN: o as q's layout; efficient: res
+        if backend == "efficient" and q.dtype in _FLASH_DTYPES and dv > 128:
+            # kNeedsOutputAccumulatorBuffer: a head dim past one pass accumulates in fp32
+            accum = q.new_empty((b, n, h, dv), dtype=torch.float32)
+            del accum
         del mask  # the converted or padded bias lives as long as the call
         return out.transpose(1, 2)
 
