@@ -1,11 +1,11 @@
 """The row: what one measured cell leaves in ``cells.jsonl``, read and upgraded here.
 
 :class:`Row` is a typed record whose fields are the table :data:`attnbench.row_fields.FIELDS`.
-The runner assembles one, once, from what its steps returned (:func:`attnbench.measured.
-assemble`, through :meth:`Row.new`); the sweep adds where and when it was stored;
-:mod:`attnbench.store` writes it as one JSON line; :func:`read` turns lines back into rows,
-checking every field against the schema and upgrading rows of older schemas; reports and
-:func:`attnbench.load` read only rows.
+The runner assembles one, once, from what its steps returned
+(:func:`attnbench.runner.found.assemble`, through :meth:`Row.new`); the sweep adds where and
+when it was stored; :mod:`attnbench.store` writes it as one JSON line; :func:`read` turns
+lines back into rows, checking every field against the schema and upgrading rows of older
+schemas; reports and :func:`attnbench.load` read only rows.
 
 Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
 
@@ -105,8 +105,9 @@ class _Record:
     def new(
         cls, cell: Cell, ceiling: int, overhead: int, env: dict[str, Any], **measured: Any
     ) -> Row:
-        """The row of ``cell`` with the ``measured`` fields (:func:`attnbench.measured.assemble`
-        names them); a field not given keeps its default (a failure row: status and reason)."""
+        """The row of ``cell`` with the ``measured`` fields
+        (:func:`attnbench.runner.found.assemble` names them); a field not given keeps its
+        default (a failure row: status and reason)."""
         return cls._made(
             dict(
                 attention=cell.attention,

@@ -276,7 +276,7 @@ def extra_fields() -> dict[str, Field]:
 def register(field: Field, derive: Callable[[dict[str, Any]], Any]) -> Field:
     """Add ``field`` to every row from here on (a plugin's, from its own file:
     ``docs/architecture.md``, "Add a row field"). ``derive`` makes its value from the fields
-    :func:`attnbench.measured.assemble` fills (None: not known for this row); stored rows
+    :func:`attnbench.runner.found.assemble` fills (None: not known for this row); stored rows
     without it read as ``field.missing``, and a stored value is checked on reading."""
     if not field.name.isidentifier():
         raise ValueError(f"row field: must be an identifier, got {field.name!r}")

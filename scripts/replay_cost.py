@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attnbench.cell import Cell, validate
 from attnbench.measure.search import solve_affine
-from attnbench.memory_model import MemoryModel
+from attnbench.runner import MemoryModel
 
 DEFAULT = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu"
 

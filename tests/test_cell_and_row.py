@@ -315,7 +315,7 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
     """The one place a row is made of measured values: each result's figures land in their
     fields, derived ones (per sequence, the rate, % of peak) from the timing result."""
     from attnbench.measure.timing import StepTiming, Timing
-    from attnbench.measured import Compiled, Flops, Found, MaxBatch, Memory, assemble
+    from attnbench.runner.found import Compiled, Flops, Found, MaxBatch, Memory, assemble
 
     cell = Cell("flex", n=256, k=64, params=(("pattern", "window"),), dtype="fp32", device="cpu")
     found = Found(threads=(2, 4), flops=Flops(100, None, 160), recompiled=0)
@@ -343,15 +343,15 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
 def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
     """A failing step is the row's status and reason; the steps before it keep their figures
     (here: the FLOPs and the memory's source and batch, not its peak nor any time)."""
-    from attnbench import runner
+    from attnbench.runner import run
 
     def boom(self, b):
         raise RuntimeError("no peak here")
 
-    monkeypatch.setattr(runner.MemoryModel, "peak", boom)
+    monkeypatch.setattr(run.MemoryModel, "peak", boom)
     cell = Cell("vanilla", n=64, batch=3, dtype="fp32", device="cpu", layers=2, d_model=32,
                 n_heads=2, d_ff=64)  # fmt: skip
-    row = runner.run_cell(cell)
+    row = run.run_cell(cell)
     assert row.status == "error" and row.reason == "RuntimeError: no peak here"
     assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
     assert row.peak_bytes is None and row.time_median_s is None and row.max_batch is None

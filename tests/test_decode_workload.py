@@ -322,15 +322,15 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     whole serving scenario (b states, a prefill of every chunk, a step of all b) on real
     tensors under the tracker's ceiling, and must agree with the model's max batch, which
     traced only the prefill's peak chunks and the step apart."""
-    from attnbench import runner
     from attnbench.measure.memory import Peak
+    from attnbench.runner import run
 
     def fake_measured_peak(work, device, ceiling, grad=False):
         base = module_bytes(work.model) + rounded(work.x.nbytes)
         return Peak(tracked_peak(work, base, ceiling, grad=grad), "measured", None)
 
-    monkeypatch.setattr(runner, "GPU", "cpu")
-    monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
+    monkeypatch.setattr(run, "GPU", "cpu")
+    monkeypatch.setattr(run, "measured_peak_cuda", fake_measured_peak)
     for name, kv in (("vanilla", 2), ("local", None)):
         cell = _cell(
             name, kv_heads=kv, batch="max", device="a100_40gb", n=256, min_repeats=2,

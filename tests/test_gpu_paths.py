@@ -1,4 +1,4 @@
-"""The GPU branch's measuring rules, driven on a CPU through its seam (``runner.GPU = "cpu"``,
+"""The GPU branch's measuring rules, driven on a CPU through its seam (``run.GPU = "cpu"``,
 ``measured_peak_cuda`` replaced by the tracker): a failed probe frees what it allocated, a
 step that autotunes or compiles is warmed at each batch outside the cap, a CUDA row says
 whether TF32 was allowed, and joblib never runs two GPU cells at once (issue #43)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench import prepare, runner
 from attnbench.cell import Cell, validate
 from attnbench.measure.memory import MemoryTracker, Peak, module_bytes, rounded
+from attnbench.runner import prepare, run
 from attnbench.train import TrainStep
 from attnbench.workload.decode_memory import ServingScenario
 
@@ -74,8 +74,8 @@ def _oom_past_fits(x: torch.Tensor) -> None:
 @pytest.fixture
 def gpu_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Probes:
     probes = Probes()
-    monkeypatch.setattr(runner, "GPU", "cpu")
-    monkeypatch.setattr(runner, "measured_peak_cuda", probes)
+    monkeypatch.setattr(run, "GPU", "cpu")
+    monkeypatch.setattr(run, "measured_peak_cuda", probes)
     return probes
 
 
@@ -122,7 +122,7 @@ def test_a_failed_probe_frees_everything_it_allocated(
     cell = _cell(mode)
     plan = validate(cell)
     plan.on_gpu = True
-    row = runner.run_cell(cell, plan)
+    row = run.run_cell(cell, plan)
     assert row.status == "ok", row.reason
     assert row.max_batch == FITS and row.predicted_max_batch > FITS
     assert any(b > FITS for b in gpu_on_cpu.batches)  # a probe failed, and one followed it
@@ -171,7 +171,7 @@ def test_autotuning_at_each_new_batch_runs_outside_the_cap_and_the_peak(
             buffer = torch.empty(256 << 20, dtype=torch.uint8)  # untouched: never paged in
             del buffer
 
-    build = runner.build
+    build = run.build
 
     def autotuning(cell: Cell, res: object, device: str, dtype: torch.dtype) -> torch.nn.Module:
         model = build(cell, res, device, dtype)
@@ -180,12 +180,12 @@ def test_autotuning_at_each_new_batch_runs_outside_the_cap_and_the_peak(
                 layer.register_forward_pre_hook(autotune)
         return model
 
-    monkeypatch.setattr(runner, "build", autotuning)
+    monkeypatch.setattr(run, "build", autotuning)
     monkeypatch.setattr(prepare, "warms", lambda cell: True)  # as a kernel=fla cell
     cell = _cell(mode)
     plan = validate(cell)
     plan.on_gpu = True
-    row = runner.run_cell(cell, plan)
+    row = run.run_cell(cell, plan)
     assert row.status == "ok", row.reason
     # the stand-in caps live bytes, not reserved ones: the allocation-only answer
     assert inside == [] and row.max_batch == row.allocated_max_batch > 1

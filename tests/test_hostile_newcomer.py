@@ -26,12 +26,12 @@ from attnbench.report.ratio import ratio
 from attnbench.report.tables import about, context, ratio_tables, timed
 from attnbench.row import Row
 from attnbench.runner import run_cell
+from attnbench.runner.timed import LOAD_STRETCH, budget_verdict
 from attnbench.store import read_rows
 from attnbench.sweep import claims
 from attnbench.sweep.finish import busy_line
 from attnbench.sweep.help import keys_text
 from attnbench.sweep.progress import Display
-from attnbench.timed import LOAD_STRETCH, budget_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "cells_fixture.jsonl"  # GPU rows, timed at max batch

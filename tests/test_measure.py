@@ -322,8 +322,8 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
     """The CUDA code path with the CPU standing in: real probes are tracker forwards (or
     training steps) under the ceiling less the overhead, as set_per_process_memory_fraction
     would enforce it."""
-    from attnbench import runner
     from attnbench.measure.memory import Peak
+    from attnbench.runner import run
 
     def fake_measured_peak(work, device, ceiling, grad=False):
         # weights, what a first step left (the optimizer's state) and the input
@@ -332,8 +332,8 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
         peak = tracked_peak(work, base + rounded(work.x.nbytes), ceiling, grad=grad)
         return Peak(peak, "measured", None)
 
-    monkeypatch.setattr(runner, "GPU", "cpu")
-    monkeypatch.setattr(runner, "measured_peak_cuda", fake_measured_peak)
+    monkeypatch.setattr(run, "GPU", "cpu")
+    monkeypatch.setattr(run, "measured_peak_cuda", fake_measured_peak)
     cell = Cell(
         "linformer",
         n=128,

@@ -40,7 +40,7 @@ FIELDS = ("delay", "cpu_share", "contended", "dropped_s", "load", "busy", "why",
 
 
 # how a CPU row's reason begins where the load, not the cell's cost, decided its timing
-# (attnbench.timed.budget_verdict): a report flags the ratio of the one, a sweep's last line
+# (attnbench.runner.timed.budget_verdict): a report flags the ratio of the one, a sweep's last line
 # counts the other
 TIMED_UNDER_LOAD = "timed under load"
 SKIPPED_FOR_LOAD = "time skipped for load"

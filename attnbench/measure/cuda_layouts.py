@@ -12,7 +12,7 @@ the next request may not reuse. :class:`CudaLayouts`, entered inside the tracker
 (:func:`attnbench.measure.memory.traced`), replaces each such call on meta by the
 allocations the CUDA kernel makes, in its order; :func:`persistent_workspaces` are the
 blocks cuBLAS keeps from the first matmul on. The memory model
-(:class:`attnbench.memory_model.MemoryModel`) traces every GPU preset's step under both, for
+(:class:`attnbench.runner.memory_model.MemoryModel`) traces every GPU preset's step under both, for
 the card the preset names (its ``compute_capability``), as ``scripts/allocator_check.py``
 does for the H200 of the GPU check's rows. :class:`CudaBackwardTemporaries`, the one a
 backward kernel makes that decides a training step's peak, is counted by every training step

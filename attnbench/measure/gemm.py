@@ -1,9 +1,10 @@
 """This CPU's fp32 GEMM rate, from which a CPU step's cost is estimated before it is timed.
 
 A step on a CPU may take minutes at a long n: the runner times it only where its FLOPs at
-this rate fit the cell's ``time_budget_s`` (:mod:`attnbench.timed`). The rate is a 1024 x 1024
-matmul's, read once per thread count in a process (as :mod:`attnbench.measure.bandwidth`
-reads the copy bandwidth), again while the CPU was busy when it was read.
+this rate fit the cell's ``time_budget_s`` (:mod:`attnbench.runner.timed`). The rate is a
+1024 x 1024 matmul's, read once per thread count in a process (as
+:mod:`attnbench.measure.bandwidth` reads the copy bandwidth), again while the CPU was busy
+when it was read.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A cell's step timed, and what the timing found kept in the runner's
-:class:`~attnbench.measured.Found`: the step made ready (:mod:`attnbench.prepare`: per-length
-structures, the compile), then timed at the batch the runner chose, on the preset's GPU or on
-this CPU.
+:class:`~attnbench.runner.found.Found`: the step made ready
+(:mod:`attnbench.runner.prepare`: per-length structures, the compile), then timed at the
+batch the runner chose, on the preset's GPU or on this CPU.
 
 On a CPU (no GPU of the preset's kind here) the step is timed in fp32 at the workload's
 ``cpu_batch``, and only if its cost, estimated from this CPU's quiet GEMM rate
@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from attnbench import prepare
 from attnbench.cell import Cell, Resolved
 from attnbench.env import environment
 from attnbench.measure import gemm
 from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import StepTiming
-from attnbench.measured import Found, Memory
+from attnbench.runner import prepare
+from attnbench.runner.found import Found, Memory
 from attnbench.workload import Work, random_input
 
 # A contended CPU may stretch a cell's timing to this many times ``time_budget_s``: a
@@ -102,9 +102,9 @@ def ready(
     *,
     profile: bool,
 ) -> None:
-    """Get the step ready to time (:mod:`attnbench.prepare`): per-length structures built,
-    then, where compiled code runs, the step compiled; with ``profile`` (a compiled cell on a
-    CPU), the eager step's profiled peak first. Each figure is kept as its step returns, so
+    """Get the step ready to time (:mod:`attnbench.runner.prepare`): per-length structures
+    built, then, where compiled code runs, the step compiled; with ``profile`` (a compiled cell
+    on a CPU), the eager step's profiled peak first. Each figure is kept as its step returns, so
     that a failure midway leaves the figures before it in the row."""
     found.mask_build_s = prepare.per_length(cell, model, device)
     if not prepare.runs_compiled(cell):

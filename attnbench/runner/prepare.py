@@ -1,7 +1,7 @@
 """A cell's step made ready to time, and timed: what a mechanism builds per length (flex's
 block masks, their build time apart), the layers compiled where the cell asks (the first call
 timed as the compile, the graphs counted), and the timing guarded against recompilation.
-Each step returns its figure; :mod:`attnbench.runner`, which orchestrates a cell, keeps it,
+Each step returns its figure; :mod:`attnbench.runner.run`, which orchestrates a cell, keeps it,
 so that the GPU and the CPU branches get a step ready the one way."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from attnbench.cell import Cell
 from attnbench.measure import compiled
 from attnbench.measure.memory import profiled_peak
 from attnbench.measure.timing import Timing
-from attnbench.measured import Compiled
+from attnbench.runner.found import Compiled
 from attnbench.workload import Work
 
 

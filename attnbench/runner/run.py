@@ -13,7 +13,7 @@ at a new batch autotunes or compiles makes that call outside the ceiling first. 
 CUDA, memory comes from the model (labelled ``modeled``) and time per sequence is measured
 on this CPU in fp32 at ``cpu_batch``, if its estimated cost fits ``time_budget_s``; a cell
 over budget says so in ``reason``. The timing, on either device,
-is :mod:`attnbench.timed`'s.
+is :mod:`attnbench.runner.timed`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import gc
 
 import torch
 
-from attnbench import plugins, prepare, registry, timed
+from attnbench import plugins, registry
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell, Resolved, validate
 from attnbench.env import allocated, environment, use_threads
@@ -34,10 +34,11 @@ from attnbench.measure.memory import (
     measured_peak_cuda,
 )
 from attnbench.measure.search import largest_fitting, solve_affine
-from attnbench.measured import Flops, Found, MaxBatch, Memory, assemble
-from attnbench.memory_model import MemoryModel, build, feed, make_input, modeled_peak
 from attnbench.quality import tasks
 from attnbench.row import Row
+from attnbench.runner import prepare, timed
+from attnbench.runner.found import Flops, Found, MaxBatch, Memory, assemble
+from attnbench.runner.memory_model import MemoryModel, build, feed, make_input
 from attnbench.workload import DTYPES, Work
 
 GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
@@ -224,4 +225,4 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
         found.contention = {**found.contention, contention.GPU_OTHERS: others}
 
 
-__all__ = ["Cell", "MemoryModel", "build", "make_input", "modeled_peak", "run_cell", "validate"]
+__all__ = ["run_cell"]

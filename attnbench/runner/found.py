@@ -1,6 +1,6 @@
 """What a cell's measuring steps return, and :func:`assemble`, the one place a row is made of it.
 
-Each step of :mod:`attnbench.runner` returns a value: the model's FLOPs, the max batch, the
+Each step of :mod:`attnbench.runner.run` returns a value: the model's FLOPs, the max batch, the
 memory figure, what compiling cost, the step's timing (:class:`~attnbench.measure.timing.
 StepTiming`), the workload's own figures. The runner keeps each in a :class:`Found` as it
 returns, and the row is assembled from that once, whether the cell finished or stopped

@@ -1,7 +1,7 @@
 """The memory model of one cell: its workload's step on meta tensors at any batch, what is
 live before it, the step's allocator calls in order (for :mod:`attnbench.measure.fit`'s
 replay of the caching allocator) and the encoder and inputs the runner builds for it, on
-any device. :mod:`attnbench.runner` measures with it; tests and scripts model with it.
+any device. :mod:`attnbench.runner.run` measures with it; tests and scripts model with it.
 """
 
 from __future__ import annotations
