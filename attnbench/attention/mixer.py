@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,8 @@ from attnbench.attention.gated_scan import gated_chunked, gated_step
 from attnbench.attention.packing import Packing, Positions
 
 NORM_EPS = 1e-6
+
+Recurred = tuple[Tensor, Tensor]  # a recurrence's outputs and its last state
 
 
 def wide(t: Tensor) -> Tensor:
@@ -121,22 +124,9 @@ class RecurrentMixer(MultiHeadAttention):
         training step), chunked from the decode state (a prefill), or one step (decode); on
         flash-linear-attention's kernels with ``kernel=fla`` (the modeled peak on meta is
         ours: theirs cannot trace there)."""
-        real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             return self._fla(fla_kernels.gated, at, state, q, k, v, g, scale)
-        if state is None:
-            chunk, starts = self.cfg.chunk, at.starts
-            return gated_chunked(q, k, v, g, chunk=chunk, scale=scale, mask=real, starts=starts)[0]
-        if q.shape[-2] == 1:
-            row = None if real is None else real[:, 0]
-            o, s = gated_step(*(t[..., 0, :] for t in (q, k, v, g)), state.s, scale=scale, mask=row)
-            o = o[..., None, :]
-        else:
-            o, s = gated_chunked(
-                q, k, v, g, chunk=self.cfg.chunk, scale=scale, mask=real, initial_state=state.s
-            )
-        state.s.copy_(s)
-        return o
+        return self._recur(gated_chunked, gated_step, at, state, (q, k, v, g), (), scale=scale)
 
     def delta(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
@@ -144,23 +134,31 @@ class RecurrentMixer(MultiHeadAttention):
     ) -> Tensor:  # fmt: skip
         """The delta rule over (b, h, n, ·) inputs, beta and g (b, h, n): dispatched as
         :meth:`gated`."""
-        real = at.real
         if self.cfg.kernel == "fla" and q.device.type != "meta":
             return self._fla(fla_kernels.delta, at, state, q, k, v, beta, g)
+        return self._recur(delta_chunked, delta_step, at, state, (q, k, v), (beta, g))
+
+    def _recur(
+        self, chunked: Callable[..., Recurred], step: Callable[..., Recurred], at: Positions,
+        state: MixerState | None, tokens: tuple[Tensor, ...],
+        per_token: tuple[Tensor | None, ...], **kw: Any,
+    ) -> Tensor:  # fmt: skip
+        """One of our recurrences over ``tokens`` (b, h, n, ·) and ``per_token`` (b, h, n) or
+        None: chunked from zeros without a decode state, one step for one token, else
+        chunked from the state's S, which then holds the last one. The one dispatch both
+        :meth:`gated` and :meth:`delta` take, so a form added here serves both."""
+        real = at.real
         if state is None:
             chunk = self.cfg.chunk
-            return delta_chunked(q, k, v, beta, g, chunk=chunk, mask=real, starts=at.starts)[0]
-        if q.shape[-2] == 1:
+            return chunked(*tokens, *per_token, chunk=chunk, mask=real, starts=at.starts, **kw)[0]
+        if tokens[0].shape[-2] == 1:
             row = None if real is None else real[:, 0]
-            g_t = None if g is None else g[..., 0]
-            o, s = delta_step(
-                *(t[..., 0, :] for t in (q, k, v)), beta[..., 0], g_t, state.s, mask=row
-            )
+            now = (None if t is None else t[..., 0] for t in per_token)
+            o, s = step(*(t[..., 0, :] for t in tokens), *now, state.s, mask=row, **kw)
             o = o[..., None, :]
         else:
-            o, s = delta_chunked(
-                q, k, v, beta, g, chunk=self.cfg.chunk, mask=real, initial_state=state.s
-            )
+            chunk = self.cfg.chunk
+            o, s = chunked(*tokens, *per_token, chunk=chunk, mask=real, initial_state=state.s, **kw)
         state.s.copy_(s)
         return o
 
