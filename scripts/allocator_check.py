@@ -51,7 +51,6 @@ from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.runner import MemoryModel
-from attnbench.workload import DTYPES
 
 ROWS = Path("results/gpu_check/rows.jsonl")
 MODES = ("inference", "train", "decode")
@@ -179,7 +178,7 @@ class Tracer:
     primed step's state, cuBLAS's workspaces where ``cuda``, then the input)."""
 
     def __init__(self, row: dict[str, Any], *, cuda: bool = True) -> None:
-        self.row, self.cuda = row, cuda
+        self.row = row
         self.cell = cell_of(row)
         self.res = validate(self.cell)
         self.cap = row["ceiling_bytes"] - row["overhead_bytes"]
@@ -191,7 +190,6 @@ class Tracer:
         self.base = self.mm.held  # the weights, a primed step's state, cuBLAS's workspaces
         self.workspaces = list(self.mm.workspaces)
         self.weights = self.base[: len(self.base) - len(self.workspaces)]
-        self.dtype = DTYPES[self.cell.dtype]
 
     def trace(self, b: int) -> list:
         """The allocator's calls of one step at batch b (the input allocated before it)."""

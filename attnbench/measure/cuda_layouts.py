@@ -22,10 +22,13 @@ pass through none.
 Sources (PyTorch, ``aten/src/ATen``):
 
 * backend choice: ``native/transformers/cuda/sdp_utils.cpp`` (``priority_order``: cuDNN
-  first on sm90 and sm100, ``check_prefer_cudnn_attention``; else flash first, where it can
-  run: sm80 to sm121 (``check_flash_attention_hardware_support``), fp16/bf16, head dim ≤ 256
-  and a multiple of 8, no ``attn_mask``; a masked call, or an older card such as the V100
-  (sm70), goes to memory-efficient, ``check_mem_efficient_hardware_support``: sm50 on);
+  first on sm90 and sm100, ``check_prefer_cudnn_attention``, a mask taken; then flash where
+  it can run: sm80 to sm121 (``check_flash_attention_hardware_support``), fp16/bf16, head
+  dim ≤ 256, no ``attn_mask``; then memory-efficient, sm50 on, its head dim aligned
+  (``minimum_gemm_alignment``): an older card such as the V100 (sm70) and a masked call
+  before sm90; else math), each passed over where ``sdpa_kernel`` turned it off;
+  ``native/transformers/attention.cpp`` (flash's ``pad_last_dim<8>`` of q, k, v;
+  ``convert_boolean_attn_mask_cudnn``);
 * cuDNN: ``native/cudnn/MHA.cpp`` (``run_cudnn_SDP_fprop``: ``o`` by
   ``alloc_with_matching_layout(q, …)``, q's (b, n, h, dh) memory order; ``softmaxstats``
   only when it returns them, for a backward: none in a forward);
@@ -41,9 +44,10 @@ Sources (PyTorch, ``aten/src/ATen``):
   mask.logical_not(), -inf, 0)`` in the query's dtype; ``preprocess_mask``/``pad_bias``: a
   bias whose strides are not multiples of 8 elements is copied into a padded one);
 * cuBLAS: ``cuda/CublasHandlePool.cpp`` (``parseChosenWorkspaceSize``: 4096 KiB × 8 = 32 MiB
-  on Hopper and Blackwell (major 9, 10, 12), ``4096 KiB × 2 + 16 KiB × 8`` elsewhere;
+  on compute capability majors 9 to 12, ``4096 KiB × 2 + 16 KiB × 8`` before;
   ``parseCUDABlasLtWorkspaceSize``: 1024 KiB for cuBLASLt, which ``addmm``'s bias epilogue
-  uses; both from the caching allocator, ``getNewWorkspace``/``getNewCUDABlasLtWorkspace``,
+  uses, its own allocation until ``unified_cublas_and_lt_workspaces`` (torch 2.12) made it
+  cuBLAS's; from the caching allocator, ``getNewWorkspace``/``getNewCUDABlasLtWorkspace``,
   kept per handle and stream).
 """
 

@@ -70,8 +70,10 @@ class MemoryModel:
     ) -> None:
         self.cell, self.overhead = cell, res.preset.overhead_bytes
         self.replays = cell.workload.replays
+        # the caching allocator's replay decides its max batch: a GPU preset, one traced call
+        self.replayed = self.replays and res.preset.is_gpu
         if capability == "card":  # the trace decides the replay's figures: no replay, no card
-            capability = card_capability(res) if self.replays else None
+            capability = card_capability(res) if self.replayed else None
         self.capability = capability if res.preset.is_gpu else None
         dtype = DTYPES[cell.dtype]
         self.model = build(cell, res, "meta", dtype)

@@ -30,9 +30,7 @@ from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import compiled, contention
 from attnbench.measure.allocator import replay
 from attnbench.measure.allocator_rules import from_setting
-from attnbench.measure.memory import (
-    measured_peak_cuda,
-)
+from attnbench.measure.memory import measured_peak_cuda
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.quality import tasks
 from attnbench.row import Row
@@ -130,7 +128,7 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
         # allocation-only answer bounds what the allocator's replay lets fit (measure/fit.py)
         allocated, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
         predicted = allocated
-        if modeled.replays and res.preset.is_gpu:  # a CPU has no caching allocator
+        if modeled.replayed:  # a CPU has no caching allocator; decode models its own peak
             predicted = modeled.replayed_max_batch(allocated, res.usable, cell.allocator)
         found.max_batch = MaxBatch(predicted, allocated=allocated)
     else:
@@ -161,7 +159,7 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> None:
             "oom", f"modeled: b={b} peaks at {peak} bytes, over the ceiling of {res.ceiling}"
         )
         return
-    if modeled.replays and res.preset.is_gpu:  # what the allocator reserves, and fits?
+    if modeled.replayed:  # what the allocator reserves, and fits?
         again = replay(modeled.trace(b), res.usable, from_setting(cell.allocator))
         reserved = again.peak_reserved + modeled.overhead
         found.memory = Memory("modeled", b, peak, reserved, again.fragmentation)
