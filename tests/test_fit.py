@@ -77,8 +77,10 @@ def test_a_modeled_gpu_row_is_replayed_and_a_cpu_row_is_not() -> None:
 def test_a_gpu_presets_trace_is_its_cards_own() -> None:
     """A GPU preset's step is traced as its card's kernels allocate (cuda_layouts.py): after
     SDPA, merging the heads is a view of the fused kernel's (b, n, h, dh) output, where on
-    meta it copies; cuBLAS's workspaces (8 MiB + 128 KiB on a V100, 32 MiB on an H100, and
-    cuBLASLt's 1 MiB) are held before the step. ``capability=None`` is meta's own trace."""
+    meta it copies; cuBLAS's workspace (8 MiB + 128 KiB on a V100, 32 MiB on an H100, and
+    cuBLASLt's 1 MiB where torch keeps it apart) is held before the step.
+    ``capability=None`` is meta's own trace, and decode (no replay) and the cpu preset have
+    no card."""
     cell = Cell("sdpa", 512, **SMALL)
     res = validate(cell)
     card, plain = MemoryModel(cell, res), MemoryModel(cell, res, capability=None)
@@ -97,9 +99,8 @@ def test_a_gpu_presets_trace_is_its_cards_own() -> None:
     assert MemoryModel(cell, h100).workspaces[0] == 32 * MiB
     decode = Cell("sdpa", 512, mode="decode", params=(("causal", True),), **SMALL)
     assert MemoryModel(decode, validate(decode)).capability is None
-    cpu = validate(Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL))
-    assert MemoryModel(Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL), cpu).capability \
-        is None  # fmt: skip
+    on_cpu = Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL)
+    assert MemoryModel(on_cpu, validate(on_cpu)).capability is None
 
 
 def test_expandable_segments_fit_at_least_what_the_default_allocator_fits() -> None:
