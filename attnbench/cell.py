@@ -1,44 +1,22 @@
-"""The cell: one point of a sweep.
+"""The cell: one point of a sweep, as a frozen, hashable spec.
 
-A :class:`Cell` is a frozen, hashable spec — mechanism and its parameters, model shape, n, k,
-batch, dtype, device preset, ceiling, mode, and how long to time it. This module makes one
-from a row or a config (:meth:`Cell.from_dict`), validates it (:func:`validate`: one
-``ValueError`` line naming the parameter, from the rules in :mod:`attnbench.cell_rules`:
-the ceiling against the preset, ``k`` against ``n``, causal masking, the settings each
-workload and task declares) and labels it (:func:`label`); the key a stored row is found by
-is :mod:`attnbench.cell_key`'s. The runner measures a validated cell; the sweep builds cells
-from configs; the gate builds its suite from them; reports label rows with the same
-:func:`label`.
+A :class:`Cell` is what is asked for — the mechanism and its parameters, model shape, n,
+k, batch, dtype, device preset, ceiling, how long to time it — and the names of its two
+owned parts: its workload (``mode``, with that workload's settings) and its quality task
+(``task``, with that task's settings). It knows no workload or task: the plan
+(:mod:`attnbench.plan`) completes a cell's parts with their owners' defaults, validates and
+resolves it once; the key a stored row is found by is :mod:`attnbench.cell_key`'s. This
+module also holds the labels every report, progress line and gate cell names a mechanism by.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
-import torch
-
 from attnbench import registry
-from attnbench.cell_rules import (
-    budget_of,
-    check_allocator,
-    check_budget,
-    check_causal,
-    check_k,
-    check_n_fits,
-    check_settings,
-    check_traceable,
-    on_gpu,
-    resolve_ceiling,
-)
-from attnbench.measure import presets
-from attnbench.quality import tasks
-from attnbench.settings import DEFAULTS, defaults
-from attnbench.validators import check_choice, check_int
-from attnbench.workload import DEFAULT as DEFAULT_MODE
-from attnbench.workload import Workload
-from attnbench.workload import find as find_workload
-from attnbench.workload import get as get_workload
+from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
 
@@ -68,33 +46,30 @@ class Cell:
     threads: int | None = _D["threads"]
     model_only: bool = False  # memory from the model alone, no real probes, no timing
     mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload.names())
-    # that workload's declared settings, as sorted (key, value), its defaults filled in; a
-    # mapping is taken too: Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True})
+    # that workload's settings, as sorted (key, value); a mapping is taken too:
+    # Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True}). The plan fills
+    # in the workload's defaults (attnbench.cell_rules.complete)
     mode_settings: tuple[tuple[str, Any], ...] = ()
     kv_heads: int | None = _D["kv_heads"]
     compile: bool = _D["compile"]
     compile_mode: str = _D["compile_mode"]
     allocator: str = _D["allocator"]  # PyTorch's caching allocator's settings (see settings)
-    task: str = "cost"  # or a quality task of quality.tasks.REGISTRY
+    task: str = COST  # or a quality task of quality.tasks.REGISTRY
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
     def __post_init__(self) -> None:
-        """Its workload's and its task's settings complete and sorted, so that a cell that
-        names a default and one that leaves it out are one cell (one key, one hash)."""
-        given = dict(self.mode_settings)
-        work = find_workload(self.mode)
-        if work is not None:
-            given = {**defaults(work.settings), **given}
-        object.__setattr__(self, "mode_settings", as_tuples(sorted(given.items())))
-        if self.task != "cost" and self.task in tasks.names():
-            quality = {**tasks.REGISTRY[self.task].defaults(), **dict(self.quality)}
-            object.__setattr__(self, "quality", as_tuples(sorted(quality.items())))
+        """Both owned parts' settings as sorted tuples, so that a cell is hashable and the
+        order they were given in does not make two cells of one."""
+        for part in ("mode_settings", "quality"):
+            given = getattr(self, part)
+            pairs = given.items() if isinstance(given, Mapping) else given
+            object.__setattr__(self, part, as_tuples(sorted(pairs)))
 
     @property
     def budget(self) -> str | None:
         """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``),
         or None where it has none in use with the cell's parameters."""
-        return budget_of(self.attention, dict(self.params))
+        return budget_of(self.attention, self.params)
 
     def mechanism_params(self) -> dict[str, Any]:
         """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
@@ -102,11 +77,6 @@ class Cell:
         if self.budget is not None and self.k is not None:
             params[self.budget] = self.k
         return params
-
-    @property
-    def workload(self) -> Workload:
-        """What the cell measures (``mode``); an unknown mode is a one-line ``ValueError``."""
-        return get_workload(self.mode)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -120,29 +90,14 @@ class Cell:
         shape = {f: getattr(self, f) for f in MODEL_FIELDS}
         return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
 
-    @property
-    def label(self) -> str:
-        """``linformer (sharing=layerwise) n=512 k=128``: what progress lines print."""
-        return " ".join(
-            [label(self.attention, dict(self.params)), f"n={self.n}"]
-            + ([f"k={self.k}"] if self.k is not None else [])
-            + [w for w in [self.workload.label(self)] if w]
-            + ([compiled_label(self.compile_mode)] if self.compile else [])
-            + ([f"task={self.task}"] if self.task != "cost" else [])
-        )
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
         """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists, and
-        the values in them: a carried ``listops`` block, MQAR's ``lrs``); a spec stored
-        before the workload's settings were its set reads as the same cell."""
+        the values in them: a carried ``listops`` block, MQAR's ``lrs``); keys that are no
+        field (a stored spec's resolved ``model``) are left out. A spec stored in an older
+        form is brought forward by :func:`attnbench.cell_key.stored_cell`."""
         pairs = {f: as_tuples(data.get(f, ())) for f in ("params", "quality", "mode_settings")}
         names = {f.name for f in fields(cls)}
-        work = find_workload(data.get("mode", DEFAULT_MODE))
-        if "mode_settings" not in data and work is not None:  # a spec stored before: the
-            pairs["mode_settings"] = tuple(  # settings were fields of the cell
-                (s.name, data[s.name]) for s in work.settings if s.name in data
-            )
         return cls(**{k: v for k, v in {**data, **pairs}.items() if k in names})
 
 
@@ -165,98 +120,17 @@ def compiled_label(mode: str) -> str:
     return "compiled" if mode in (None, "default") else f"compiled({mode})"
 
 
-@dataclass
-class Resolved:
-    """What validation learned about a cell, so measuring does not recompute it."""
-
-    preset: presets.Preset
-    ceiling: int
-    on_gpu: bool
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def usable(self) -> int:
-        """What torch's allocator may hand out: the ceiling less the preset's overhead."""
-        return self.ceiling - self.preset.overhead_bytes
+def budget_of(attention: str, params: Mapping[str, Any] | Any = ()) -> str | None:
+    """The parameter ``k`` sets for ``attention`` with these parameters (a mapping or sorted
+    pairs), or None: it has no budget, or none in use with them (FlexAttention's window with
+    pattern=full)."""
+    info = registry.info(attention)
+    if info.budget is None or info.budget_when is None:
+        return info.budget
+    field, value = info.budget_when
+    return info.budget if setting_of(info, field, params) == value else None
 
 
-_VALIDATED: dict[tuple[Cell, str], Resolved] = {}
-
-
-def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
-    """One ``ValueError`` line naming the first bad parameter; nothing is run.
-
-    ``preset`` is the device as composed by Hydra (so a user's own preset from
-    ``--config-dir`` works); by default it is read from conf/device/ by name. A cell is
-    validated once per process: the sweep checks every cell before Hydra starts, and each
-    job that then measures one in the same process gets that answer again.
-    """
-    if preset is None:
-        return _validate(cell, None)
-    memo = (cell, repr(preset))
-    if memo not in _VALIDATED:
-        _VALIDATED[memo] = _validate(cell, preset)
-    return _VALIDATED[memo]
-
-
-def _validate(cell: Cell, preset: presets.Preset | None) -> Resolved:
-    registry.info(cell.attention)  # unknown mechanism
-    check_int("n", cell.n)
-    if isinstance(cell.batch, str) and cell.batch != "max":
-        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
-    if cell.batch != "max":
-        check_int("batch", cell.batch)
-    work = cell.workload  # an unknown mode: one line naming the workloads
-    if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
-        raise ValueError(f"mode: attention={cell.attention} {why}")
-    check_k(cell.attention, cell.n, cell.k, dict(cell.params))
-    check_budget(cell)
-    check_causal(cell)
-    check_settings(cell)
-    check_choice("task", cell.task, tasks.names())
-    if cell.task != "cost" and cell.mode != DEFAULT_MODE:
-        raise ValueError(
-            f"mode: task={cell.task} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
-        )
-    if cell.task != "cost":
-        tasks.validate(cell)
-    preset = preset or presets.load(cell.device)
-    preset.check_dtype(cell.dtype)
-    ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
-    check_n_fits(cell, ceiling - preset.overhead_bytes)
-    params = cell.mechanism_params()
-    # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta
-    with torch.device("meta"):
-        layer = registry.create(
-            cell.attention,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            max_seq_len=cell.n,
-            kv_heads=cell.kv_heads,
-            **params,
-        )
-    work.check(cell, params, ceiling - preset.overhead_bytes)
-    check_traceable(cell, layer)  # after the workload's check: a draw is checked there
-    gpu = on_gpu(cell, preset)
-    check_allocator(cell, preset, gpu)
-    if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
-        raise ValueError(f"mode: attention={cell.attention} {why}")
-    if why := layer.refuses(cell.dtype, preset.is_gpu):  # a kernel's own dtypes and devices
-        raise ValueError(why)
-    resolved = Resolved(preset, ceiling, gpu, params)
-    if gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
-        raise ValueError(
-            f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
-            f"overhead exceed this GPU's {here} bytes"
-        )
-    return resolved
-
-
-def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
-    """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
-    out = asdict(cell)
-    out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
-    out["model"] = cell.shape
-    if cell.ceiling_bytes is not None and preset.machine_memory:
-        out["ceiling_given"] = True  # not the machine's memory: keyed by its bytes
-    return out
+def setting_of(info: registry.Info, field: str, params: Mapping[str, Any] | Any) -> Any:
+    """The value ``field`` takes in a cell: the cell's own parameter, else the default."""
+    return dict(params).get(field, info.params.get(field))

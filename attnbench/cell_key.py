@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from attnbench import settings
-from attnbench.cell import Cell, as_tuples, spec
+from attnbench.cell import Cell, as_tuples
+from attnbench.cell_rules import complete
 from attnbench.measure import presets
+from attnbench.plan import spec
 from attnbench.quality import tasks
 from attnbench.settings import defaults
 from attnbench.workload import DEFAULT as DEFAULT_MODE
@@ -43,6 +45,7 @@ def key(cell: Cell, preset: presets.Preset) -> str:
     :func:`stored_key`). Nothing this machine decides alone enters it: a preset whose memory
     is the machine's own (``cpu``) is keyed, at its default ceiling, as ``machine``, and the
     row records the bytes beside the key."""
+    cell = complete(cell)  # a setting named at its default and one left out: one key
     return _digest({**_own_part(cell, preset), **beyond_defaults(cell)})
 
 
@@ -115,7 +118,7 @@ def _machine_ceiling(
     if not preset.machine_memory or spec.get("ceiling_given") or not isinstance(ceiling, int):
         return spec
     default = {**spec, "ceiling_bytes": None}
-    if _key_v1(Cell.from_dict(default), preset) == row.get("key"):
+    if _key_v1(cell_of(default), preset) == row.get("key"):
         return default
     if ceiling % 10**6 == 0 or ceiling % 2**20 == 0:
         return spec
@@ -214,10 +217,28 @@ def stored_cell(row: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Pr
         raise KeyError(spec.get("mode"))
     if spec.get("task", "cost") not in ("cost", *tasks.REGISTRY):
         raise KeyError(spec.get("task"))
+    spec = _settings_as_set(spec)
     for last, _, step in MIGRATIONS:
         if version <= last:
             spec = step(row, spec, preset)
-    return Cell.from_dict(spec), preset
+    return cell_of(spec), preset
+
+
+def cell_of(spec: dict[str, Any]) -> Cell:
+    """The cell a row's stored spec describes, as it was run: its form brought forward, its
+    parts completed by their owners' defaults (what a setting declared since measured)."""
+    return complete(Cell.from_dict(_settings_as_set(spec)))
+
+
+def _settings_as_set(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec stored while a workload's settings were fields of the cell (no
+    ``mode_settings``), as today's: those settings gathered into the workload's set. The
+    form of a stored cell, not of its key: every key version reads it."""
+    work = find_workload(spec.get("mode", DEFAULT_MODE))
+    if "mode_settings" in spec or work is None:
+        return spec
+    own = {s.name: spec[s.name] for s in work.settings if s.name in spec}
+    return {**spec, "mode_settings": own}
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """The rules a cell is held to beyond its own fields' checks: the ceiling against the
 preset, ``k`` against ``n`` and the mechanism's budget, which ``k`` a sweep keeps, causal
 masking, grouped-query heads, the declared settings, an ``n`` whose input fits, and which
-cells a sweep leaves out. :func:`attnbench.cell.validate` applies them in order; the sweep
+cells a sweep leaves out. :func:`attnbench.plan.validate` applies them in order; the sweep
 and the gate ask :func:`left_out` and :func:`kept_k` before a cell exists to validate.
 """
 
@@ -10,22 +10,36 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from attnbench import registry
 from attnbench.attention.base import check_kv_heads
+from attnbench.cell import Cell, budget_of, setting_of
 from attnbench.measure import allocator_rules, presets
 from attnbench.quality import tasks
-from attnbench.settings import CELL_FIELDS, resolve
+from attnbench.settings import CELL_FIELDS, COST, DEFAULT_MODE, defaults, resolve
 from attnbench.validators import check_bool, check_int
-from attnbench.workload import DEFAULT as DEFAULT_MODE
+from attnbench.workload import find as find_workload
+from attnbench.workload import get as get_workload
 from attnbench.workload.base import MAX_LOOP_STEPS
 
-if TYPE_CHECKING:
-    from attnbench.cell import Cell
+
+def complete(cell: Cell) -> Cell:
+    """The cell with each owned part's settings completed by its owner's defaults: its
+    workload's (``mode_settings``) and its quality task's (``quality``). A cell that names a
+    default and one that leaves it out are then one cell (one hash, one stored spec). An
+    owner not known here (a typo, a plugin not loaded) leaves its part as given: validation
+    names it."""
+    work = find_workload(cell.mode)
+    settings = {**defaults(work.settings), **cell.settings} if work is not None else cell.settings
+    task = tasks.REGISTRY.get(cell.task) if cell.task != COST else None
+    quality = {**task.defaults(), **dict(cell.quality)} if task is not None else None
+    done = replace(cell, mode_settings=settings)
+    done = replace(done, quality=quality) if quality is not None else done
+    return cell if done == cell else done
 
 
 def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
@@ -38,21 +52,6 @@ def resolve_ceiling(ceiling_bytes: int | None, preset: presets.Preset) -> int:
             f"overhead of {preset.overhead_bytes} bytes"
         )
     return ceiling
-
-
-def budget_of(attention: str, params: Mapping[str, Any] = ()) -> str | None:
-    """The parameter ``k`` sets for ``attention`` with these parameters, or None: it has no
-    budget, or none in use with them (FlexAttention's window with pattern=full)."""
-    info = registry.info(attention)
-    if info.budget is None or info.budget_when is None:
-        return info.budget
-    field, value = info.budget_when
-    return info.budget if _setting(info, field, params) == value else None
-
-
-def _setting(info: registry.Info, field: str, params: Mapping[str, Any]) -> Any:
-    """The value ``field`` takes in a cell: the cell's own parameter, else the default."""
-    return dict(params).get(field, info.params.get(field))
 
 
 def kept_k(
@@ -84,7 +83,7 @@ def check_k(attention: str, n: int, k: int | None, params: Mapping[str, Any] = (
         )
     if budget_of(attention, params) is None and info.budget_when is not None:
         field, value = info.budget_when
-        now = _setting(info, field, params)
+        now = setting_of(info, field, params)
         raise ValueError(
             f"k: attention={attention} uses k (its {info.budget}) only with {field}={value}, "
             f"got {field}={now}: k must be null, or set attention.params.{field}={value}"
@@ -102,6 +101,7 @@ def left_out(cell: Cell) -> str | None:
     no incremental form) no cell of that mode.
     Performer's number of features is free. A single cell at k = n is still measured; a
     single causal cell of such a mechanism is refused by :func:`validate`."""
+    cell = complete(cell)
     info = registry.info(cell.attention)
     k, n = cell.mechanism_params().get(info.budget) if info.budget else None, cell.n
     if info.fixed_max_len and isinstance(k, int) and isinstance(n, int) and k >= n:
@@ -112,11 +112,12 @@ def left_out(cell: Cell) -> str | None:
         return "is causal only"
     if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
         return "has no grouped-query form"
-    if cell.mode != DEFAULT_MODE and (why := cell.workload.refuses(info)):
+    work = get_workload(cell.mode)
+    if cell.mode != DEFAULT_MODE and (why := work.refuses(info)):
         return why
-    if why := cell.workload.refuses_cell(cell):
+    if why := work.refuses_cell(cell):
         return why
-    if (why := cell.workload.refuses_on_cpu(info)) and not on_gpu(cell, presets.load(cell.device)):
+    if (why := work.refuses_on_cpu(info)) and not on_gpu(cell, presets.load(cell.device)):
         return why
     return None
 
@@ -136,10 +137,9 @@ def check_settings(cell: Cell) -> None:
     if cell.kv_heads is not None:
         check_kv_heads(cell.kv_heads, cell.n_heads)
     allocator_rules.from_setting(cell.allocator)  # what PYTORCH_CUDA_ALLOC_CONF would take
-    declared = {s.name: s for s in cell.workload.settings}
-    for name, value in resolve(
-        f"mode={cell.mode}", cell.workload.settings, cell.mode_settings
-    ).items():
+    owned = get_workload(cell.mode).settings
+    declared = {s.name: s for s in owned}
+    for name, value in resolve(f"mode={cell.mode}", owned, cell.mode_settings).items():
         declared[name].validate(value)
 
 
@@ -178,7 +178,7 @@ def runs_causally(cell: Cell) -> bool:
     trains every mechanism with a causal form causally (MQAR)."""
     if dict(cell.params).get("causal"):
         return True
-    return cell.task != "cost" and tasks.REGISTRY[cell.task].trains_causally
+    return cell.task != COST and tasks.REGISTRY[cell.task].trains_causally
 
 
 def check_causal(cell: Cell) -> None:
@@ -224,9 +224,9 @@ def check_traceable(cell: Cell, layer: nn.Module) -> None:
     modeling alone runs for many minutes before the time budget is consulted (retnet at
     n = 10⁶ traced for over 590 s and stored nothing): the key named is the one that sets
     the steps' number (``n``, the draw's ``total_tokens``, decode's ``prefill_chunk``)."""
-    if cell.task != "cost" or not hasattr(layer, "loop_steps"):  # a quality task trains
+    if cell.task != COST or not hasattr(layer, "loop_steps"):  # a quality task trains
         return  # real tensors (nothing traced); a plugin's layer may not count its steps
-    per_layer, key = cell.workload.loop_steps(cell, layer)
+    per_layer, key = get_workload(cell.mode).loop_steps(cell, layer)
     if (steps := per_layer * cell.layers) <= MAX_LOOP_STEPS:
         return
     size = next((f for f in ("chunk", "chunk_size") if hasattr(layer.cfg, f)), None)
@@ -253,7 +253,7 @@ def _largest(cell: Cell, layer: nn.Module, key: str) -> int | None:
             if key == "n"
             else replace(cell, mode_settings={**cell.settings, key: value})
         )
-        return cell.workload.loop_steps(changed, layer)[0] * cell.layers
+        return get_workload(cell.mode).loop_steps(changed, layer)[0] * cell.layers
 
     low, high = 1, cell.n
     if steps(low) > MAX_LOOP_STEPS:

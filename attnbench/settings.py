@@ -165,6 +165,11 @@ def defaults(settings: Iterable[Setting]) -> dict[str, Any]:
 
 
 DEFAULTS = defaults(CELL_FIELDS)
+# the paper's workload (a forward) and "no quality task": what a cell measures where it names
+# neither. Declared here, below the workloads and tasks, so that a cell carries the names
+# without knowing any workload or task (attnbench.workload and attnbench.quality own them)
+DEFAULT_MODE = "inference"
+COST = "cost"
 
 
 def resolve(

@@ -44,12 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from attnbench import model as model_module
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure.allocator import _Allocator, replay
 from attnbench.measure.allocator_rules import AllocatorConfig
 from attnbench.measure.fit import live_peak
 from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel
 
 ROWS = Path("results/gpu_check/rows.jsonl")

@@ -82,9 +82,9 @@ from gpu_check_cells import (
 from gpu_check_plan import Estimates, Step, as_on_a_gpu, parse_budget, plan_lines, run, schedule
 from gpu_check_tables import decode_table, residual_table, table
 
-from attnbench.cell import validate
 from attnbench.env import fix_malloc
 from attnbench.measure import presets
+from attnbench.plan import validate
 from attnbench.row import read
 from attnbench.runner import run_cell
 

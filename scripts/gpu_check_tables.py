@@ -6,7 +6,8 @@ from __future__ import annotations
 from gpu_check_cells import ALLOC_ENV, Item, _done_key
 from gpu_check_plan import as_on_a_gpu
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
+from attnbench.plan import label, validate
 from attnbench.row import Row
 from attnbench.runner import MemoryModel
 from attnbench.workload.base import setting
@@ -84,7 +85,7 @@ def residual_table(rows: list[Row], todo: list[Item]) -> str:
         extra = (r.peak_reserved_bytes or r.peak_bytes) - r.peak_bytes
         alloc = r.env.get(ALLOC_ENV)
         lines.append(
-            f"| {cell.label}{f' {alloc}' if alloc else ''} | {r.max_batch} | "
+            f"| {label(cell)}{f' {alloc}' if alloc else ''} | {r.max_batch} | "
             f"{modeled / 1e9:.3f} | {r.peak_bytes / 1e9:.3f} | "
             f"{(modeled - r.peak_bytes) / r.peak_bytes:+.2%} | {extra / r.peak_bytes:.1%} |"
         )

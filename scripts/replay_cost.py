@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from attnbench.cell import Cell, validate
+from attnbench.cell_key import cell_of
 from attnbench.measure.search import solve_affine
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel
 
 DEFAULT = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu"
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
         row = json.loads(line)
         if row.get("status") != "ok" or row.get("batch_asked") != "max":
             continue
-        cell = Cell.from_dict(row["cell"])
+        cell = cell_of(row["cell"])
         res = validate(cell)
         model = MemoryModel(cell, res)
         if not model.replayed:

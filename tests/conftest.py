@@ -54,8 +54,9 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
     peak (meta) of a forward and of a training step against the CPU profiler's, within 1 %.
     For variants the generic memory tests (run at each mechanism's defaults) do not reach,
     such as the causal prefix-sum loops of linear and performer."""
-    from attnbench.cell import Cell, validate
+    from attnbench.cell import Cell
     from attnbench.measure.memory import module_bytes, profiled_peak, rounded
+    from attnbench.plan import validate
     from attnbench.runner import MemoryModel, build, make_input, modeled_peak
     from attnbench.workload.train import train_step
 
@@ -67,6 +68,7 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
 
     c = cell("inference")
     res = validate(c)
+    c = res.cell  # planned: its workload's settings complete
     model, meta = build(c, res, "cpu", torch.float32), build(c, res, "meta", torch.float32)
     x = torch.randn(2, 256, 128)
     with torch.inference_mode():
@@ -77,6 +79,7 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
 
     c = cell("train")
     res = validate(c)
+    c = res.cell  # planned: its workload's settings complete
     memory, model = MemoryModel(c, res), build(c, res, "cpu", torch.float32)
     step = train_step(model, c, make_input(2, c, "cpu", torch.float32), "cpu", gpu=False)
     step()

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from attnbench import row as rows
-from attnbench.cell import Cell, label, validate
-from attnbench.cell_key import key
-from attnbench.cell_rules import budget_of, check_k, kept_k, left_out, resolve_ceiling
+from attnbench.cell import Cell, budget_of, label
+from attnbench.cell_key import cell_of, key
+from attnbench.cell_rules import check_k, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
+from attnbench.plan import label as plan_label
+from attnbench.plan import validate
 from attnbench.row import Row
 from attnbench.row_fields import FIELDS
 from attnbench.store import CorruptLine
@@ -58,7 +60,7 @@ def test_a_setting_added_with_a_default_leaves_every_key_as_it_was(monkeypatch) 
     mqar = tasks.REGISTRY["mqar"]
     monkeypatch.setitem(tasks.REGISTRY, "mqar", dataclasses.replace(
         mqar, settings=(*mqar.settings, extra)))  # fmt: skip
-    again = [Cell.from_dict(dataclasses.asdict(c)) for c, _ in cells]  # defaults filled anew
+    again = [cell_of(dataclasses.asdict(c)) for c, _ in cells]  # defaults filled anew
     assert all(("toy_split", 2) in c.mode_settings for c in again if c.mode == "train")
     assert [key(c, p) for c, (_, p) in zip(again, cells, strict=True)] == before
     assert REFERENCE.is_dir() and len(before) > 1000
@@ -109,7 +111,7 @@ def test_one_label_for_reports_the_gate_and_progress() -> None:
         "linformer (kernel=eager, sharing=kv)"
     )
     cell = Cell("linformer", n=512, k=128, params=(("sharing", "kv"),))
-    assert cell.label == "linformer (sharing=kv) n=512 k=128"
+    assert plan_label(cell) == "linformer (sharing=kv) n=512 k=128"
 
 
 def test_k_against_n_one_rule_two_strictnesses() -> None:
@@ -368,7 +370,7 @@ def test_version_1s_rule_kept_for_reading_reproduces_every_committed_key() -> No
             for line in f.read_text().splitlines()]  # fmt: skip
     assert len(rows) > 1000
     for r in rows:
-        assert _key_v1(Cell.from_dict(r["cell"]), _preset(r["cell"]["device"])) == r["key"]
+        assert _key_v1(cell_of(r["cell"]), _preset(r["cell"]["device"])) == r["key"]
 
 
 def test_a_version_1_row_of_the_machines_memory_is_found_whatever_the_ram() -> None:
@@ -401,8 +403,8 @@ def test_a_gpu_presets_modeled_row_from_before_the_replay_is_measured_again() ->
     old = {f: v for f, v in remade.items() if f not in replay}  # as stored before the replay
     assert old["memory_source"] == "modeled"
     v100 = presets.load("v100_16gb")
-    assert stored_key(old) != key(Cell.from_dict(old["cell"]), v100)
-    assert stored_key(remade) == key(Cell.from_dict(remade["cell"]), v100)
+    assert stored_key(old) != key(cell_of(old["cell"]), v100)
+    assert stored_key(remade) == key(cell_of(remade["cell"]), v100)
     serving = first("serving-v100_16gb-cpu")  # decode: allocation-only as ever
     assert serving.get("allocator") is None
-    assert stored_key(serving) == key(Cell.from_dict(serving["cell"]), v100)
+    assert stored_key(serving) == key(cell_of(serving["cell"]), v100)

@@ -19,6 +19,7 @@ import attnbench
 from attnbench.cell import Cell
 from attnbench.cell_key import key
 from attnbench.measure import compiled, presets
+from attnbench.plan import label as plan_label
 from attnbench.runner import run_cell
 from attnbench.workload import Work
 
@@ -77,8 +78,8 @@ def test_compile_enters_the_key_only_when_true() -> None:
     on = dataclasses.replace(eager, compile=True)
     assert key(on, preset) != key(eager, preset)
     assert key(on, preset) != key(dataclasses.replace(on, compile_mode="max-autotune"), preset)
-    assert on.label.endswith("compiled") and "compiled" not in eager.label
-    assert dataclasses.replace(on, compile_mode="max-autotune").label.endswith(
+    assert plan_label(on).endswith("compiled") and "compiled" not in plan_label(eager)
+    assert plan_label(dataclasses.replace(on, compile_mode="max-autotune")).endswith(
         "compiled(max-autotune)"
     )
 

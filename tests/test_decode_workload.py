@@ -16,11 +16,14 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell, validate
-from attnbench.cell_key import key, stored_key
+from attnbench.cell import Cell
+from attnbench.cell_key import cell_of, key, stored_key
+from attnbench.cell_rules import complete
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded, tracked_peak
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel, build, make_input, run_cell
+from attnbench.workload import get as get_workload
 from attnbench.workload.decode import DecodeWork, context
 from tests.conftest import run_cli, runnable_here
 
@@ -46,7 +49,7 @@ def _cell(name: str, **kw: object) -> Cell:
     names = ("decode_tokens", "state_dtype", "prefill_chunk", "contexts", "lengths")
     settings = {"decode_tokens": 6, "prefill_chunk": 16}
     settings.update({name: kw.pop(name) for name in names if name in kw})
-    return Cell(**{**base, **kw}, mode_settings=settings)
+    return complete(Cell(**{**base, **kw}, mode_settings=settings))
 
 
 def _gqa(name: str) -> list[int | None]:
@@ -78,10 +81,11 @@ def test_the_modeled_serving_peak_equals_the_profilers(
     mix = {"contexts": "drawn", "lengths": lengths} if lengths else {}
     c = _cell(name, kv_heads=kv_heads, n=256, d_model=128, d_ff=256, prefill_chunk=64, **mix)
     res = validate(c)
+    c = res.cell  # planned: its workload's settings complete
     memory = MemoryModel(c, res)
     model = build(c, res, "cpu", torch.float32)
     x = make_input(3, c, "cpu", torch.float32)
-    work = c.workload.work(model, c, x, "cpu", gpu=False)
+    work = get_workload(c.mode).work(model, c, x, "cpu", gpu=False)
     with torch.inference_mode():
         work()  # the first call pays for lazy initialisation
         real = profiled_peak(work)
@@ -123,8 +127,9 @@ def test_flops_per_token_are_flopcountermodes(name: str) -> None:
     FlopCounterMode's count of one step of the whole model at that context."""
     c = _cell(name)
     res = validate(c)
+    c = res.cell  # planned: its workload's settings complete
     model = build(c, res, "cpu", torch.float32)
-    flops, backward = c.workload.flops(model, c)
+    flops, backward = get_workload(c.mode).flops(model, c)
     n = context(c)
     states = model.new_state(1, n, torch.float32, torch.device("cpu"))
     x = torch.randn(1, n, c.d_model)
@@ -357,6 +362,7 @@ def test_grouped_query_heads_in_the_forward_and_training_modes(name: str, mode: 
         mode=mode, kv_heads=1, min_seconds=0.0, min_repeats=2,
     )  # fmt: skip
     res = validate(c)
+    c = res.cell  # planned: its workload's settings complete
     memory, model = MemoryModel(c, res), build(c, res, "cpu", torch.float32)
     x = make_input(2, c, "cpu", torch.float32)
     if mode == "train":
@@ -425,4 +431,4 @@ def test_a_decode_row_stored_before_contexts_reads_as_every_prompt_n() -> None:
     rows = list(read(path))
     assert {r.contexts for r in rows} == {"n"} and {r.length_seed for r in rows} == {0}
     preset = presets.load("v100_16gb")
-    assert all(key(Cell.from_dict(r.cell), preset) == stored_key(r.to_dict()) for r in rows)
+    assert all(key(cell_of(r.cell), preset) == stored_key(r.to_dict()) for r in rows)

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure import presets
+from attnbench.plan import validate
 from attnbench.store import RunStore, StoreError, read_rows, replace_file
 from attnbench.sweep.config import prevalidate
 from attnbench.sweep.paths import run_dir

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.cell_key import key
 from attnbench.cell_rules import check_allocator
 from attnbench.measure import fit, presets
 from attnbench.measure.allocator import replay
 from attnbench.measure.allocator_rules import AllocatorConfig, from_setting
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel, run_cell
 
 MiB = 1 << 20
@@ -83,6 +84,7 @@ def test_a_gpu_presets_trace_is_its_cards_own() -> None:
     no card."""
     cell = Cell("sdpa", 512, **SMALL)
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     card, plain = MemoryModel(cell, res), MemoryModel(cell, res, capability=None)
     assert card.capability == (7, 0) and plain.capability is None
     ws = card.workspaces
@@ -108,6 +110,7 @@ def test_expandable_segments_fit_at_least_what_the_default_allocator_fits() -> N
     pool, so a freed block's space serves the next request of another size."""
     cell = Cell("linformer", 512, k=128, **SMALL, ceiling_bytes=2 << 30)
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     model = MemoryModel(cell, res)
     from attnbench.measure.search import solve_affine
 
@@ -180,11 +183,11 @@ def test_a_gpu_cell_with_its_own_allocator_runs_in_a_process_that_sets_it(monkey
 
     cell, v100 = Cell("vanilla", 512, allocator="expandable"), presets.load("v100_16gb")
     res = validate(cell, v100)  # the process's one answer for this cell (memoized)
-    assert job._allocator_env(cell, v100) is None  # no GPU here
+    assert job._allocator_env(res) is None  # no GPU here
     monkeypatch.setattr(res, "on_gpu", True)  # as on a machine with the preset's GPU
-    assert job._allocator_env(cell, v100) == "expandable_segments:True"
-    plain = dataclasses.replace(cell, allocator="default")
-    assert job._allocator_env(plain, v100) is None
+    assert job._allocator_env(res) == "expandable_segments:True"
+    plain = dataclasses.replace(res, cell=dataclasses.replace(cell, allocator="default"))
+    assert job._allocator_env(plain) is None
     seen = {}
 
     def started(argv, **kw):  # the cell's process, as job.measure starts it
@@ -193,7 +196,7 @@ def test_a_gpu_cell_with_its_own_allocator_runs_in_a_process_that_sets_it(monkey
 
     monkeypatch.setattr(job.subprocess, "run", started)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")  # not passed on
-    row = job.measure(cell, v100, None, isolate=False)
+    row = job.measure(res, None, isolate=False)
     assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert "PYTORCH_ALLOC_CONF" not in seen
     assert row.status == "error" and row.reason == "stopped here"

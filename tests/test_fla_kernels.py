@@ -32,7 +32,8 @@ import attnbench
 from attnbench.attention import fla_kernels
 from attnbench.attention.mixer import RecurrentMixer
 from attnbench.attention.packing import Packing
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
+from attnbench.plan import validate
 from tests import fla_interpret
 
 MIXERS = ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure.memory import MemoryTracker, Peak, module_bytes, rounded
+from attnbench.plan import label as plan_label
+from attnbench.plan import validate
 from attnbench.runner import prepare, run
 from attnbench.train import TrainStep
 from attnbench.workload.decode_memory import ServingScenario
@@ -144,7 +146,7 @@ def _has_params(name: str, **params: object) -> Cell:
         (Cell("vanilla", n=64, compile=True), True),  # a new batch is a new graph
         (Cell("vanilla", n=64), False),
     ],
-    ids=lambda v: v.label if isinstance(v, Cell) else str(v),
+    ids=lambda v: plan_label(v) if isinstance(v, Cell) else str(v),
 )
 def test_which_cells_are_warmed_at_each_batch(cell: Cell, warms: bool) -> None:
     assert prepare.warms(cell) is warms
@@ -236,9 +238,9 @@ def _cuda(monkeypatch: pytest.MonkeyPatch, here: bool = True) -> None:
     what it remembers of cells validated meanwhile is forgotten afterwards."""
     from types import SimpleNamespace
 
-    from attnbench import cell
+    from attnbench import plan
 
-    monkeypatch.setattr(cell, "_VALIDATED", {})
+    monkeypatch.setattr(plan, "_VALIDATED", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: here)
     gpu = SimpleNamespace(total_memory=80 << 30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: gpu)

@@ -27,8 +27,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import attnbench
 import attnbench.lengths as draws
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
+from attnbench.cell_rules import complete
 from attnbench.measure import gemm
+from attnbench.plan import validate
 from attnbench.quality import estimate, recall
 from attnbench.sweep.config import prevalidate
 from attnbench.workload.base import MAX_LOOP_STEPS, encoder
@@ -200,8 +202,8 @@ def test_a_prefill_of_more_calls_than_the_bound_is_not_timed_on_a_cpu(
     """However fast the CPU (an absurd rate here), a prefill of 16384 one-token calls per
     layer is left out of the timing (its steps over random states), as its FLOPs say
     nothing of its Python overhead: it ran for over 5 minutes at time_budget_s=30."""
-    cell = Cell("retnet", 16384, mode="decode", batch=1, params=(("causal", True),),
-                mode_settings={"prefill_chunk": chunk}, **SHAPE)  # fmt: skip
+    cell = complete(Cell("retnet", 16384, mode="decode", batch=1, params=(("causal", True),),
+                         mode_settings={"prefill_chunk": chunk}, **SHAPE))  # fmt: skip
     model = encoder(cell, {"causal": True}, "meta")
     DECODE.cost_s(model, cell, 1, 1e30)
     assert (cell not in _NO_PREFILL) is timed

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure import presets
 from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.measure.timing import time_forward
+from attnbench.plan import label as plan_label
+from attnbench.plan import validate
 from attnbench.row import Row
 from attnbench.runner import build, modeled_peak, run_cell
 from tests.conftest import runnable_here
@@ -372,12 +374,13 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
         Cell("linformer", n=4096, k=256, model_only=True),
         Cell("sdpa", n=2048, dtype="bf16", device="h100_80gb", model_only=True),
     ],
-    ids=lambda c: c.label,
+    ids=lambda c: plan_label(c),
 )
 def test_affine_solve_finds_the_searchs_answer_in_four_meta_forwards(cell: Cell) -> None:
     """The model's max batch from :func:`solve_affine` is exactly the galloping search's
     answer, in at most four meta forwards (two to solve, two to confirm b and b + 1)."""
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     meta = build(cell, res, "meta", torch.float16 if cell.dtype == "fp16" else torch.bfloat16)
     overhead = res.preset.overhead_bytes
     calls: list[int] = []

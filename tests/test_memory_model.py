@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
+from attnbench.plan import validate
 from attnbench.runner import build, modeled_peak
 from tests.conftest import mechanism_variants, param_ids
 
@@ -33,6 +34,7 @@ def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str)
         d_ff=ff, params=params,
     )  # fmt: skip
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     model = build(cell, res, "cpu", torch.float32)
     meta = build(cell, res, "meta", torch.float32)
     for b in (1, 2, 3):

@@ -24,8 +24,9 @@ import attnbench
 from attnbench.attention import mixer
 from attnbench.attention.delta_scan import delta_reference
 from attnbench.attention.gated_scan import gated_reference
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.cell_rules import left_out
+from attnbench.plan import validate
 
 MIXERS = ("retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
 D, H = 32, 4

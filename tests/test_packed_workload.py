@@ -15,10 +15,13 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
+from attnbench.cell_rules import complete
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import profiled_peak, rounded
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel, build, make_input
+from attnbench.workload import get as get_workload
 from attnbench.workload.packed import LAYOUTS, Layout, Plan, real_positions
 from attnbench.workload.train import TRAIN
 from tests.conftest import runnable_here
@@ -31,10 +34,10 @@ MEMORY = [("sdpa", ()), ("linear", CAUSAL), ("local", ()), ("mamba2", CAUSAL)]
 
 def _cell(attention: str, layout: str, params: tuple = (), train: bool = False, **kw) -> Cell:
     settings = {"layout": layout, "lengths": LENGTHS, "bucket_tokens": 160, **kw}
-    return Cell(
+    return complete(Cell(
         attention, n=128, dtype="fp32", device="cpu", params=params,
         mode="packed_train" if train else "packed", mode_settings=settings, **SHAPE,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _laid_out(plan: Plan, docs: list[torch.Tensor]) -> torch.Tensor:
@@ -69,8 +72,9 @@ def test_every_layout_gives_each_real_token_the_same_output(attention: str, para
     for layout in LAYOUTS:
         cell = _cell(attention, layout, params)
         res = validate(cell)
+        cell = res.cell  # planned: its workload's settings complete
         model = build(cell, res, "cpu", torch.float64)
-        plan = cell.workload.plan(cell)
+        plan = get_workload(cell.mode).plan(cell)
         with torch.inference_mode():
             outs[layout] = _by_document(plan, Layout(model, plan)(_laid_out(plan, docs)))
     for layout in ("padded", "bucketed"):
@@ -120,10 +124,11 @@ def test_modeled_peak_equals_the_profilers(
     four mechanisms, the packed one for every other that packs."""
     cell = _cell(attention, layout, params, train=train)
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     memory = MemoryModel(cell, res)
     model = build(cell, res, "cpu", torch.float32)
     x = make_input(2, cell, "cpu", torch.float32)
-    work = cell.workload.work(model, cell, x, "cpu", gpu=False)
+    work = get_workload(cell.mode).work(model, cell, x, "cpu", gpu=False)
     if train:
         work()  # the optimizer's state, as the model counts it (fixed)
         work()
@@ -143,16 +148,19 @@ def test_the_rows_flops_are_the_layouts() -> None:
     for layout in LAYOUTS:
         cell = _cell("vanilla", layout)
         res = validate(cell)
+        cell = res.cell  # planned: its workload's settings complete
         model = MemoryModel(cell, res).model
-        desc = cell.workload.describe(model, cell)["packed"]
+        desc = get_workload(cell.mode).describe(model, cell)["packed"]
         real = sum(model.flops(1, n) for n in LENGTHS)
         assert desc["flops_real"] == real
         want = {
             "padded": model.flops(len(LENGTHS), max(LENGTHS)),
             "packed": real,
-            "bucketed": sum(model.flops(len(b), max(b)) for b in cell.workload.plan(cell).batches),
+            "bucketed": sum(
+                model.flops(len(b), max(b)) for b in get_workload(cell.mode).plan(cell).batches
+            ),
         }[layout]
-        assert desc["flops_layout"] == want == cell.workload.flops(model, cell)[0]
+        assert desc["flops_layout"] == want == get_workload(cell.mode).flops(model, cell)[0]
         assert desc["flops_wasted_share"] == pytest.approx(1 - real / want)
         assert desc["real_tokens"] == sum(LENGTHS) and desc["documents"] == len(LENGTHS)
 
@@ -164,10 +172,10 @@ def test_a_training_rows_backward_flops_are_what_its_step_computes() -> None:
     for layout in LAYOUTS:
         cell = _cell("linear", layout, CAUSAL, train=True)
         model = build(cell, validate(cell), "cpu", torch.float32)
-        plan = cell.workload.plan(cell)
+        plan = get_workload(cell.mode).plan(cell)
         x = torch.randn(plan.input_shape(1, SHAPE["d_model"]), requires_grad=True)
         loss = Layout(model, plan)(x).sum()
-        assert count_flops(loss.backward) == cell.workload.flops(model, cell)[1], layout
+        assert count_flops(loss.backward) == get_workload(cell.mode).flops(model, cell)[1], layout
 
 
 def test_real_positions_by_hand() -> None:

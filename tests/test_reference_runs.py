@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from attnbench.cell import Cell
-from attnbench.cell_key import key, stored_cell, stored_key
+from attnbench.cell_key import cell_of, key, stored_cell, stored_key
 from attnbench.row import Row, read
 from attnbench.store import CELLS
 from tests.test_docs import ROOT
@@ -77,7 +77,7 @@ def remade(row: Row, *, full: bool = False) -> dict[str, Any]:
     too: the cell read back is the cell that was run)."""
     from attnbench.runner import run_cell
 
-    cell = Cell.from_dict(row.cell)  # as run, its ceiling resolved; as a sweep makes it now:
+    cell = cell_of(row.cell)  # as run, its ceiling resolved; as a sweep makes it now:
     made = {"key": key(*stored_cell(row.to_dict(), row.key_version or 1))}
     if row.task == "mqar":
         return {**figures(row), **made, **_context(cell)}

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import attnbench
+import attnbench.plan
 from attnbench import workload
 from attnbench.cell import Cell
 from attnbench.env import environment
@@ -81,7 +82,7 @@ def _stored(tmp_path: Path, cell: Cell) -> dict[str, Any]:
     row: every setting is the cell's, and no measurement is needed for that)."""
     preset = presets.load("cpu")
     row = Row.new(cell, preset.total_bytes, 0, environment(), status="error", reason="x")
-    spec = attnbench.cell.spec(cell, preset)
+    spec = attnbench.plan.spec(cell, preset)
     RunStore(tmp_path).append(row.replaced(key="k", sweep="s", cell=spec))
     (line,) = (tmp_path / "cells.jsonl").read_text().splitlines()
     return json.loads(line)

@@ -14,9 +14,11 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import workload
-from attnbench.cell import Cell, validate
-from attnbench.cell_key import key
+from attnbench.cell import Cell
+from attnbench.cell_key import cell_of, key
+from attnbench.cell_rules import complete
 from attnbench.measure import presets
+from attnbench.plan import validate
 from attnbench.quality import tasks
 from attnbench.row_fields import BY_NAME
 from attnbench.settings import Setting, yaml_block
@@ -42,11 +44,12 @@ def _cell(*overrides: str, **values: object) -> Cell:
 @pytest.mark.parametrize("mode", workload.BUILTINS)
 def test_a_cell_of_each_workload_from_python_and_from_the_command_line_is_one_cell(mode) -> None:
     """The defaults a workload declares are the config's: Python's cell, naming none, and
-    the command line's, which reads every key, are equal and have one key."""
+    the command line's, which reads every key, have one key and are one cell once planned
+    (a cell is a spec as asked; the plan completes its workload's part)."""
     params = (("causal", True),) if mode == "decode" else ()
     made = Cell("vanilla", n=512, mode=mode, params=params)
     composed = _cell(f"mode={mode}")
-    assert composed == made
+    assert composed == complete(made) and made.settings == {}
     assert composed.settings == {s.name: s.default for s in workload.get(mode).settings}
     preset = presets.load("v100_16gb")
     assert key(composed, preset) == key(made, preset)
@@ -59,7 +62,8 @@ def test_a_cell_of_each_quality_task_from_python_and_from_the_command_line_is_on
     """The task's settings are the registry's. Its model, dtype, batch and n are its own
     (conf/task/), unless the command line names them: here the config's, as Python's cell."""
     cost = ("model=base", "device=v100_16gb", "n=512", "dtype=fp16", "batch=max")
-    assert _cell("attention=vanilla", f"task={task}", *cost) == Cell("vanilla", n=512, task=task)
+    made = complete(Cell("vanilla", n=512, task=task))
+    assert _cell("attention=vanilla", f"task={task}", *cost) == made
 
 
 def test_a_workload_setting_is_a_row_field_from_its_declaration() -> None:
@@ -111,7 +115,7 @@ def test_a_stored_spec_from_before_reads_as_the_same_cell() -> None:
     cell = Cell("vanilla", n=64, mode="train", mode_settings={"checkpoint": True})
     old = {k: v for k, v in dataclasses.asdict(cell).items() if k != "mode_settings"}
     old.update(optimizer="adamw", checkpoint=True, decode_tokens=128, state_dtype="auto")
-    assert Cell.from_dict(old) == cell
+    assert cell_of(old) == complete(cell)
 
 
 def test_the_yaml_block_nests_keys_and_comments_blocks() -> None:

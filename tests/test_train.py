@@ -16,9 +16,10 @@ from hydra.core.config_store import ConfigStore
 
 import attnbench
 from attnbench import registry
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
+from attnbench.plan import validate
 from attnbench.row import Row
 from attnbench.runner import MemoryModel, build, make_input, run_cell
 from attnbench.workload.train import train_step
@@ -43,6 +44,7 @@ def _cell(name: str, params: tuple = (), shape: str = "layer", **kw: object) -> 
 
 def _real_and_modeled(cell: Cell, bs: tuple[int, ...]) -> list[tuple[int, int, int]]:
     res = validate(cell)
+    cell = res.cell  # planned: its workload's settings complete
     memory = MemoryModel(cell, res)
     model = build(cell, res, "cpu", torch.float32)
     out = []
@@ -101,6 +103,7 @@ def test_the_optimizers_state_is_counted_exactly() -> None:
         for device in ("cpu", "v100_16gb"):
             cell = _cell("vanilla", shape="encoder3", optimizer=opt, device=device)
             res = validate(cell)
+            cell = res.cell  # planned: its workload's settings complete
             memory = MemoryModel(cell, res)
             params = list(memory.model.parameters())
             weights[device] = sum(rounded(p.nbytes) for p in params)
@@ -110,7 +113,8 @@ def test_the_optimizers_state_is_counted_exactly() -> None:
             steps = len(params) * rounded(4) if opt == "adamw" and device == "cpu" else 0
             assert state == moments + steps, (opt, device)
     # and a real AdamW holds the same: two moments per parameter
-    model = build(_cell("vanilla", shape="encoder3"), validate(_cell("vanilla")), "cpu", None)
+    planned = validate(_cell("vanilla", shape="encoder3"))
+    model = build(planned.cell, planned, "cpu", None)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(1, 8, 128)).pow(2).mean().backward()
     opt.step()

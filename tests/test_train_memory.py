@@ -22,13 +22,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench import model as encoder_model
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.measure.cuda_layouts import CudaBackwardTemporaries
 from attnbench.measure.memory import (
     MemoryTracker,
     profiled_peak,
     rounded,
 )
+from attnbench.plan import validate
 from attnbench.runner import MemoryModel
 
 ROWS = Path(__file__).resolve().parent.parent / "results" / "gpu_check" / "rows.jsonl"

@@ -20,9 +20,11 @@ import pytest
 import torch
 
 from attnbench import workload
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
 from attnbench.cell_key import key
 from attnbench.measure import presets
+from attnbench.plan import label as plan_label
+from attnbench.plan import validate
 from attnbench.registry import Info
 from attnbench.settings import Setting, number
 from attnbench.store import read_rows
@@ -92,7 +94,7 @@ if __name__ in os.environ.get("ATTNBENCH_PLUGINS", ""):  # loaded as the plugin 
 def test_the_toy_is_a_mode_with_its_own_key_label_and_refusals() -> None:
     cell = Cell("vanilla", n=64, batch=1, device="cpu", dtype="fp32", layers=2, mode="toy_halves")
     validate(cell)
-    assert cell.label == "vanilla n=64 halves"
+    assert plan_label(cell) == "vanilla n=64 halves"
     plain = Cell("vanilla", n=64, batch=1, device="cpu", dtype="fp32", layers=2)
     assert key(cell, presets.load("cpu")) != key(plain, presets.load("cpu"))
     assert cell.settings == {"split_at": 0.5}  # the declared default, filled in
@@ -155,4 +157,4 @@ def test_the_architecture_pages_example_registers_a_workload() -> None:
     assert workload.get("toy_halves").parts == ("first", "second")
     cell = Cell("vanilla", n=32, batch=1, device="cpu", dtype="fp32", layers=2, mode="toy_halves")
     validate(cell)
-    assert cell.label == "vanilla n=32"
+    assert plan_label(cell) == "vanilla n=32"

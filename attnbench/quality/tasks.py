@@ -16,7 +16,7 @@ which declares
 
 :func:`names` (``cost`` and every quality task, a plugin's too: :func:`register`) is what
 a cell's ``task`` may be.
-This module imports no cell: :mod:`attnbench.cell` imports it to validate a quality cell.
+A cell names its task; :mod:`attnbench.plan` completes and validates a quality cell with it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ One module per step, each importing only those after it:
   assembled from it once.
 """
 
-from attnbench.cell import Cell, validate
+from attnbench.cell import Cell
+from attnbench.plan import validate
 from attnbench.runner.memory_model import MemoryModel, build, make_input, modeled_peak
 from attnbench.runner.run import run_cell
 

@@ -18,7 +18,8 @@ from attnbench.row import Row
 from attnbench.row_fields import DERIVE
 
 if TYPE_CHECKING:
-    from attnbench.cell import Cell, Resolved
+    from attnbench.cell import Cell
+    from attnbench.plan import Resolved
 
 
 @dataclass(frozen=True)

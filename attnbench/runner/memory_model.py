@@ -12,22 +12,24 @@ from typing import Any, Literal
 
 import torch
 
-from attnbench.cell import Cell, Resolved
+from attnbench.cell import Cell
 from attnbench.measure import fit
 from attnbench.measure.allocator_rules import from_setting
 from attnbench.measure.cuda_layouts import CudaLayouts, persistent_workspaces
 from attnbench.measure.memory import Event, module_bytes, rounded, traced, tracked_peak
+from attnbench.plan import Resolved
 from attnbench.workload import DTYPES, Work, random_input
+from attnbench.workload import get as get_workload
 
 
 def build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """The cell's encoder as its workload builds it, on ``device`` in ``dtype``."""
-    return cell.workload.build(cell, res.params, device, dtype)
+    return res.workload.build(cell, res.params, device, dtype)
 
 
 def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
     """Random (never zero) inputs of batch b, as the cell's workload takes them."""
-    return random_input(cell.workload, cell, b, device, dtype)
+    return random_input(get_workload(cell.mode), cell, b, device, dtype)
 
 
 def feed(work: Work, cell: Cell, b: int, device: str) -> None:
@@ -42,7 +44,7 @@ def _modeled(work: Work, cell: Cell, b: int, fixed: int) -> int:
     feed(work, cell, b, "meta")
     base = fixed + rounded(work.x.nbytes)
     own = work.modeled_peak(base)
-    return own if own is not None else tracked_peak(work, base, grad=cell.workload.grad)
+    return own if own is not None else tracked_peak(work, base, grad=get_workload(cell.mode).grad)
 
 
 Capability = tuple[int, int] | None  # a CUDA compute capability; None: meta's own trace
@@ -68,8 +70,10 @@ class MemoryModel:
         capability: Capability | Literal["card"] = "card",
         unified: bool | None = None,
     ) -> None:
+        cell = res.cell  # planned: its owned parts complete (``cell`` is the one asked for)
         self.cell, self.overhead = cell, res.preset.overhead_bytes
-        self.replays = cell.workload.replays
+        self.workload = res.workload
+        self.replays = self.workload.replays
         # the caching allocator's replay decides its max batch: a GPU preset, one traced call
         self.replayed = self.replays and res.preset.is_gpu
         if capability == "card":  # the trace decides the replay's figures: no replay, no card
@@ -79,8 +83,8 @@ class MemoryModel:
         self.model = build(cell, res, "meta", dtype)
         held = [*self.model.parameters(), *self.model.buffers()]
         x = make_input(1, cell, "meta", dtype)
-        self.work = cell.workload.work(self.model, cell, x, "meta", gpu=res.preset.is_gpu)
-        if cell.workload.primes:
+        self.work = self.workload.work(self.model, cell, x, "meta", gpu=res.preset.is_gpu)
+        if self.workload.primes:
             self.work()  # makes the state every later step keeps
             held += self.work.state_tensors()
         storages = {id(t.untyped_storage()): t.untyped_storage() for t in held}
@@ -112,7 +116,7 @@ class MemoryModel:
             with CudaLayouts(cap) if cap is not None else contextlib.nullcontext():
                 return work()
 
-        return traced(step, held, grad=self.cell.workload.grad)
+        return traced(step, held, grad=self.workload.grad)
 
     def replayed_max_batch(self, allocated: int, cap: int, allocator: str) -> int:
         """The largest batch whose calls the caching allocator serves under ``cap`` bytes
@@ -131,7 +135,7 @@ def card_capability(res: Resolved) -> Capability:
 def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
     """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
     + input + the preset's fixed overhead (a workload that primes: without its state)."""
-    work = cell.workload.work(
+    work = get_workload(cell.mode).work(
         model, cell, make_input(b, cell, "meta", DTYPES[cell.dtype]), "meta", gpu=False
     )
     return _modeled(work, cell, b, module_bytes(model) + overhead)

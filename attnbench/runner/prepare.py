@@ -19,6 +19,7 @@ from attnbench.measure.memory import profiled_peak
 from attnbench.measure.timing import Timing
 from attnbench.runner.found import Compiled
 from attnbench.workload import Work
+from attnbench.workload import get as get_workload
 
 
 def per_length(cell: Cell, model: torch.nn.Module, device: torch.device) -> float | None:
@@ -66,9 +67,10 @@ def compile_step(cell: Cell, model: torch.nn.Module, work: Work, device: torch.d
     """Compile (``compile=true``: the layers) and run the step until compiled; what that
     cost. The cache is reset first: this cell's compile time, not a hit of an earlier cell's."""
     compiled.reset()
+    workload = get_workload(cell.mode)
     if cell.compile:
-        compiled.compile_layers(model, cell.compile_mode, cell.workload.compile_dynamic)
-    warm = compiled.warm(work, device, grad=cell.workload.grad)
+        compiled.compile_layers(model, cell.compile_mode, workload.compile_dynamic)
+    warm = compiled.warm(work, device, grad=workload.grad)
     return Compiled("layers" if cell.compile else "kernel", warm.seconds, warm.graphs)
 
 

@@ -1,8 +1,9 @@
 """One cell in, one row out: max batch, time, peak memory and FLOPs of the Table 3 encoder.
 
 A cell is a frozen, hashable spec: (mechanism + its parameters, model shape, n, k, b, dtype,
-device preset, ceiling). :func:`validate` refuses bad cells with one ``ValueError`` line
-before anything runs; :func:`run_cell` then always returns a row, whose ``status`` says
+device preset, ceiling). :func:`attnbench.plan.validate` refuses bad cells with one
+``ValueError`` line before anything runs and plans the rest; :func:`run_cell` measures the
+plan and always returns a row, whose ``status`` says
 ``ok``, ``oom`` (even b = 1 does not fit, or the fixed b does not), ``skipped`` (cannot run
 here, with the reason) or ``error`` (the forward raised, with the message).
 
@@ -25,13 +26,14 @@ import torch
 
 from attnbench import plugins, registry
 from attnbench.attention.base import indexed_device
-from attnbench.cell import Cell, Resolved, validate
+from attnbench.cell import Cell
 from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import compiled, contention
 from attnbench.measure.allocator import replay
 from attnbench.measure.allocator_rules import from_setting
 from attnbench.measure.memory import measured_peak_cuda
 from attnbench.measure.search import largest_fitting, solve_affine
+from attnbench.plan import Resolved, validate
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.runner import prepare, timed
@@ -49,8 +51,8 @@ def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> b
     dev = indexed_device(GPU)
     try:
         feed(work, cell, b, GPU)
-        _warm(work, cell, dev, found)
-        measured_peak_cuda(work, dev, res.usable, grad=cell.workload.grad)
+        _warm(work, res, dev, found)
+        measured_peak_cuda(work, dev, res.usable, grad=res.workload.grad)
         return True
     except torch.OutOfMemoryError:
         return False
@@ -67,12 +69,12 @@ def _release(work: Work) -> None:
     torch.cuda.empty_cache()
 
 
-def _warm(work: Work, cell: Cell, device: torch.device, found: Found) -> None:
+def _warm(work: Work, res: Resolved, device: torch.device, found: Found) -> None:
     """Where the step's first call at a new batch autotunes or compiles
     (:func:`prepare.warms`), make that call here: outside the memory cap, before the peak
     statistics are reset, apart from the timing. Its seconds add up in ``warmup_s``."""
-    if prepare.warms(cell):
-        seconds = prepare.warm(work, device, grad=cell.workload.grad)
+    if prepare.warms(res.cell):
+        seconds = prepare.warm(work, device, grad=res.workload.grad)
         found.warmup_s = (found.warmup_s or 0.0) + seconds
         _release(work)
 
@@ -82,6 +84,7 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     the CPUs this process was given (or fewer, if ``timing.threads`` says so); the caller's
     thread count is back as it was afterwards."""
     res = res or validate(cell)
+    cell = res.cell  # its owned parts completed: what is measured and stored
     env, found = environment(), Found()
     before = torch.get_num_threads()
     try:
@@ -117,12 +120,12 @@ def _first_line(e: BaseException) -> str:
 
 def _measure(cell: Cell, res: Resolved, found: Found) -> None:
     modeled = MemoryModel(cell, res)
-    forward, backward = cell.workload.flops(modeled.model, cell)  # per sequence
+    forward, backward = res.workload.flops(modeled.model, cell)  # per sequence
     # flex: the kernel computes whole blocks only; dense attention's count beside it
     dense = modeled.model.dense_flops(1, cell.n) if registry.info(cell.attention).compiles else None
     found.flops = Flops(forward, backward, dense)
     found.attention_params = modeled.model.attention_params()
-    found.workload = cell.workload.describe(modeled.model, cell)
+    found.workload = res.workload.describe(modeled.model, cell)
     if cell.batch == "max":
         # meta forwards cost the same at any b; the search's last one is the row's peak. The
         # allocation-only answer bounds what the allocator's replay lets fit (measure/fit.py)
@@ -177,7 +180,7 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
     """Real probes confirm or correct the model's max batch; then peak memory and time at
     that batch, on the GPU. A workload that primes (a training step's optimizer state) runs
     one step at b = 1 first, as that state exists in every step after a real run's first."""
-    dtype, dev, workload = DTYPES[cell.dtype], indexed_device(GPU), cell.workload
+    dtype, dev, workload = DTYPES[cell.dtype], indexed_device(GPU), res.workload
     overhead = res.preset.overhead_bytes
     model = build(cell, res, GPU, dtype)
     work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)
@@ -201,7 +204,7 @@ def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None)
     feed(work, cell, b, GPU)
     timed.ready(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
     try:
-        _warm(work, cell, dev, found)
+        _warm(work, res, dev, found)
         peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
     except torch.OutOfMemoryError:
         why = (

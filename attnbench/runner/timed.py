@@ -17,14 +17,16 @@ from typing import Any
 
 import torch
 
-from attnbench.cell import Cell, Resolved
+from attnbench.cell import Cell
 from attnbench.env import environment
 from attnbench.measure import gemm
 from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import StepTiming
+from attnbench.plan import Resolved
 from attnbench.runner import prepare
 from attnbench.runner.found import Found, Memory
 from attnbench.workload import Work, random_input
+from attnbench.workload import get as get_workload
 
 # A contended CPU may stretch a cell's timing to this many times ``time_budget_s``: a
 # cell that fits the budget on a quiet CPU is timed under load up to there (its samples
@@ -49,7 +51,7 @@ def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) 
     """The cell's step timed on this CPU in fp32, if its estimated cost (from ``meta``, the
     memory model's encoder) fits ``time_budget_s`` (:func:`budget_verdict`); a cell timed
     or skipped under load says so in its reason."""
-    workload = cell.workload
+    workload = res.workload
     b = workload.cpu_batch(cell)
     if b is None:
         found.reason = f"time not measured: {workload.no_cpu_time}"
@@ -110,7 +112,7 @@ def ready(
     if not prepare.runs_compiled(cell):
         return
     if profile:
-        found.eager_peak_bytes = prepare.eager_peak(work, cell.workload.grad)
+        found.eager_peak_bytes = prepare.eager_peak(work, get_workload(cell.mode).grad)
     found.compiled = prepare.compile_step(cell, model, work, device)
 
 
@@ -131,7 +133,7 @@ def time_at(
         work,
         device,
         compiled_code=found.compiled is not None,
-        grad=cell.workload.grad,
+        grad=res.workload.grad,
         min_repeats=cell.min_repeats,
         **timing,
     )
@@ -140,7 +142,7 @@ def time_at(
     assert found.flops is not None  # counted before anything is timed
     found.timing = StepTiming(
         whole=timings[-1],
-        parts=dict(zip(cell.workload.parts, timings[:-1], strict=True)),
+        parts=dict(zip(res.workload.parts, timings[:-1], strict=True)),
         batch=b,
         device=where,
         dtype=dtype,

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from attnbench import cell as cells
+from attnbench import plan
 from attnbench.cell import Cell
 from attnbench.measure import presets
 from attnbench.runner import run_cell
@@ -35,7 +35,7 @@ def _main_cell(payload: str) -> int:
     if "parent" in data:
         die_with_parent(int(data["parent"]))
     cell = Cell.from_dict(data["cell"])
-    row = run_cell(cell, cells.validate(cell, presets.Preset(**data["preset"])))
+    row = run_cell(cell, plan.validate(cell, presets.Preset(**data["preset"])))
     print(row.to_json())
     return 0
 
@@ -62,7 +62,7 @@ def _cli(argv: list[str]) -> int:
         data = json.loads(payload)
         if not isinstance(data.get("parent", 0), int):
             raise TypeError(f"parent: must be a pid, got {data['parent']!r}")
-        cells.validate(Cell.from_dict(data["cell"]), presets.Preset(**data["preset"]))
+        plan.validate(Cell.from_dict(data["cell"]), presets.Preset(**data["preset"]))
     except json.JSONDecodeError as e:
         parser.exit(2, f"{parser.prog}: error: --cell: not JSON: {e}\n")
     except ValueError as e:  # a cell's parameter, named as attnbench run names it

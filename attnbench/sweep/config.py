@@ -25,8 +25,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-from attnbench import cell as cells
-from attnbench import cell_key, registry
+from attnbench import cell_key, plan, registry
 from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.quality import tasks
@@ -252,7 +251,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         multirun=bool(bare & {"-m", "--multirun"}),
         launcher=launcher,
     )
-    plan: dict[tuple[str, str], None] = {}
+    todo: dict[tuple[str, str], None] = {}
     on_gpu: set[tuple[str, str]] = set()  # the cells that run on this machine's GPU
     # jobs on other machines (SLURM) check timing.threads against their own CPUs, where
     # they run (an error row naming the key); this process's CPUs say nothing of theirs
@@ -267,10 +266,10 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         cell = cell_from_cfg(cfg, is_sweep)
         why = left_out_of(cell) if is_sweep else None
         if why:
-            left_out.append(f"{cell.label}: {why}")
+            left_out.append(f"{plan.label(cell)}: {why}")
             continue
         preset = preset_from_cfg(cfg)
-        gpu = cells.validate(cell, preset).on_gpu
+        gpu = plan.validate(cell, preset).on_gpu
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
             resolve_threads(cell.threads)
             if line := training_note(cell):  # hours of training: said before it starts
@@ -278,22 +277,22 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         planned = (where, cell_key.key(cell, preset))
         if cfg.k is not None and cell.k is None:  # said whether or not k was swept
             once[f"{cell.attention} ignores k: measured once"] = None
-        elif planned in plan:
-            once[f"{cell.label}: the same cell as another job, measured once"] = None
-        plan[planned] = None
+        elif planned in todo:
+            once[f"{plan.label(cell)}: the same cell as another job, measured once"] = None
+        todo[planned] = None
         if gpu:
             on_gpu.add(planned)
     if is_sweep:
         launchers.check_one_gpu(launcher[0], len(on_gpu))
     _say_once(left_out, list(once))
-    if not plan:
+    if not todo:
         raise ValueError(
             "k: every combination has k >= n, no causal form, no grouped-query heads or a mode "
             "its mechanism cannot run; nothing to run"
         )
-    for d in sorted({Path(d) for d, _ in plan}):  # Hydra's output directory first
+    for d in sorted({Path(d) for d, _ in todo}):  # Hydra's output directory first
         check_writable("out_dir", d.parent / ".hydra")
         for key, path in hydra_dirs:  # one given: under a file, say, it would fail late
             check_writable(key, d.parent.parent / path)
         check_writable("out_dir", d)
-    return list(plan)
+    return list(todo)

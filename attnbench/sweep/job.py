@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from attnbench import cell as cells
+from attnbench import plan
 from attnbench.cell import Cell
 from attnbench.cell_key import KEY_VERSION, stored_key
 from attnbench.cell_key import key as cell_key
@@ -77,11 +77,14 @@ def _isolated() -> bool:
         return False
 
 
-def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate: bool) -> Row:
-    """One row for ``cell``; a timeout (after ``timeout_s``, None: no limit) is a row too. An
-    isolated cell killed by Ctrl-C or SIGTERM is no row: it was interrupted, not broken, and
-    the next command measures it."""
-    conf = _allocator_env(cell, preset)
+def measure(planned: plan.Resolved, timeout_s: float | None, isolate: bool) -> Row:
+    """One row for a planned cell; a timeout (after ``timeout_s``, None: no limit) is a row
+    too. An isolated cell killed by Ctrl-C or SIGTERM is no row: it was interrupted, not
+    broken, and the next command measures it. A cell in a process of its own is planned
+    there again from its completed spec: where it runs decides ``on_gpu``, and the plan's
+    workload and task are objects of that process."""
+    cell, preset = planned.cell, planned.preset
+    conf = _allocator_env(planned)
     if isolate or conf is not None:
         parent = os.getpid()  # the cell dies with this process (cell_process.die_with_parent)
         payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
@@ -108,18 +111,18 @@ def measure(cell: Cell, preset: presets.Preset, timeout_s: float | None, isolate
         return Row.from_dict(json.loads(done.stdout.strip().splitlines()[-1]))
     try:
         with _time_limit(timeout_s):
-            return run_cell(cell, cells.validate(cell, preset))
+            return run_cell(cell, planned)
     except CellTimeout:
         return _failed(cell, preset, f"timed out after {timeout_s:g} s")
 
 
-def _allocator_env(cell: Cell, preset: presets.Preset) -> str | None:
+def _allocator_env(planned: plan.Resolved) -> str | None:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` a GPU cell's own process needs for its ``allocator``
     setting (read once, when CUDA starts: so the cell runs in a fresh process with it); None
     where the cell runs in this process (its CPU model replays the setting instead)."""
-    if cell.allocator == "default" or not cells.validate(cell, preset).on_gpu:
+    if planned.cell.allocator == "default" or not planned.on_gpu:
         return None
-    return conf_string(cell.allocator)
+    return conf_string(planned.cell.allocator)
 
 
 def _exit_reason(code: int) -> str:
@@ -129,7 +132,7 @@ def _exit_reason(code: int) -> str:
 
 
 def _failed(cell: Cell, preset: presets.Preset, reason: str) -> Row:
-    ceiling = cells.spec(cell, preset)["ceiling_bytes"]
+    ceiling = plan.spec(cell, preset)["ceiling_bytes"]
     return Row.new(
         cell, ceiling, preset.overhead_bytes, environment(), status="error", reason=reason
     )
@@ -156,32 +159,33 @@ def _job(cfg: DictConfig) -> Row | None:
         in_sweep = HydraConfig.get().job.get("num") is not None
     except ValueError:  # called outside Hydra
         in_sweep = False
-    cell = cell_from_cfg(cfg, in_sweep)
-    if in_sweep and left_out(cell):
+    asked = cell_from_cfg(cfg, in_sweep)
+    if in_sweep and left_out(asked):
         return None
-    preset = preset_from_cfg(cfg)
+    planned = plan.validate(asked, preset_from_cfg(cfg))  # the sweep's pre-check's answer
+    cell, preset, label = planned.cell, planned.preset, plan.label(planned.cell)
     store = RunStore(run_dir(cfg), rekey=stored_key)
     key = cell_key(cell, preset)
     rerun = bool(cfg.rerun)
     if not claims.claim(key):
         return None  # the same cell as another job of this command: said once, before it ran
     if not rerun and key in store.done():
-        print(f"  done before: {cell.label}", flush=True)
+        print(f"  done before: {label}", flush=True)
         return None
 
     def waiting(who: str) -> None:
-        print(f"  waiting: {cell.label} is being measured by another command ({who})", flush=True)
+        print(f"  waiting: {label} is being measured by another command ({who})", flush=True)
 
-    with claims.hold(store.dir, key, waiting, cell.label):
+    with claims.hold(store.dir, key, waiting, label):
         if _stored(store, key, rerun):  # by another command, while this one waited
-            print(f"  done before: {cell.label}", flush=True)
+            print(f"  done before: {label}", flush=True)
             return None
         if not in_sweep:
             record_command(store, cfg)
         start = time.perf_counter()
         timeout = check_limit("cell_timeout_s", cfg.cell_timeout_s)  # 0 or null: none
         with interrupts.measuring():  # Ctrl-C and SIGTERM bounded even in a native call
-            row = measure(cell, preset, timeout, _isolated())
+            row = measure(planned, timeout, _isolated())
         row = row.replaced(  # which run it is stored in, and when
             key=key,
             key_version=KEY_VERSION,
@@ -189,13 +193,13 @@ def _job(cfg: DictConfig) -> Row | None:
             wall_s=round(time.perf_counter() - start, 3),
             finished_at=time.time(),
             invocation=claims.invocation(),
-            cell=cells.spec(cell, preset),
+            cell=plan.spec(cell, preset),
         )
         if not claims.command_alive():  # an orphan: its command was killed
-            print(f"  dropped: {cell.label}: its command has ended; not stored", flush=True)
+            print(f"  dropped: {label}: its command has ended; not stored", flush=True)
             return None
         store.append(row, replace=rerun)
-    print(f"  {row.status:7s} {cell.label}: " + _summary(row), flush=True)
+    print(f"  {row.status:7s} {label}: " + _summary(row), flush=True)
     if not in_sweep:
         print(f"attnbench: row stored in {_shown(store.cells)}", flush=True)
         if line := busy_line([row.to_dict()]):  # a sweep says it once, at its end

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.model import cell_encoder as encoder  # the workloads' encoder of a cell
 from attnbench.registry import Info
-from attnbench.settings import Setting
+from attnbench.settings import DEFAULT_MODE, Setting
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -24,7 +24,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # the paper's workload: its cells leave ``mode`` out of their key (cells from before workloads
 # existed were all of it, and their run directories still resume), and only its tables stand
 # beside the paper's
-DEFAULT = "inference"
+DEFAULT = DEFAULT_MODE
 # The most Python-level steps (a chunk of a recurrence, a packed document, a prefill call;
 # each a handful of ops) one step may take over every layer where no time estimate sees them:
 # the memory model traces them one at a time on meta (:func:`attnbench.cell_rules.

@@ -1,0 +1,160 @@
+"""The plan: a cell turned, once, into what measuring it needs.
+
+:func:`validate` completes a :class:`~attnbench.cell.Cell`'s owned parts with their owners'
+defaults (:func:`attnbench.cell_rules.complete`), checks it — one ``ValueError`` line naming
+the first bad parameter, from the rules in :mod:`attnbench.cell_rules`, its workload's and
+its task's own checks — and resolves it: the completed cell, its workload and task objects,
+the preset, the ceiling, where it runs. The runner measures a :class:`Resolved`; the sweep
+plans every cell before it starts and the gate builds its suite from planned cells;
+:func:`label` names a cell in progress lines and :func:`spec` is the cell as its row stores
+it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from attnbench import registry
+from attnbench.cell import Cell, compiled_label
+from attnbench.cell import label as mechanism_label
+from attnbench.cell_rules import (
+    check_allocator,
+    check_budget,
+    check_causal,
+    check_k,
+    check_n_fits,
+    check_settings,
+    check_traceable,
+    complete,
+    on_gpu,
+    resolve_ceiling,
+)
+from attnbench.measure import presets
+from attnbench.quality import tasks
+from attnbench.quality.tasks import Task
+from attnbench.settings import COST, DEFAULT_MODE
+from attnbench.validators import check_choice, check_int
+from attnbench.workload import Workload, find
+from attnbench.workload import get as get_workload
+
+
+def label(cell: Cell) -> str:
+    """``linformer (sharing=layerwise) n=512 k=128``: what progress lines print (a cell
+    not yet validated too: one of a workload not known here is named by its mode)."""
+    cell = complete(cell)
+    work = find(cell.mode)
+    return " ".join(
+        [mechanism_label(cell.attention, dict(cell.params)), f"n={cell.n}"]
+        + ([f"k={cell.k}"] if cell.k is not None else [])
+        + [w for w in [work.label(cell) if work is not None else cell.mode] if w]
+        + ([compiled_label(cell.compile_mode)] if cell.compile else [])
+        + ([f"task={cell.task}"] if cell.task != COST else [])
+    )
+
+
+@dataclass
+class Resolved:
+    """A cell planned: what validation learned about it, so measuring recomputes nothing.
+    ``cell`` is the cell with its owned parts completed (what is measured and stored);
+    ``workload`` and ``task`` are the objects that own those parts (``task`` None for a
+    cost cell); ``on_gpu`` is decided where the plan is made, the process that runs it."""
+
+    cell: Cell
+    workload: Workload
+    task: Task | None
+    preset: presets.Preset
+    ceiling: int
+    on_gpu: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> int:
+        """What torch's allocator may hand out: the ceiling less the preset's overhead."""
+        return self.ceiling - self.preset.overhead_bytes
+
+
+_VALIDATED: dict[tuple[Cell, str], Resolved] = {}
+
+
+def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
+    """One ``ValueError`` line naming the first bad parameter; nothing is run.
+
+    ``preset`` is the device as composed by Hydra (so a user's own preset from
+    ``--config-dir`` works); by default it is read from conf/device/ by name. A cell is
+    validated once per process: the sweep checks every cell before Hydra starts, and each
+    job that then measures one in the same process gets that answer again.
+    """
+    if preset is None:
+        return _validate(cell, None)
+    memo = (cell, repr(preset))
+    if memo not in _VALIDATED:
+        _VALIDATED[memo] = _validate(cell, preset)
+    return _VALIDATED[memo]
+
+
+def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
+    registry.info(given.attention)  # unknown mechanism
+    work = get_workload(given.mode)  # an unknown mode: one line naming the workloads
+    check_choice("task", given.task, tasks.names())
+    cell = complete(given)
+    check_int("n", cell.n)
+    if isinstance(cell.batch, str) and cell.batch != "max":
+        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
+    if cell.batch != "max":
+        check_int("batch", cell.batch)
+    if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
+        raise ValueError(f"mode: attention={cell.attention} {why}")
+    check_k(cell.attention, cell.n, cell.k, dict(cell.params))
+    check_budget(cell)
+    check_causal(cell)
+    check_settings(cell)
+    if cell.task != COST and cell.mode != DEFAULT_MODE:
+        raise ValueError(
+            f"mode: task={cell.task} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
+        )
+    task = tasks.REGISTRY[cell.task] if cell.task != COST else None
+    if task is not None:
+        tasks.validate(cell)
+    preset = preset or presets.load(cell.device)
+    preset.check_dtype(cell.dtype)
+    ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
+    check_n_fits(cell, ceiling - preset.overhead_bytes)
+    params = cell.mechanism_params()
+    # builds the layer's config and shape checks (d_model % n_heads, kv_heads, ...) on meta
+    with torch.device("meta"):
+        layer = registry.create(
+            cell.attention,
+            d_model=cell.d_model,
+            n_heads=cell.n_heads,
+            max_seq_len=cell.n,
+            kv_heads=cell.kv_heads,
+            **params,
+        )
+    work.check(cell, params, ceiling - preset.overhead_bytes)
+    check_traceable(cell, layer)  # after the workload's check: a draw is checked there
+    gpu = on_gpu(cell, preset)
+    check_allocator(cell, preset, gpu)
+    if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
+        raise ValueError(f"mode: attention={cell.attention} {why}")
+    if why := layer.refuses(cell.dtype, preset.is_gpu):  # a kernel's own dtypes and devices
+        raise ValueError(why)
+    resolved = Resolved(cell, work, task, preset, ceiling, gpu, params)
+    if gpu and resolved.usable > (here := torch.cuda.get_device_properties(0).total_memory):
+        raise ValueError(
+            f"ceiling: {ceiling} bytes less the {preset.overhead_bytes}-byte "
+            f"overhead exceed this GPU's {here} bytes"
+        )
+    return resolved
+
+
+def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
+    """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
+    out = asdict(cell)
+    out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
+    out["model"] = cell.shape
+    if cell.ceiling_bytes is not None and preset.machine_memory:
+        out["ceiling_given"] = True  # not the machine's memory: keyed by its bytes
+    return out
