@@ -78,7 +78,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """A run directory's report. Bad rows, a bad run dir or ``--out`` and a disk that
     refuses the write (full, read-only, a file in the way) are one line on stderr and exit
     2, with nothing written; the line is made printable, as it may quote a hostile value."""
-    from attnbench.report import files
+    from attnbench.report import files, terminal
     from attnbench.row import printable, shown
 
     def error(message: str) -> int:
@@ -97,7 +97,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for line in files.said(report):  # said whether or not the tables are shown
         print(line, file=sys.stderr)
     if not args.quiet:
-        files.print_tables(report, make_console())
+        terminal.print_tables(report, make_console())
     written = files.render(report, with_plots=not args.no_plots)
     try:
         files.write(written, out)

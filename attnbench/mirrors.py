@@ -7,8 +7,8 @@ goes where (:func:`mirrors`: a file, a region of it, its generator) and writes:
 
 * conf/config.yaml's settings part and docs/running.md's settings table
   (:mod:`attnbench.sweep.declared`, from every setting's declaration);
-* attnbench/row_static.py, the row typed for a type checker, and docs/architecture.md's
-  row-schema table (:mod:`attnbench.row_fields`, from ``FIELDS``);
+* attnbench/row/static.py, the row typed for a type checker, and docs/architecture.md's
+  row-schema table (:mod:`attnbench.row.fields`, from ``FIELDS``);
 * docs/architecture.md's quality-tasks table (:mod:`attnbench.quality.tasks`);
 * README.md's mechanism table (:mod:`attnbench.listing`, from ``info()``: built-ins only,
   as no plugin is loaded here);
@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnbench import listing, row_fields
+from attnbench import listing
 from attnbench.quality import tasks
+from attnbench.row import fields as row_fields
 from attnbench.sweep import declared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def mirrors(root: Path = ROOT) -> dict[str, list[Region]]:
             markdown("quality-tasks", tasks.markdown_table),
         ],
         "README.md": [markdown("mechanisms", listing.markdown_table)],
-        "attnbench/row_static.py": [
+        "attnbench/row/static.py": [
             Region("the file", WHOLE, lambda _: row_fields.static_source())
         ],
     }
@@ -188,7 +189,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Regenerate every mirror of a source checkout from its declaration or "
-        "committed file: conf/config.yaml's settings, attnbench/row_static.py, the tables of "
+        "committed file: conf/config.yaml's settings, attnbench/row/static.py, the tables of "
         "docs/running.md and docs/architecture.md, the README's mechanisms and the tables the "
         "README and docs/ quote. A developer's step after changing a declaration or a "
         "committed report (tests/test_mirrors.py holds every file to it); not needed to run "

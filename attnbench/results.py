@@ -25,9 +25,9 @@ for vanilla; a column with gaps stays integer, never 512.0), other numbers ``flo
 where absent), text as pandas' ``string`` dtype (``<NA>`` where absent), flags as
 ``boolean``; ``status`` and
 ``memory_source`` categoricals with their fields' fixed categories, all of them always, in
-the order of :data:`attnbench.row_fields.STATUSES` and ``MEMORY_SOURCES``; ``attention``, ``dtype``,
-``device``, ``mode`` and ``time_device`` categoricals of the values found, in the order
-they first appear (a sweep's order: vanilla before linformer). ``batch_asked`` is text,
+the order of :data:`attnbench.row.fields.STATUSES` and ``MEMORY_SOURCES``; ``attention``,
+``dtype``, ``device``, ``mode`` and ``time_device`` categoricals of the values found, in the
+order they first appear (a sweep's order: vanilla before linformer). ``batch_asked`` is text,
 ``"max"`` or the number as written (``"8"``), so the column has one type
 (``pd.to_numeric(df.batch_asked, errors="coerce")`` for the numbers). ``time_samples_s``
 stays a list of seconds per cell (an ``object`` column, None where none were kept).
@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.row import Row, printable, read
-from attnbench.row_checks import ENV_FIELDS
-from attnbench.row_fields import FIELDS, Field, extra_fields
+from attnbench.row.checks import ENV_FIELDS
+from attnbench.row.fields import FIELDS, Field, extra_fields
 from attnbench.store import CELLS
 
 if TYPE_CHECKING:

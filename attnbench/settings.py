@@ -9,7 +9,7 @@ one declaration come:
   model's come from the ``model: base`` group, which a test holds equal too;
 * its check, one ``ValueError`` line naming the key (:meth:`Setting.validate`);
 * whether it enters the cell's key (``in_key``);
-* a workload's setting's row field (:func:`attnbench.row_fields.setting_field`);
+* a workload's setting's row field (:func:`attnbench.row.fields.setting_field`);
 * the docs table of settings (:func:`markdown_table`, in docs/settings.md, test-held).
 
 A cell carries the settings of the model, timing and compiling as its own fields, and a

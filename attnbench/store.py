@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from attnbench.store_read import (  # noqa: F401 (CorruptLine, numbered_lines: read from here)
     CorruptLine,
@@ -30,10 +30,16 @@ from attnbench.store_read import (  # noqa: F401 (CorruptLine, numbered_lines: r
     stored_keys,
 )
 
-if TYPE_CHECKING:
-    from attnbench.row import Row
-
 CELLS = "cells.jsonl"  # a run directory's rows: the one place this name is written
+
+
+class Stored(Protocol):
+    """What :meth:`RunStore.append` stores beside a plain dict: a record that gives its
+    stored form (:class:`attnbench.row.Row`). Named by what it does, not imported: the row
+    is read with :func:`numbered_lines` and written with :func:`json_line`, so the store
+    sits below it and knows no row class."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def json_line(record: dict[str, Any]) -> str:
@@ -115,7 +121,7 @@ class RunStore:
         line left out)."""
         return [{**r, "key": self.rekey(r)} for r in read_rows(self.cells, strict=False)]
 
-    def append(self, row: Row | dict[str, Any], *, replace: bool = False) -> bool:
+    def append(self, row: Stored | dict[str, Any], *, replace: bool = False) -> bool:
         """Append ``row`` (a :class:`~attnbench.row.Row`, or any JSON object with a ``key``)
         unless its key is already stored (or, with ``replace``, after dropping the stored
         one). Returns whether it was written. A failed write raises :class:`StoreError` and

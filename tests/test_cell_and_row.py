@@ -1,4 +1,4 @@
-"""The cell's rules and the row's schema (attnbench/cell.py, attnbench/row.py), each checked
+"""The cell's rules and the row's schema (attnbench/cell.py, attnbench/row/), each checked
 against something outside them: the keys and rows the committed reference run stored."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from attnbench.measure import presets
 from attnbench.plan import label as plan_label
 from attnbench.plan import validate
 from attnbench.row import Row
-from attnbench.row_fields import FIELDS
+from attnbench.row.fields import FIELDS
 from attnbench.store import CorruptLine
 from attnbench.validators import check_limit, check_number
 
@@ -91,9 +91,9 @@ def test_a_setting_in_no_use_does_not_split_a_cell() -> None:
 
 def test_a_settings_null_is_its_default() -> None:
     """A row stored before one of its workload's settings was declared (``Workload.later``),
-    or holding null for it, measured the default (``row_upgrade.later_settings``): sound only
-    while no setting takes null for another value, which every declared setting is held to
-    here."""
+    or holding null for it, measured the default (``attnbench.row.upgrade.later_settings``):
+    sound only while no setting takes null for another value, which every declared setting
+    is held to here."""
     from attnbench import workload
     from attnbench.quality import tasks
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from hydra.core.config_store import ConfigStore
 
-from attnbench import registry, row_fields, workload
+from attnbench import registry, workload
 from attnbench.quality import tasks
 from attnbench.report import outline
+from attnbench.row import fields as row_fields
 from attnbench.store import read_rows
 from tests.conftest import run_cli
 

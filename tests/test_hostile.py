@@ -31,10 +31,11 @@ from typing import Any
 import pytest
 
 import attnbench
-from attnbench import cli, row_nested
+from attnbench import cli
 from attnbench.quality import tasks
 from attnbench.report import files
 from attnbench.report.text import latex, markdown
+from attnbench.row import nested as row_nested
 from attnbench.row import printable, shown
 from tests.conftest import run_cli
 
@@ -323,7 +324,7 @@ def _nested_targets() -> Iterator[tuple[str, int, tuple[str, str]]]:
 
 def _required(run: str, row: int, field: str) -> dict[str, str]:
     """The keys of a nested object a report reads, each with its kind: every row holding
-    the object has them (:data:`attnbench.row_nested.NESTED`, a task's figures)."""
+    the object has them (:data:`attnbench.row.nested.NESTED`, a task's figures)."""
     if field == "quality":
         task = tasks.REGISTRY[NESTED_BASE[run][row]["task"]]
         return {f.name: f.kind for f in task.figures if not f.optional}

@@ -62,8 +62,8 @@ SOURCES = {
         "import dataclasses\nfrom attnbench.quality import tasks\n"
         "tasks.register(dataclasses.replace(tasks.REGISTRY['spectrum'], name='hp_gain'))\n"
     ),
-    "hp_field": "from attnbench import row_fields\n"
-    "row_fields.register(row_fields.BY_NAME['n'], lambda fields: 1)\n",
+    "hp_field": "from attnbench.row import fields\n"
+    "fields.register(fields.BY_NAME['n'], lambda values: 1)\n",
     "hp_section": "import dataclasses\nfrom attnbench.report import outline, sections\n"
     "outline.register(dataclasses.replace(sections.SECTIONS[0]))\n",
     "hp_document": "import dataclasses\nfrom attnbench.report import outline, sections\n"

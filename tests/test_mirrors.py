@@ -68,7 +68,7 @@ def _edit(root: Path, rel: str, old: str, new: str) -> None:
 
 STALE = [  # (file, a line of a generated region, what it becomes)
     ("docs/architecture.md", "| cell | the mechanism |", "| cell | a mechanism |"),
-    ("attnbench/row_static.py", "    schema: int\n", "    schema: str\n"),
+    ("attnbench/row/static.py", "    schema: int\n", "    schema: str\n"),
     ("docs/quality.md", "<!-- /quote -->", "| a row typed in by hand |\n<!-- /quote -->"),
 ]
 
@@ -115,7 +115,7 @@ BROKEN = [  # (file, old, new, the error after "python -m attnbench.mirrors: err
 def test_a_region_it_cannot_make_is_one_line_and_nothing_written(
     tree: Path, rel: str, old: str, new: str, error: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tree / "attnbench/row_static.py").write_text("stale\n")  # would be rewritten, if any were
+    (tree / "attnbench/row/static.py").write_text("stale\n")  # would be rewritten, if any were
     _edit(tree, rel, old, new)
     before = _files(tree)
     assert mirrors.main([]) == 2

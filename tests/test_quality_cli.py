@@ -255,7 +255,7 @@ def test_the_config_and_the_library_take_the_registry_defaults() -> None:
     from omegaconf import OmegaConf
 
     from attnbench.quality import classify
-    from attnbench.row_fields import TASKS
+    from attnbench.row.fields import TASKS
 
     config = OmegaConf.to_container(OmegaConf.load(CONFIG).quality)
     assert config == {name: task.defaults() for name, task in tasks.REGISTRY.items()}
@@ -276,7 +276,7 @@ def test_the_quality_tasks_import_no_cell() -> None:
     import sys
 
     code = (
-        "import sys, attnbench.quality.tasks, attnbench.row_fields;"
+        "import sys, attnbench.quality.tasks, attnbench.row.fields;"
         " assert 'attnbench.cell' not in sys.modules, 'cell imported'"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

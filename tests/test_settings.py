@@ -20,7 +20,7 @@ from attnbench.cell_rules import complete
 from attnbench.measure import presets
 from attnbench.plan import validate
 from attnbench.quality import tasks
-from attnbench.row_fields import BY_NAME
+from attnbench.row.fields import BY_NAME
 from attnbench.settings import Setting, yaml_block
 from attnbench.sweep import declared
 from attnbench.sweep.cells import cell_from_cfg

@@ -11,7 +11,7 @@ which declares
   attnbench.mirrors``): a key of a cell's settings not declared is a typo, refused in
   one line;
 * its figures: the keys its run puts in the row's ``quality``, each with the JSON type a
-  stored row must hold there (:mod:`attnbench.row_fields` checks them on reading);
+  stored row must hold there (:mod:`attnbench.row.fields` checks them on reading);
 * its rules (``validate``) and its measurement (``run``, in :mod:`attnbench.quality.runs`).
 
 :func:`names` (``cost`` and every quality task, a plugin's too: :func:`register`) is what

@@ -6,7 +6,7 @@ turns a report into file contents, all in memory, each format iterating over the
 :func:`write` (:mod:`attnbench.report.replace`) puts them in place in one step, so a crash
 or a plotting error leaves the previous report whole rather than half of a new one, and one
 writer at a time, so that two reports of one run (a sweep's end and a user's ``attnbench
-report``) never collide. :func:`print_tables` shows the tables in the terminal.
+report``) never collide. :mod:`attnbench.report.terminal` shows the tables in the terminal.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from attnbench.report.replace import check_out as check_out
 from attnbench.report.replace import os_error
 from attnbench.report.replace import write as write
 from attnbench.report.tables import RatioTable, about, need_baseline, ratio_tables
-from attnbench.report.terminal import print_tables as print_tables
 from attnbench.row import printable, shown
 from attnbench.store import CELLS, RunStore
 from attnbench.workload import DEFAULT

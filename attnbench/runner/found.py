@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnbench.measure.timing import StepTiming
 from attnbench.row import Row
-from attnbench.row_fields import DERIVE
+from attnbench.row.fields import DERIVE
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell

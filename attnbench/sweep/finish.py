@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from attnbench.measure.contention import is_busy
-from attnbench.row_fields import STATUSES
+from attnbench.row.fields import STATUSES
 from attnbench.sweep import claims
 
 
@@ -62,14 +62,14 @@ def write_report(run: Path, baseline: str, show: bool) -> None:
     cannot be made (no baseline rows, no matplotlib) is one line, not a failed sweep."""
     from rich.console import Console
 
-    from attnbench.report import files
+    from attnbench.report import files, terminal
 
     try:
         report = files.build(run, baseline)
         for line in files.said(report):  # a row in no table, say a failed quality task's
             print(line, flush=True)
         if show:
-            files.print_tables(report, Console())
+            terminal.print_tables(report, Console())
         out = files.default_out(run)
         files.write(files.render(report), out)
     except Exception as e:  # the sweep's rows stand: say why, go on

@@ -1,5 +1,5 @@
 """Rows stored before: what reading one adds so that it reads as the row this version
-would write of the same cell (:func:`attnbench.row._checked` calls these, before the fields
+would write of the same cell (:func:`attnbench.row.record._checked` calls these, before the fields
 are checked).
 
 * Schema 1 → 2 (:func:`upgrade_1`): ``batch_asked`` from the stored cell, ``mode``

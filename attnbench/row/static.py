@@ -1,10 +1,10 @@
 """The row's fields as a type checker sees them, generated from
-attnbench.row_fields.FIELDS by row_fields.static_source(); never imported at run time
+attnbench.row.fields.FIELDS by fields.static_source(); never imported at run time
 (attnbench.row.Row is made from the table)."""
 
 from typing import Any
 
-from attnbench.row import _Record
+from attnbench.row.record import _Record
 
 
 class Row(_Record):

@@ -1,7 +1,7 @@
 """The objects a row stores a workload's figures in (``packed``, ``prompts``, ``decode``),
 declared once: each key's check and those a report reads, so that a hand-edited row missing
 one is a line naming it (``cells.jsonl:3: packed.real_tokens: missing``), never a
-``KeyError`` inside a report. The per-value checks are :mod:`attnbench.row_checks`'."""
+``KeyError`` inside a report. The per-value checks are :mod:`attnbench.row.checks`'."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.row_checks import (
+from attnbench.row.checks import (
     count,
     json_value,
     lengths,
