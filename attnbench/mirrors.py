@@ -16,7 +16,9 @@ goes where (:func:`mirrors`: a file, a region of it, its generator) and writes:
   between ``<!-- quote: SRC | TITLE | OPTIONS -->`` and ``<!-- /quote -->``
   (:func:`quoted`: ``TITLE`` is the table's bold title, ``**TITLE**``, or the text of the
   line above it; ``rows=a,b`` keeps the rows whose first cell is listed, ``notes`` adds the
-  footnotes under the table, ``head`` the title line).
+  footnotes under the table, ``head`` the title line), or, where ``SRC`` is a Python file and
+  ``TITLE`` is ``code``, that file after its docstring as a Python block (:func:`quoted_code`:
+  a worked example in the docs is the tested file itself, never a second copy).
 
 Only a source checkout has these files: an installed attnbench refuses in one line.
 """
@@ -24,6 +26,7 @@ Only a source checkout has these files: an installed attnbench refuses in one li
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from collections.abc import Callable
@@ -107,6 +110,21 @@ def quoted(text: str, title: str, opts: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def quoted_code(text: str, title: str) -> str:
+    """The Python source ``text`` from the line after its module docstring, in a ``python``
+    block: the whole file, so that what the docs show is what its tests run. ``title`` says
+    so (``code``); a part of a file is not quoted, as it would not run alone."""
+    if title != "code":
+        raise MirrorError(f"a Python file is quoted whole, after its docstring: TITLE "
+                          f"must be 'code', got {title!r}")  # fmt: skip
+    tree = ast.parse(text)
+    doc = tree.body[0] if tree.body and ast.get_docstring(tree) is not None else None
+    lines = text.splitlines()[doc.end_lineno if doc is not None else 0 :]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "```python\n" + "\n".join(lines) + "\n```\n"
+
+
 def quotes(root: Path) -> Region:
     """Each quote block, from the file it names (relative to the checkout)."""
 
@@ -115,6 +133,8 @@ def quotes(root: Path) -> Region:
         if not src.is_file():
             raise MirrorError(f"quote of {m['src']}: no such file")
         try:
+            if src.suffix == ".py":
+                return quoted_code(src.read_text(), m["title"])
             return quoted(src.read_text(), m["title"], m["opts"] or "")
         except MirrorError as e:
             raise MirrorError(f"quote of {m['src']}: {e}") from None
@@ -190,10 +210,10 @@ def main(argv: list[str]) -> int:
         prog=PROG,
         description="Regenerate every mirror of a source checkout from its declaration or "
         "committed file: conf/config.yaml's settings, attnbench/row/static.py, the tables of "
-        "docs/running.md and docs/architecture.md, the README's mechanisms and the tables the "
-        "README and docs/ quote. A developer's step after changing a declaration or a "
-        "committed report (tests/test_mirrors.py holds every file to it); not needed to run "
-        "attnbench.",
+        "docs/running.md and docs/architecture.md, the README's mechanisms and the tables and "
+        "toy files the README and docs/ quote. A developer's step after changing a declaration "
+        "or a committed report (tests/test_mirrors.py holds every file to it); not needed to "
+        "run attnbench.",
     )
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
     args = parser.parse_args(argv)

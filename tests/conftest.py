@@ -259,7 +259,6 @@ SLOW = (
     "tests/test_scale.py::test_every_shipped_sweep_expands_as_hydra_composes_it",
     "tests/test_train.py::test_train_mode_end_to_end_through_the_cli",
     "tests/test_train.py::test_checkpointing_fits_a_larger_batch_for_one_more_forward",
-    "tests/test_workloads.py::test_a_workload_from_a_plugin_runs_end_to_end",
     "tests/test_recall.py::test_the_task_end_to_end",
     "tests/test_report_serving.py::test_report_command_writes_the_serving_sections",
     "tests/test_robustness.py::test_half_precision_on_cpu_is_finite_and_close[flex-",

@@ -5,39 +5,30 @@ process, as ``attnbench run`` composes before it runs."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-import attnbench
 from attnbench import registry
-from attnbench.attention.base import MultiHeadAttention
 from attnbench.sweep.config import expand_jobs
 
 SHIPPED = Path(__file__).resolve().parents[1] / "conf" / "attention"
 NAME = "toy_builtin"
 
 
-@dataclass
-class _Cfg:
-    pass
-
-
-class _Values(MultiHeadAttention):
-    def attend(self, x, key_padding_mask):
-        return self.v_proj(x)
-
-
 @pytest.fixture
 def toy_builtin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A mechanism that is one of :data:`attnbench.registry.BUILTINS`, with no YAML file;
-    afterwards the registry and the ``attention`` options are as they were."""
-    attnbench.register(NAME, config=_Cfg, causal=False, summary="V only")(_Values)
-    monkeypatch.setattr(registry, "BUILTINS", (*registry.BUILTINS, NAME))
+    """The built-in of tests/toys/toy_builtin.py, registered as registry.py registers one
+    of :data:`attnbench.registry.BUILTINS`, with no YAML file; afterwards the registry and
+    the ``attention`` options are as they were."""
+    module = importlib.import_module("tests.toys.toy_builtin")
+    monkeypatch.setattr(
+        registry, "BUILTINS", (*registry.BUILTINS, registry._register_builtin(module))
+    )
     repo = ConfigStore.instance().repo
     before = dict(repo.get("attention", {}))
     try:

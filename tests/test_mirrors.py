@@ -70,6 +70,7 @@ STALE = [  # (file, a line of a generated region, what it becomes)
     ("docs/architecture.md", "| cell | the mechanism |", "| cell | a mechanism |"),
     ("attnbench/row/static.py", "    schema: int\n", "    schema: str\n"),
     ("docs/quality.md", "<!-- /quote -->", "| a row typed in by hand |\n<!-- /quote -->"),
+    ("docs/mechanisms.md", "    window: int = 128\n", "    window: int = 64  # edited here\n"),
 ]
 
 
@@ -108,6 +109,9 @@ BROKEN = [  # (file, old, new, the error after "python -m attnbench.mirrors: err
     ("docs/quality.md", "<!-- quote: reports/recall-cpu-cpu/quality.md | MQAR test",
      "<!-- quote: reports/no-such-run/quality.md | MQAR test",
      "docs/quality.md: quote of reports/no-such-run/quality.md: no such file"),
+    ("docs/mechanisms.md", "toy_mechanism.py | code -->", "toy_mechanism.py | LocalConfig -->",
+     "docs/mechanisms.md: quote of tests/toys/toy_mechanism.py: a Python file is quoted whole, "
+     "after its docstring: TITLE must be 'code', got 'LocalConfig'"),
 ]  # fmt: skip
 
 

@@ -244,7 +244,7 @@ def test_a_mechanism_that_cannot_train_is_refused_with_its_reason(
 ) -> None:
     """A plugin's mechanism (``$ATTNBENCH_PLUGINS``, loaded by this process's first look at
     the registry) that says it cannot train: ``attnbench run mode=train`` in this process
-    (plugins loaded by a fresh process are test_workloads.py's and test_extensions.py's);
+    (plugins loaded by a fresh process are test_extensions.py's);
     the mechanism and its ``attention`` option are taken out again after."""
     (tmp_path / "frozen_mech.py").write_text(
         "from dataclasses import dataclass\n"

@@ -51,14 +51,16 @@ def register_user_options() -> None:
     """A mechanism or a quality task registered in Python but without a YAML file is still an
     ``attention`` or ``task`` option (a mechanism with its default parameters, a task with the
     config's model, device, dtype and batch), a built-in one too: it shows up in sweeps with
-    no extra step. A shipped ``conf/attention/NAME.yaml``, where there is one, is the option."""
+    no extra step. A shipped ``conf/attention/NAME.yaml`` or ``conf/task/NAME.yaml``, where
+    there is one, is the option (a task's brings its own model and device)."""
     help_keys.register()  # and in the keys --help lists
     cs = ConfigStore.instance()
     for name in registry.names():
         if not (files(CONFIG_MODULE) / "attention" / f"{name}.yaml").is_file():
             cs.store(group="attention", name=name, node={"name": name, "params": {}})
-    for name in set(tasks.names()) - set(tasks.TASKS):
-        cs.store(group="task", name=name, node={"task": name}, package="_global_")
+    for name in tasks.names():
+        if not (files(CONFIG_MODULE) / "task" / f"{name}.yaml").is_file():
+            cs.store(group="task", name=name, node={"task": name}, package="_global_")
 
 
 def _unknown(group: str, option: Any, options: list[str]) -> str:

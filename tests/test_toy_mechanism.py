@@ -1,14 +1,17 @@
-"""The example mechanism of docs/mechanisms.md ("Add a mechanism"), registered as a user's would
-be, passes the registry-wide suites that cover a new mechanism without editing them: the common
-contract (tests/test_contract.py), the decode contract's refusals
-(tests/test_decode_contract.py), the packed layout's memory model
+"""A mechanism added by a plugin from its own file (``tests/toys/toy_mechanism.py``, the example
+docs/mechanisms.md quotes in "Add a mechanism") passes the registry-wide suites that cover a
+new mechanism without editing them: the common contract (tests/test_contract.py), the decode
+contract's refusals (tests/test_decode_contract.py), the packed layout's memory model
 (tests/test_packed_workload.py) and the context-memory census (tests/test_context_memory.py).
 Each suite's own tests run on it, chosen by the same capabilities that choose them for the
-built-ins; after each test it is unregistered."""
+built-ins.
+
+The file is loaded as ``attnbench`` loads it: named in ``$ATTNBENCH_PLUGINS`` and imported by
+the registry's first look, never imported here; after each test it is unregistered."""
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -19,19 +22,18 @@ from tests import test_context_memory as census
 from tests import test_contract as contract
 from tests import test_decode_contract as decode
 from tests import test_packed_workload as packed
-from tests.test_readme_and_cli import MECHANISMS, _section
 
-NAME = "local_window"
+NAME, TOY = "local_window", "tests.toys.toy_mechanism"
 
 
 @pytest.fixture(autouse=True)
-def _readme_mechanism() -> Iterator[None]:
-    code = re.search(r"```python\n(.*?)```", _section("Add a mechanism", MECHANISMS), re.S).group(1)
-    exec(compile(code, "docs/mechanisms.md:add-a-mechanism", "exec"), {})
-    try:
-        yield
-    finally:
-        registry._REGISTRY.pop(NAME, None)
+def _toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(registry.PLUGIN_ENV, TOY)
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    sys.modules.pop(TOY, None)
+    yield
+    registry._REGISTRY.pop(NAME, None)
+    sys.modules.pop(TOY, None)
 
 
 def test_it_keeps_the_common_contract() -> None:
