@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import registry, row_fields, workload
+from attnbench import registry, workload
 from attnbench.cell import Cell
 from attnbench.cell_key import beyond_defaults, key
 from attnbench.measure import presets
+from attnbench.row import fields as row_fields
 
 NAME, TOY = "toy_halves", "tests.toys.toy_workload"
 TINY = ("model=tiny", "n=64", "batch=1", "device=cpu", "dtype=fp32", "progress=false")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.row_checks import seconds
-from attnbench.row_fields import Field, register
+from attnbench.row.checks import seconds
+from attnbench.row.fields import Field, register
 
 
 def seqs_per_s(fields: dict[str, Any]) -> float | None:
