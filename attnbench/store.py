@@ -25,9 +25,11 @@ from attnbench.store_read import (  # noqa: F401 (CorruptLine, numbered_lines: r
     CorruptLine,
     Rekey,
     _own_key,
+    flat,
     numbered_lines,
     read_rows,
     stored_keys,
+    stored_lines,
 )
 
 CELLS = "cells.jsonl"  # a run directory's rows: the one place this name is written
@@ -39,7 +41,7 @@ class Stored(Protocol):
     is read with :func:`numbered_lines` and written with :func:`json_line`, so the store
     sits below it and knows no row class."""
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def stored(self) -> dict[str, Any]: ...
 
 
 def json_line(record: dict[str, Any]) -> str:
@@ -126,7 +128,7 @@ class RunStore:
         unless its key is already stored (or, with ``replace``, after dropping the stored
         one). Returns whether it was written. A failed write raises :class:`StoreError` and
         leaves the file as it was."""
-        record = row if isinstance(row, dict) else row.to_dict()
+        record = row if isinstance(row, dict) else row.stored()
         key = record["key"]
         line = json_line(record)
         with self._locked():
@@ -134,7 +136,7 @@ class RunStore:
             if key in stored_keys(self.cells, self.rekey):
                 if not replace:
                     return False
-                kept = [r for r in read_rows(self.cells, strict=False) if self.rekey(r) != key]
+                kept = [r for r in stored_lines(self.cells) if self.rekey(flat(r)) != key]
                 self._rewrite(kept)
             _append_line(self.cells, line, sync=True)
         return True

@@ -1,6 +1,12 @@
 """Reading a run's ``cells.jsonl``: its lines as JSON rows, each bad line one
 :class:`CorruptLine` naming its number, and the index of its keys.
 
+A line of schema 3 stores its cell's spec once (``cell``): the row fields the spec gives
+are left out of the line and put back on reading (:func:`flat`), so every reader — the
+row's schema check, the key index, the progress table — sees the same flat row whichever
+schema wrote it. :meth:`attnbench.row.Row.stored` leaves out exactly what
+:func:`spec_fields` gives back.
+
 The stored keys are an index kept per process (:class:`_Index`): each look-up parses only
 the bytes appended since the last one, so the cost of a cell does not grow with the run
 (a 5 000-row run re-read whole for every cell spent most of its time re-parsing).
@@ -17,6 +23,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+SPEC_SCHEMA = 3  # the first schema whose lines store the spec's fields once, in ``cell``
+
+
+def spec_fields(spec: Any) -> dict[str, Any]:
+    """The row fields a stored cell's spec gives: the mechanism, its parameters and ``k``,
+    n, dtype, device, workload and task, compiling, the batch asked for, the resolved
+    ceiling, the model's shape, and the workload's settings (its ``mode_settings``). A spec
+    not as this version writes it gives none (the line's own fields are then read alone)."""
+    if not isinstance(spec, dict):
+        return {}
+    try:
+        settings = {k: v for k, v in dict(spec["mode_settings"]).items() if isinstance(k, str)}
+        own = {name: spec[name] for name in ("attention", "n", "dtype", "device", "k", "mode")}
+        return {
+            **settings,
+            **own,
+            "params": dict(spec["params"]),
+            "task": spec["task"],
+            "compile": spec["compile"],
+            "compile_mode": spec["compile_mode"] if spec["compile"] is True else None,
+            "batch_asked": spec["batch"],
+            "ceiling_bytes": spec["ceiling_bytes"],
+            "model": spec["model"],
+        }
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
+def flat(line: dict[str, Any]) -> dict[str, Any]:
+    """A stored line as a flat row: a schema-3 line's fields from its spec put back (the
+    line's own win); a line of an older schema as it is."""
+    if line.get("schema") != SPEC_SCHEMA:
+        return line
+    return {**spec_fields(line.get("cell")), **line}
+
 
 class CorruptLine(ValueError):
     """A line of ``cells.jsonl`` that is not a JSON row, with its 1-based number."""
@@ -27,10 +68,11 @@ class CorruptLine(ValueError):
 
 
 def _rows_in(
-    path: Path, data: bytes, *, first: int = 1, strict: bool = True
+    path: Path, data: bytes, *, first: int = 1, strict: bool = True, as_stored: bool = False
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, JSON object) for the lines of ``data``, numbered from ``first``; see
-    :func:`numbered_lines` (the index parses appended bytes with the same rules)."""
+    """(line number, JSON object) for the lines of ``data``, numbered from ``first``, each a
+    flat row (:func:`flat`; ``as_stored``: the line as it is); see :func:`numbered_lines`
+    (the index parses appended bytes with the same rules)."""
     lines = data.split(b"\n")
     last = first + len(lines) - 1
     for i, raw in enumerate(lines, first):
@@ -56,7 +98,7 @@ def _rows_in(
             if last_unterminated and not strict:
                 continue
             raise CorruptLine(path, i, line) from None
-        yield i, row
+        yield i, row if as_stored else flat(row)
 
 
 def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -70,9 +112,17 @@ def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, di
 
 
 def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
-    """Every line of a ``cells.jsonl`` as a plain JSON object, as stored (see
+    """Every line of a ``cells.jsonl`` as a plain JSON object, a flat row (see
     :func:`numbered_lines`); :func:`attnbench.row.read` checks them against the schema."""
     return [row for _, row in numbered_lines(path, strict=strict)]
+
+
+def stored_lines(path: Path) -> list[dict[str, Any]]:
+    """Every whole line of a ``cells.jsonl`` as it is stored (schema 3's spec fields left
+    out): what a rewrite of the file writes back unchanged."""
+    if not path.exists():
+        return []
+    return [row for _, row in _rows_in(path, path.read_bytes(), strict=False, as_stored=True)]
 
 
 def _read_from(f: Any, offset: int) -> bytes:

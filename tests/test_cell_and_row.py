@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from attnbench import row as rows
+from attnbench import workload
 from attnbench.cell import Cell, budget_of, label
 from attnbench.cell_key import cell_of, key
-from attnbench.cell_rules import check_k, kept_k, left_out, resolve_ceiling
+from attnbench.cell_rules import check_k, complete, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.plan import label as plan_label
@@ -180,17 +181,43 @@ def test_a_new_row_round_trips_through_its_stored_form() -> None:
     row = Row.new(cell, 10**9, 5, environment())
     row.update(status="ok", time_median_s=0.5, time_iqr_s=0.01, key="abc")
     stored = json.loads(row.to_json())
-    assert stored["schema"] == rows.SCHEMA == 2 and next(iter(stored)) == "schema"
-    assert stored["batch_asked"] == 3 and stored["batch"] is None  # asked vs used
-    assert stored["budget"] == "k" and stored["mode"] == "inference"
+    assert stored["schema"] == rows.SCHEMA == 3 and next(iter(stored)) == "schema"
+    assert stored["batch_asked"] == 3 and "batch" not in stored  # asked; used: none (null)
+    assert stored["budget"] == "k" and "mode" not in stored  # absent reads as inference
     assert Row.from_dict(stored) == row
     with pytest.raises(KeyError, match="no field 'max_batc'"):
         row.update(max_batc=3)  # a typo is not a new key
 
 
+def test_a_stored_row_holds_its_spec_once_and_reads_back_whole(tmp_path: Path) -> None:
+    """Schema 3: what the spec (``cell``) gives — the mechanism, n, the workload and its
+    settings, the ceiling, the model — is stored there alone, and no other workload's
+    setting is stored as a null; the store's readers (the key index, the progress table)
+    and the row's reading see the same flat row as before."""
+    from attnbench.plan import spec
+    from attnbench.store import RunStore, read_rows
+
+    cell = complete(Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True}))
+    preset = presets.load("v100_16gb")
+    row = Row.new(cell, preset.total_bytes, preset.overhead_bytes, environment())
+    row = row.replaced(status="ok", key="abc", cell=spec(cell, preset))
+    RunStore(tmp_path).append(row)
+    (line,) = (tmp_path / "cells.jsonl").read_text().splitlines()
+    stored = json.loads(line)
+    given = ("attention", "n", "dtype", "device", "mode", "checkpoint", "optimizer",
+             "ceiling_bytes", "model", "batch_asked", "params", "k")  # fmt: skip
+    assert not set(given) & set(stored) and stored["cell"]["mode_settings"]
+    assert not {s.name for s in workload.get("decode").settings} & set(stored)
+    whole = Row.from_dict(json.loads(json.dumps(row.to_dict())))  # every field, as JSON holds it
+    assert Row.from_dict(stored) == whole == rows.read(tmp_path / "cells.jsonl")[0]
+    (flat,) = read_rows(tmp_path / "cells.jsonl")
+    assert flat["attention"] == "vanilla" and flat["checkpoint"] is True and flat["n"] == 512
+    assert len(line) < len(json.dumps(row.to_dict())) * 0.8  # nulls and the copy left out
+
+
 def test_schema_1_rows_are_upgraded_on_reading() -> None:
     read = rows.read(REFERENCE)
-    assert len(read) == 42 and {r.schema for r in read} == {2}
+    assert len(read) == 42 and {r.schema for r in read} == {rows.SCHEMA}
     vanilla = next(r for r in read if r.attention == "vanilla")
     linformer = next(r for r in read if r.attention == "linformer")
     assert vanilla.budget is None and linformer.budget == "k"
@@ -221,8 +248,8 @@ GOOD = {"schema": 2, "attention": "vanilla", "n": 512, "dtype": "fp16", "device"
         ("attention", 3, "attention: must be a string, got 3"),
         ("batch_asked", "many", "batch_asked: must be an integer >= 1, got 'many'"),
         ("memory_source", "guessed", "memory_source: must be one of measured, modeled"),
-        ("schema", 3, "schema: this attnbench reads schemas 1 and 2, got 3"),
-        ("schema", True, "schema: this attnbench reads schemas 1 and 2, got True"),
+        ("schema", 4, "schema: this attnbench reads schemas 1, 2, 3, got 4"),
+        ("schema", True, "schema: this attnbench reads schemas 1, 2, 3, got True"),
     ],
 )
 def test_an_impossible_field_is_one_line_naming_it(field: str, value: object, needle: str) -> None:

@@ -483,7 +483,7 @@ def test_a_long_hostile_value_is_quoted_short(
         (b'{"n": ' + b"9" * 5000 + b"}\n", "cells.jsonl:2: not a JSON row"),
         (b"[" * 100_000 + b"\n", "cells.jsonl:2: not a JSON row"),
         (b"{}\n", "cells.jsonl:2: attention: missing"),
-        (b'{"schema": 9}\n', "cells.jsonl:2: schema: this attnbench reads schemas 1 and 2"),
+        (b'{"schema": 9}\n', "cells.jsonl:2: schema: this attnbench reads schemas 1, 2, 3"),
     ],
 )
 def test_lines_that_are_not_rows(

@@ -100,11 +100,11 @@ def test_each_setting_typed_comes_back_from_the_row(mode: str, tmp_path: Path) -
     for name in own:
         want = TYPED[name][1]
         kept = json.loads(json.dumps(want))  # JSON's form: tuples are lists
-        if name in {s.name for s in workload.get(mode).settings}:
-            assert stored[name] == kept, name  # the row's own field, as JSON holds it
+        if name in {s.name for s in workload.get(mode).settings}:  # stored once, in the spec
+            assert dict(stored["cell"]["mode_settings"])[name] == kept and name not in stored
             assert getattr(row, name) in (want, tuple(want) if isinstance(want, list) else want)
     again = Cell.from_dict(stored["cell"])  # the stored spec: the same cell, every field
-    assert again == dataclasses.replace(cell, ceiling_bytes=stored["ceiling_bytes"])
+    assert again == dataclasses.replace(cell, ceiling_bytes=stored["cell"]["ceiling_bytes"])
     # a launcher's payload (joblib's subprocess: JSON), and the frame load() gives
     assert Cell.from_dict(json.loads(json.dumps(dataclasses.asdict(cell)))) == cell
     frame = attnbench.load(tmp_path)
@@ -127,7 +127,8 @@ def test_lengths_round_trip_through_a_run_under_joblib_and_its_report(
     assert out.returncode == 0, out.stderr
     (cells,) = tmp_path.glob("results/single/*/cells.jsonl")
     (row,) = [json.loads(line) for line in cells.read_text().splitlines()]
-    assert row["lengths"] == [10, 20, 30] and row["status"] == "ok", row.get("reason")
+    assert row["status"] == "ok", row.get("reason")
+    assert dict(row["cell"]["mode_settings"])["lengths"] == [10, 20, 30]  # stored once, there
     assert (cells.parent / "report" / "index.html").exists(), out.stdout
     again = cli_in_process(*args[:-2], "report=false", cwd=tmp_path)  # the default launcher
     assert again.returncode == 0 and "done before" in again.stdout, again.stderr

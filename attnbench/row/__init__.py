@@ -18,7 +18,15 @@ none imports this module, which imports them):
 * :mod:`.nested` — the objects a row stores a workload's figures in.
 * :mod:`.checks` — the check each kind of stored value is read with.
 
-Schema 2 (this version) against schema 1 (attnbench 0.1 before it):
+Schema 3 (this version) stores what schema 2 stored, without copies: the cell's spec once
+(``cell``), and beside it only what the spec does not give. The mechanism, its parameters
+and ``k``, n, dtype, device, ``mode`` and the workload's settings, ``task``, compiling,
+``batch_asked``, the resolved ceiling and ``model`` are read back from the spec
+(:func:`attnbench.store_read.flat`), and a field at what an absent field reads as (another
+workload's setting, a figure not taken: null) is left out (:meth:`Row.stored`). In memory,
+and in :func:`attnbench.load`'s frame, a row is flat as before, whichever schema stored it.
+
+Schema 2 against schema 1 (attnbench 0.1 before it):
 
 * ``batch_asked`` is the batch the cell asked for (``"max"`` or a number); ``batch`` is the
   batch the row's memory figure was taken at. Schema 1 kept the first only inside ``cell``.

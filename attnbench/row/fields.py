@@ -47,7 +47,7 @@ from attnbench.workload import names as workload_names
 
 __all__ = ["FIELDS", "MEMORY_SOURCES", "SCHEMA", "STATUSES", "TASKS", "Field"]
 
-SCHEMA = 2
+SCHEMA = 3  # attnbench.store_read.SPEC_SCHEMA: its lines store the spec once
 STATUSES = ("ok", "oom", "skipped", "error")
 MEMORY_SOURCES = ("measured", "modeled", "profiled")
 REQUIRED = object()  # the default of a field every stored row must have
@@ -250,10 +250,11 @@ FIELDS: tuple[Field, ...] = (
     _f("wall_s", float | None, seconds, "s", "stored", "the cell's wall time"),
     _f("finished_at", float | None, timestamp, "s", "stored", "when it was stored (Unix time)"),
     _f("invocation", str | None, text, "", "stored", "the command that stored it"),
-    _f("cell", dict[str, Any] | None, cell_spec, "", "stored", "the full cell spec",
+    _f("cell", dict[str, Any] | None, cell_spec, "", "stored", "the full cell spec: from "
+       "schema 3 the one place a line stores the fields of group `cell` it gives",
        column="nested"),
-    _f("schema", int, count, "", "stored", f"{SCHEMA} (a row without it is schema 1, upgraded on"
-       " reading)", default=SCHEMA),
+    _f("schema", int, count, "", "stored", f"{SCHEMA} (a row without it is schema 1; rows of "
+       "schemas 1 and 2 are upgraded on reading)", default=SCHEMA),
 )  # fmt: skip
 BY_NAME = {f.name: f for f in FIELDS}
 # a plugin's own fields (register), after the table's in a stored row and a DataFrame, each

@@ -10,6 +10,7 @@ for its types: the methods return ``Row`` through a type variable bound here.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnbench.measure.contention import is_busy
@@ -18,6 +19,7 @@ from attnbench.row.checks import shorten
 from attnbench.row.fields import BY_NAME, FIELDS, REQUIRED, SCHEMA, extra_fields
 from attnbench.row.upgrade import later_settings, upgrade_1
 from attnbench.store import json_line
+from attnbench.store_read import SPEC_SCHEMA, flat, spec_fields
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
@@ -127,8 +129,27 @@ class _Record:
         extra = {name: getattr(self, name) for name in extra_fields()}
         return {"schema": d.pop("schema"), **d, **extra}
 
+    def stored(self) -> dict[str, Any]:
+        """The row as a line of ``cells.jsonl`` stores it (schema 3): ``schema`` first, the
+        spec once (``cell``), and beside it only what reading could not give back — a field
+        the spec gives (:func:`attnbench.store_read.spec_fields`) or one at what an absent
+        field reads as (its ``missing``: another workload's setting, a figure not taken)
+        is left out. Reading a line puts both back, so :meth:`from_dict` of it is this row."""
+        given = spec_fields(self.cell)  # type: ignore[attr-defined]
+        table = {**BY_NAME, **extra_fields()}
+        out = {}
+        for name, value in self.to_dict().items():
+            field = table.get(name)
+            if name in given and _same(value, given[name]):
+                continue
+            if field is not None and field.default is not REQUIRED and _same(value, field.missing):
+                continue
+            out[name] = value
+        return {"schema": SCHEMA, **out}
+
     def to_json(self) -> str:
-        return json_line(self.to_dict()).rstrip("\n")
+        """The stored line (:meth:`stored`), without its newline."""
+        return json_line(self.stored()).rstrip("\n")
 
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
@@ -141,15 +162,26 @@ class _Record:
             raise ValueError(shorten(str(e))) from None
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal as stored: read back from JSON (a tuple and a list of the same values are one
+    value; a mapping's order is none)."""
+    return bool(json.loads(json_line({"v": a})) == json.loads(json_line({"v": b})))
+
+
+READS = (1, 2, SPEC_SCHEMA)  # the schemas this version reads; it writes the last
+
+
 def _checked(data: dict[str, Any]) -> dict[str, Any]:
-    """The stored fields of ``data``, checked, upgraded and completed: a field not stored
-    reads as its table's ``missing`` (None: unknown); keys no field names are dropped."""
+    """The stored fields of ``data``, checked, upgraded and completed: a schema-3 line's
+    fields from its spec put back (:func:`attnbench.store_read.flat`), a field not stored
+    read as its table's ``missing`` (None: unknown); keys no field names are dropped."""
     schema = data.get("schema", 1)
-    if type(schema) is not int or schema not in (1, SCHEMA):
+    if type(schema) is not int or schema not in READS:
         raise ValueError(
-            f"schema: this attnbench reads schemas 1 and {SCHEMA}, got {schema!r}"
+            f"schema: this attnbench reads schemas {', '.join(map(str, READS))}, got {schema!r}"
             " (a newer attnbench wrote it?)"
         )
+    data = flat(data)
     extra = extra_fields()
     values = {k: v for k, v in data.items() if k in NAMES or k in extra}
     if schema == 1:
