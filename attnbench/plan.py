@@ -97,14 +97,14 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
 
 def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     registry.info(given.attention)  # unknown mechanism
+    check_int("n", given.n)
+    if isinstance(given.batch, str) and given.batch != "max":
+        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {given.batch!r}")
+    if given.batch != "max":
+        check_int("batch", given.batch)
     work = get_workload(given.mode)  # an unknown mode: one line naming the workloads
     check_choice("task", given.task, tasks.names())
-    cell = complete(given)
-    check_int("n", cell.n)
-    if isinstance(cell.batch, str) and cell.batch != "max":
-        raise ValueError(f"batch: must be 'max' or an integer >= 1, got {cell.batch!r}")
-    if cell.batch != "max":
-        check_int("batch", cell.batch)
+    cell = complete(given)  # its owners' defaults: what every rule below reads
     if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
         raise ValueError(f"mode: attention={cell.attention} {why}")
     check_k(cell.attention, cell.n, cell.k, dict(cell.params))

@@ -84,7 +84,7 @@ from gpu_check_tables import decode_table, residual_table, table
 
 from attnbench.env import fix_malloc
 from attnbench.measure import presets
-from attnbench.plan import validate
+from attnbench.plan import label, validate
 from attnbench.row import read
 from attnbench.runner import run_cell
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     def describe(item: Item) -> str:
         c = item.cell
         return (
-            c.label
+            label(c)
             + (f" b={c.batch}" if c.batch != "max" else "")
             + (f" {c.dtype}" if c.dtype != profile.dtype else "")
             + (f" on {c.device}" if c.device != profile.device else "")

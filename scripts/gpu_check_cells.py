@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnbench.cell import Cell
+from attnbench.cell_rules import complete
 from attnbench.measure import presets
 from attnbench.row import Row
 from attnbench.workload import find as find_workload
@@ -255,6 +256,7 @@ def _done_key(c: Item | Cell | Row) -> str:
     prompts) and the allocator setting it ran under (a row's ``env``) among them."""
     alloc = c.alloc if isinstance(c, Item) else c.env.get(ALLOC_ENV) if isinstance(c, Row) else None
     c = c.cell if isinstance(c, Item) else c
+    c = complete(c) if isinstance(c, Cell) else c  # a cell's settings: its workload's defaults too
     work = find_workload(c.mode)
     settings = sorted(
         [s.name, setting(c, s.name)]

@@ -8,7 +8,6 @@ them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded, tracked_peak
 from attnbench.plan import validate
 from attnbench.runner import MemoryModel, build, make_input, run_cell
+from attnbench.store import read_rows
 from attnbench.workload import get as get_workload
 from attnbench.workload.decode import DecodeWork, context
 from tests.conftest import run_cli, runnable_here
@@ -257,7 +257,7 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> No
     out = _run(tmp_path, *args)
     assert out.returncode == 0, out.stderr
     assert "1 combinations left out" in out.stderr and "linformer" in out.stderr
-    rows = [json.loads(line) for line in next(tmp_path.rglob("cells.jsonl")).open()]
+    rows = read_rows(next(tmp_path.rglob("cells.jsonl")))  # flat: the spec's fields too
     assert sorted(r["attention"] for r in rows) == ["linear", "vanilla"]
     for r in rows:
         assert r["mode"] == "decode" and r["status"] == "ok" and r["params"]["causal"] is True
@@ -271,14 +271,14 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> No
         "report=false", here=cli_in_process,
     )  # fmt: skip
     assert gqa.returncode == 0, gqa.stderr
-    last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])
+    last = read_rows(next(tmp_path.rglob("cells.jsonl")))[-1]
     assert last["model"]["kv_heads"] == 1
     mix = _run(
         tmp_path, "attention=vanilla", "n=64", "batch=3", "decode_tokens=4", "contexts=drawn",
         "lengths=[8,40,20]", "report=false", here=cli_in_process,
     )  # fmt: skip
     assert mix.returncode == 0 and "contexts 8..40 ×3" in mix.stdout, mix.stderr
-    last = json.loads(list(next(tmp_path.rglob("cells.jsonl")).open())[-1])
+    last = read_rows(next(tmp_path.rglob("cells.jsonl")))[-1]
     assert last["contexts"] == "drawn" and last["prompts"]["lengths"] == [8, 40, 20]
     assert last["decode"]["context"] > last["decode"]["own_context"]  # padding read too
 

@@ -8,7 +8,6 @@ and to what the layout computes, and bad input to one line, exit 2, nothing writ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import profiled_peak, rounded
 from attnbench.plan import validate
 from attnbench.runner import MemoryModel, build, make_input
+from attnbench.store import read_rows
 from attnbench.workload import get as get_workload
 from attnbench.workload.packed import LAYOUTS, Layout, Plan, real_positions
 from attnbench.workload.train import TRAIN
@@ -220,7 +220,7 @@ def test_a_packed_cell_runs_end_to_end_through_the_cli(tmp_path: Path) -> None:
             "timing.min_seconds=0")  # fmt: skip
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in next(out.rglob("cells.jsonl")).read_text().splitlines()]
+    rows = read_rows(next(out.rglob("cells.jsonl")))  # flat: the spec's fields too
     assert len(rows) == 1 and rows[0]["status"] == "ok", rows
     packed = rows[0]["packed"]
     assert packed["real_tokens"] == sum(packed["lengths"]) <= 600

@@ -22,6 +22,7 @@ from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.plan import validate
 from attnbench.row import Row
 from attnbench.runner import MemoryModel, build, make_input, run_cell
+from attnbench.store import read_rows
 from attnbench.workload.train import train_step
 from tests.conftest import mechanism_variants, param_ids, run_cli
 
@@ -283,7 +284,7 @@ def test_train_mode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = tmp_path / "results/compare/cpu-cpu"
-    rows = [json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
+    rows = read_rows(run_dir / "cells.jsonl")  # flat: the spec's fields too
     assert {r["attention"] for r in rows} == {"vanilla", "sdpa", "linformer"}
     for r in rows:
         assert (r["status"], r["mode"], r["optimizer"]) == ("ok", "train", "adamw"), r

@@ -22,8 +22,8 @@ Schema 3 (this version) stores what schema 2 stored, without copies: the cell's 
 (``cell``), and beside it only what the spec does not give. The mechanism, its parameters
 and ``k``, n, dtype, device, ``mode`` and the workload's settings, ``task``, compiling,
 ``batch_asked``, the resolved ceiling and ``model`` are read back from the spec
-(:func:`attnbench.store_read.flat`), and a field at what an absent field reads as (another
-workload's setting, a figure not taken: null) is left out (:meth:`Row.stored`). In memory,
+(:func:`attnbench.store_read.flat`), and another workload's settings (null) are left out;
+every figure is kept, null where none was taken (:meth:`Row.stored`). In memory,
 and in :func:`attnbench.load`'s frame, a row is flat as before, whichever schema stored it.
 
 Schema 2 against schema 1 (attnbench 0.1 before it):

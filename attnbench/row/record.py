@@ -131,19 +131,20 @@ class _Record:
 
     def stored(self) -> dict[str, Any]:
         """The row as a line of ``cells.jsonl`` stores it (schema 3): ``schema`` first, the
-        spec once (``cell``), and beside it only what reading could not give back — a field
-        the spec gives (:func:`attnbench.store_read.spec_fields`) or one at what an absent
-        field reads as (its ``missing``: another workload's setting, a figure not taken)
-        is left out. Reading a line puts both back, so :meth:`from_dict` of it is this row."""
+        spec once (``cell``), and beside it what was measured. A field the spec gives
+        (:func:`attnbench.store_read.spec_fields`) is left out, and so is a null field of
+        the cell's group (another workload's setting) beside a spec. Every figure is kept,
+        null or not: a line says what was not measured; a row without a spec (a script's, a
+        cell run from Python) is stored whole. Reading a line puts both back, so
+        :meth:`from_dict` of it is this row."""
         given = spec_fields(self.cell)  # type: ignore[attr-defined]
-        table = {**BY_NAME, **extra_fields()}
         out = {}
         for name, value in self.to_dict().items():
-            field = table.get(name)
             if name in given and _same(value, given[name]):
                 continue
-            if field is not None and field.default is not REQUIRED and _same(value, field.missing):
-                continue
+            field = BY_NAME.get(name)
+            if given and field is not None and field.group == "cell" and value is None:
+                continue  # another workload's setting: its spec says whose row it is
             out[name] = value
         return {"schema": SCHEMA, **out}
 
