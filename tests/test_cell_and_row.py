@@ -348,12 +348,12 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
 
     cell = Cell("flex", n=256, k=64, params=(("pattern", "window"),), dtype="fp32", device="cpu")
     found = Found(threads=(2, 4), flops=Flops(100, None, 160), recompiled=0)
-    found.max_batch = MaxBatch(predicted=9, probed=8, probes=2, allocated=10)
-    found.memory = Memory("measured", 8, 1000, 2000, 0.25)
-    found.mask_build_s, found.compiled = 0.5, Compiled("kernel", 3.0, 2)
+    found = found.add(max_batch=MaxBatch(predicted=9, probed=8, probes=2, allocated=10))
+    found = found.add(memory=Memory("measured", 8, 1000, 2000, 0.25))
+    found = found.add(mask_build_s=0.5, compiled=Compiled("kernel", 3.0, 2))
     whole = Timing((2.0, 4.0, 6.0), "perf_counter", 3)
-    found.timing = StepTiming(whole, {}, 8, "cpu", "fp32", flops=800, peak_flops=1600.0)
-    found.workload = {"state_bytes": 7}
+    found = found.add(timing=StepTiming(whole, {}, 8, "cpu", "fp32", flops=800, peak_flops=1600.0))
+    found = found.add(workload={"state_bytes": 7})
     row = assemble(cell, validate(cell), environment(), found)
     assert (row.status, row.reason, row.flops, row.flops_dense) == ("ok", None, 100, 160)
     assert (row.max_batch, row.predicted_max_batch, row.probes, row.model_error) == (8, 9, 2, 1)
@@ -365,8 +365,11 @@ def test_a_row_is_assembled_from_its_steps_results() -> None:
     assert (row.time_median_s, row.time_per_seq_s, row.flops_per_s) == (4.0, 0.5, 200.0)
     assert row.pct_of_peak == 12.5 and row.time_samples_s == [2.0, 4.0, 6.0]
     assert row.env["threads"] == 3 and row.env["cpus"] == 4 and row.state_bytes == 7
-    with pytest.raises(AttributeError, match="memroy"):
-        found.memroy = None  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="memroy"):  # a misspelt figure is never set
+        found.add(memroy=None)
+    with pytest.raises(AttributeError, match="memory"):  # a figure is handed back, not set
+        found.memory = None  # type: ignore[misc]
+    assert found.stopped("oom", "b=1 does not fit").status == "oom" and found.status == "ok"
 
 
 def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
@@ -384,6 +387,46 @@ def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
     assert row.status == "error" and row.reason == "RuntimeError: no peak here"
     assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
     assert row.peak_bytes is None and row.time_median_s is None and row.max_batch is None
+
+
+FIGURES = ("flops", "memory_source", "peak_bytes", "eager_peak_bytes", "time_median_s")
+
+
+@pytest.mark.parametrize(
+    ("failing", "compile", "kept"),
+    [
+        # the timing's cost estimated: after the modeled memory
+        ("attnbench.measure.gemm.cpu_matmul_rate", False, {"flops", "memory_source", "peak_bytes"}),
+        # a compiled cell's: after the eager step's peak, before the compiled one's
+        ("attnbench.runner.prepare.compile_step", True, {"flops", "eager_peak_bytes"}),
+        ("attnbench.runner.prepare.time_step", False, {"flops", "memory_source", "peak_bytes"}),
+        # the workload's own figures, read after the step was timed
+        (
+            "attnbench.workload.base.Work.row_fields",
+            False,
+            {"flops", "memory_source", "peak_bytes", "time_median_s"},
+        ),
+    ],
+    ids=lambda v: v.rpartition(".")[2] if isinstance(v, str) else None,
+)
+def test_a_step_that_fails_inside_the_timing_leaves_the_figures_before_it(
+    monkeypatch, failing: str, compile: bool, kept: set[str]
+) -> None:
+    """The timing's steps, called inside the runner's, add their figures in turn: one that
+    raises there leaves every figure found before it in the row, the callers' and its own."""
+    from attnbench.runner import run
+
+    name = failing.rpartition(".")[2]
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"{name} failed")
+
+    monkeypatch.setattr(failing, boom)
+    cell = Cell("vanilla", n=64, batch=3, dtype="fp32", device="cpu", layers=2, d_model=32,
+                n_heads=2, d_ff=64, min_repeats=2, min_seconds=0.0, compile=compile)  # fmt: skip
+    row = run.run_cell(cell)
+    assert (row.status, row.reason) == ("error", f"RuntimeError: {name} failed")
+    assert {f for f in FIGURES if getattr(row, f) is not None} == kept
 
 
 def test_version_1s_rule_kept_for_reading_reproduces_every_committed_key() -> None:

@@ -195,6 +195,43 @@ def test_autotuning_at_each_new_batch_runs_outside_the_cap_and_the_peak(
     assert row.warmup_s is not None and row.warmup_s > 0
 
 
+@pytest.mark.parametrize("failing", ["probe", "timing"])
+def test_a_gpu_step_that_fails_leaves_the_warm_ups_and_figures_before_it(
+    gpu_on_cpu: Probes, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """Each warm-up's seconds are kept as it returns (here each takes 1 s): a probe that
+    raises other than out of memory, after its warm-up, or a timing that raises, leaves
+    every warm-up so far in the row, each once, beside the figures found before it."""
+    monkeypatch.setattr(prepare, "warms", lambda cell: True)
+    monkeypatch.setattr(prepare, "warm", lambda work, device, *, grad: 1.0)
+    if failing == "probe":
+
+        def second_probe_fails(work, device, ceiling, grad=False) -> Peak:
+            if gpu_on_cpu.batches:
+                raise RuntimeError("probe failed")
+            return gpu_on_cpu(work, device, ceiling, grad)
+
+        monkeypatch.setattr(run, "measured_peak_cuda", second_probe_fails)
+    else:
+
+        def timing_fails(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("timing failed")
+
+        monkeypatch.setattr(prepare, "time_step", timing_fails)
+    cell = _cell("inference")
+    plan = validate(cell)
+    plan.on_gpu = True
+    row = run.run_cell(cell, plan)
+    assert (row.status, row.reason) == ("error", f"RuntimeError: {failing} failed")
+    assert row.flops > 0 and row.predicted_max_batch > 1 and row.time_median_s is None
+    if failing == "probe":  # the first probe's warm-up, and the second's before it failed
+        assert row.warmup_s == 2.0 and gpu_on_cpu.batches == [row.predicted_max_batch]
+        assert row.max_batch is None and row.peak_bytes is None
+    else:  # one warm-up before each probe and before the measurement, all of which ran
+        assert row.warmup_s == len(gpu_on_cpu.batches) > 2
+        assert row.max_batch == gpu_on_cpu.batches[-1] and row.peak_bytes is not None
+
+
 @pytest.mark.parametrize(
     ("capability", "triton_default", "dot"),
     [((9, 0), None, "tf32"), ((9, 0), "ieee", "ieee"), ((7, 0), None, "ieee")],

@@ -7,8 +7,8 @@ One module per step, each importing only those after it:
 * :mod:`.timed` — the step timed at the batch :mod:`.run` chose, on the preset's GPU or this CPU.
 * :mod:`.prepare` — the step made ready to time: per-length structures, the compile.
 * :mod:`.memory_model` — the cell's memory modeled on meta tensors, on any device.
-* :mod:`.found` — what the steps return, kept in a :class:`~.found.Found`, and the row
-  assembled from it once.
+* :mod:`.found` — what the steps return, kept in a frozen :class:`~.found.Found` that each
+  step's caller replaces and hands back, and the row assembled from it once.
 """
 
 from attnbench.cell import Cell

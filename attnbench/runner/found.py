@@ -2,14 +2,22 @@
 
 Each step of :mod:`attnbench.runner.run` returns a value: the model's FLOPs, the max batch, the
 memory figure, what compiling cost, the step's timing (:class:`~attnbench.measure.timing.
-StepTiming`), the workload's own figures. The runner keeps each in a :class:`Found` as it
-returns, and the row is assembled from that once, whether the cell finished or stopped
-midway: a step that raises leaves the figures of the steps before it in the row, beside the
-status and reason its exception gave.
+StepTiming`), the workload's own figures. The function that calls a step keeps its value in
+the cell's :class:`Found`, a frozen record it replaces with :meth:`Found.add` as each step
+returns, and hands the record back to its own caller: a figure reaches the row only as a
+value handed back, never by a step writing into a shared holder.
+
+A step that raises leaves the figures of the steps before it in the row, beside the status
+and reason its exception gave. The top, which makes the row, does not hold the latest record
+(the function that called the step does), so each function that adds to the record raises
+what is raised after its first figure (by its own steps or a function it calls) as
+:class:`Unfinished`, carrying its latest record (:func:`carried`), out to
+:func:`attnbench.runner.run.run_cell`, which makes the row of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,11 +84,12 @@ class Compiled:
     graphs: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Found:
-    """What a cell's steps have returned so far (slotted: a misspelt name raises). A step
-    that stops the cell says why with :meth:`stop`; ``status`` stays ``ok`` otherwise, and a
-    ``reason`` beside it is a note (no time measured, and why)."""
+    """What a cell's steps have returned so far; frozen, so that a figure reaches the row only
+    as a value handed back (:meth:`add`, whose misspelt name raises). A step that stops the
+    cell says why (:meth:`stopped`); ``status`` stays ``ok`` otherwise, and a ``reason``
+    beside it is a note (no time measured, and why)."""
 
     status: str = "ok"
     reason: str | None = None
@@ -99,8 +108,36 @@ class Found:
     contention: dict[str, Any] | None = None
     workload: dict[str, Any] = field(default_factory=dict)  # its own fields (describe, row_fields)
 
-    def stop(self, status: str, reason: str) -> None:
-        self.status, self.reason = status, reason
+    def add(self, **figures: Any) -> Found:
+        """This record with ``figures`` (field names) replaced."""
+        return dataclasses.replace(self, **figures)
+
+    def stopped(self, status: str, reason: str) -> Found:
+        """This record, ended early: ``status`` (``oom``, ``skipped``, ``error``) and why."""
+        return self.add(status=status, reason=reason)
+
+    def warmed(self, seconds: float | None) -> Found:
+        """This record with a warm-up's ``seconds`` added to ``warmup_s`` (None: none ran)."""
+        if seconds is None:
+            return self
+        return self.add(warmup_s=(self.warmup_s or 0.0) + seconds)
+
+
+class Unfinished(Exception):
+    """A step raised ``cause`` after the cell had found ``found``: the exception as it leaves
+    the steps around it, so that the row keeps the figures found before it."""
+
+    def __init__(self, found: Found, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.found, self.cause = found, cause
+
+
+def carried(found: Found, e: Exception) -> Unfinished:
+    """``e`` as it leaves a function whose latest record is ``found`` (raised ``from e``); one
+    that already carries a record keeps it: a step inside had found more than its caller."""
+    if isinstance(e, Unfinished):
+        return Unfinished(e.found, e.cause)
+    return Unfinished(found, e)
 
 
 def assemble(cell: Cell, res: Resolved, env: dict[str, Any], found: Found) -> Row:

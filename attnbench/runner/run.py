@@ -37,25 +37,28 @@ from attnbench.plan import Resolved, validate
 from attnbench.quality import tasks
 from attnbench.row import Row
 from attnbench.runner import prepare, timed
-from attnbench.runner.found import Flops, Found, MaxBatch, Memory, assemble
+from attnbench.runner.found import Flops, Found, MaxBatch, Memory, Unfinished, assemble, carried
 from attnbench.runner.memory_model import MemoryModel, build, feed, make_input
 from attnbench.workload import DTYPES, Work
 
 GPU = "cuda"  # the device real GPU runs use (tests put "cpu" here to drive that branch)
 
 
-def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> bool:
+def _cuda_fits(work: Work, cell: Cell, res: Resolved, b: int, found: Found) -> tuple[bool, Found]:
     """A real step at b under the ceiling less the fixed overhead, warmed first where it
     autotunes or compiles (:func:`_warm`); OOM is caught, the input's allocation included.
-    Fit or not, what the probe allocated is freed before anything else runs."""
+    Fit or not, what the probe allocated is freed before anything else runs. Whether it fit,
+    and ``found`` with the warm-up's seconds added."""
     dev = indexed_device(GPU)
     try:
         feed(work, cell, b, GPU)
-        _warm(work, res, dev, found)
+        found = found.warmed(_warm(work, res, dev))
         measured_peak_cuda(work, dev, res.usable, grad=res.workload.grad)
-        return True
+        return True, found
     except torch.OutOfMemoryError:
-        return False
+        return False, found
+    except Exception as e:
+        raise carried(found, e) from e
     finally:
         work.x = None
         _release(work)
@@ -69,14 +72,16 @@ def _release(work: Work) -> None:
     torch.cuda.empty_cache()
 
 
-def _warm(work: Work, res: Resolved, device: torch.device, found: Found) -> None:
+def _warm(work: Work, res: Resolved, device: torch.device) -> float | None:
     """Where the step's first call at a new batch autotunes or compiles
     (:func:`prepare.warms`), make that call here: outside the memory cap, before the peak
-    statistics are reset, apart from the timing. Its seconds add up in ``warmup_s``."""
-    if prepare.warms(res.cell):
-        seconds = prepare.warm(work, device, grad=res.workload.grad)
-        found.warmup_s = (found.warmup_s or 0.0) + seconds
-        _release(work)
+    statistics are reset, apart from the timing. Its seconds (None: no call was made), which
+    add up in ``warmup_s``."""
+    if not prepare.warms(res.cell):
+        return None
+    seconds = prepare.warm(work, device, grad=res.workload.grad)
+    _release(work)
+    return seconds
 
 
 def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
@@ -88,142 +93,180 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     env, found = environment(), Found()
     before = torch.get_num_threads()
     try:
-        found.threads = (use_threads(cell.threads), allocated()[0])
-        _run(cell, res, found)
+        found = Found(threads=(use_threads(cell.threads), allocated()[0]))
+        found = _run(cell, res, found)
     except ValueError as e:  # timing.threads above what this process was given
-        found.stop("error", str(e))
+        found = found.stopped("error", str(e))
     finally:
         torch.set_num_threads(before)
     return assemble(cell, res, env, found)
 
 
-def _run(cell: Cell, res: Resolved, found: Found) -> None:
+def _run(cell: Cell, res: Resolved, found: Found) -> Found:
+    """The cell's figures; a step that raises ends it with what was found before it (the
+    record its exception carried out, :class:`~.found.Unfinished`), its status and reason."""
     why = registry.info(cell.attention).unavailable
     if why is not None:  # its forward cannot run here, not even on meta tensors
-        found.stop("skipped", why)
-        return
+        return found.stopped("skipped", why)
     try:
         if cell.task != "cost":  # a quality beside the cost
-            found.quality = tasks.run(cell)
-        else:
-            _measure(cell, res, found)
-    except torch.OutOfMemoryError as e:
-        found.stop("oom", _first_line(e))
+            return found.add(quality=tasks.run(cell))
+        return _measure(cell, res, found)
     except Exception as e:  # a row with the reason, never a hole in the sweep
-        blamed = plugins.fault(e)  # a plugin's mechanism at fault: named, in its words
-        found.stop("error", blamed or f"{type(e).__name__}: {_first_line(e)}")
+        cause = e
+        if isinstance(e, Unfinished):
+            found, cause = e.found, e.cause
+        if isinstance(cause, torch.OutOfMemoryError):
+            return found.stopped("oom", _first_line(cause))
+        blamed = plugins.fault(cause)  # a plugin's mechanism at fault: named, in its words
+        return found.stopped("error", blamed or f"{type(cause).__name__}: {_first_line(cause)}")
 
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [repr(e)])[0][:300]
 
 
-def _measure(cell: Cell, res: Resolved, found: Found) -> None:
+def _measure(cell: Cell, res: Resolved, found: Found) -> Found:
+    """The cost cell's figures, each kept as its step returns: FLOPs, the modeled max batch,
+    then memory and time on the preset's GPU (:func:`_measure_gpu`), or modeled and on this
+    CPU (:func:`_measure_modeled`)."""
     modeled = MemoryModel(cell, res)
     forward, backward = res.workload.flops(modeled.model, cell)  # per sequence
     # flex: the kernel computes whole blocks only; dense attention's count beside it
     dense = modeled.model.dense_flops(1, cell.n) if registry.info(cell.attention).compiles else None
-    found.flops = Flops(forward, backward, dense)
-    found.attention_params = modeled.model.attention_params()
-    found.workload = res.workload.describe(modeled.model, cell)
-    if cell.batch == "max":
-        # meta forwards cost the same at any b; the search's last one is the row's peak. The
-        # allocation-only answer bounds what the allocator's replay lets fit (measure/fit.py)
-        allocated, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
-        predicted = allocated
-        if modeled.replayed:  # a CPU has no caching allocator; decode models its own peak
-            predicted = modeled.replayed_max_batch(allocated, res.usable, cell.allocator)
-        found.max_batch = MaxBatch(predicted, allocated=allocated)
-    else:
+    found = found.add(flops=Flops(forward, backward, dense))
+    try:
+        found = found.add(attention_params=modeled.model.attention_params())
+        found = found.add(workload=res.workload.describe(modeled.model, cell))
         predicted = None
+        if cell.batch == "max":
+            # meta forwards cost the same at any b; the search's last one is the row's peak. The
+            # allocation-only answer bounds what the allocator's replay lets fit (measure/fit.py)
+            allocated, _ = solve_affine(modeled.peak, res.ceiling, modeled.fixed)
+            predicted = allocated
+            if modeled.replayed:  # a CPU has no caching allocator; decode models its own peak
+                predicted = modeled.replayed_max_batch(allocated, res.usable, cell.allocator)
+            found = found.add(max_batch=MaxBatch(predicted, allocated=allocated))
+        if res.on_gpu:
+            with compiled.strict(timing=False):  # a compiled probe never falls back to eager
+                return _measure_gpu(cell, res, found, predicted)
+        if cell.compile and not cell.model_only:
+            # the meta model traces the eager graph: a compiled cell's memory is what the
+            # profiler sees of the compiled step where it is timed, never the eager model's
+            return timed.time_on_cpu(cell, res, found, modeled.model)
+        # no GPU of the preset's kind here (or model_only): memory modeled, time from the CPU
+        b = predicted if cell.batch == "max" else cell.batch
+        return _measure_modeled(cell, res, found, modeled, b)
+    except Exception as e:
+        raise carried(found, e) from e
 
-    if res.on_gpu:
-        with compiled.strict(timing=False):  # a compiled probe never falls back to eager
-            _measure_gpu(cell, res, found, predicted)
-        return
-    if cell.compile and not cell.model_only:
-        # the meta model traces the eager graph: a compiled cell's memory is what the profiler
-        # sees of the compiled step where it is timed, never the eager model's figure
-        timed.time_on_cpu(cell, res, found, modeled.model)
-        return
-    # no GPU of the preset's kind here (or model_only): memory from the model, time from the CPU
-    b = predicted if cell.batch == "max" else cell.batch
-    found.memory = Memory("modeled", b)
+
+def _measure_modeled(
+    cell: Cell, res: Resolved, found: Found, modeled: MemoryModel, b: int
+) -> Found:
+    """The memory at b modeled (its peak, and on a GPU preset what the caching allocator
+    reserves of it, replayed), then the step timed on this CPU."""
+    found = found.add(memory=Memory("modeled", b))
     if b == 0:
         fits_live = found.max_batch is not None and bool(found.max_batch.allocated)
         how = "fits in live bytes, but the caching allocator (replayed) cannot reserve it"
-        found.stop("oom", f"modeled: b=1 {how if fits_live else 'does not fit'} under "
-                   f"{res.ceiling} bytes")  # fmt: skip
-        return
-    peak = modeled.peak(b)
-    found.memory = Memory("modeled", b, peak)
-    if peak > res.ceiling:
-        found.stop(
-            "oom", f"modeled: b={b} peaks at {peak} bytes, over the ceiling of {res.ceiling}"
-        )
-        return
-    if modeled.replayed:  # what the allocator reserves, and fits?
-        again = replay(modeled.trace(b), res.usable, from_setting(cell.allocator))
-        reserved = again.peak_reserved + modeled.overhead
-        found.memory = Memory("modeled", b, peak, reserved, again.fragmentation)
-        if not again.fits:
-            why = "but the caching allocator (replayed) cannot reserve it under the ceiling"
-            found.stop("oom", f"modeled: b={b} fits in {peak} bytes, {why} of {res.ceiling}")
-            return
-    if cell.model_only:
-        found.reason = "model only: no time measured"
-        return
-    timed.time_on_cpu(cell, res, found, modeled.model)
-
-
-def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None) -> None:
-    """Real probes confirm or correct the model's max batch; then peak memory and time at
-    that batch, on the GPU. A workload that primes (a training step's optimizer state) runs
-    one step at b = 1 first, as that state exists in every step after a real run's first."""
-    dtype, dev, workload = DTYPES[cell.dtype], indexed_device(GPU), res.workload
-    overhead = res.preset.overhead_bytes
-    model = build(cell, res, GPU, dtype)
-    work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)
-    if cell.compile:  # the probes run the compiled step: its memory, not the eager one's
-        compiled.compile_layers(model, cell.compile_mode, workload.compile_dynamic)
-    if workload.primes and not _cuda_fits(work, cell, res, 1, found):
-        found.memory = Memory("measured")
-        found.stop("oom", "b=1 does not fit")
-        return
-    if predicted is not None:  # batch=max
-        b, probes = largest_fitting(
-            lambda b: _cuda_fits(work, cell, res, b, found), max(predicted, 1)
-        )
-        found.max_batch = dataclasses.replace(found.max_batch, probed=b, probes=probes)
-    else:
-        b = cell.batch
-    if b == 0:
-        found.memory = Memory("measured")
-        found.stop("oom", f"b=1 does not fit under {res.ceiling} bytes")
-        return
-    feed(work, cell, b, GPU)
-    timed.ready(found, cell, model, work, dev, profile=False)  # afresh at b: its compile time
+        what = how if fits_live else "does not fit"
+        return found.stopped("oom", f"modeled: b=1 {what} under {res.ceiling} bytes")
     try:
-        _warm(work, res, dev, found)
-        peak = measured_peak_cuda(work, dev, res.usable, grad=workload.grad)
-    except torch.OutOfMemoryError:
-        why = (
-            "passed its probe but ran out of memory when run again (allocator fragmentation)"
-            if cell.batch == "max"
-            else "does not fit under the ceiling"
+        peak = modeled.peak(b)
+        found = found.add(memory=Memory("modeled", b, peak))
+        if peak > res.ceiling:
+            why = f"peaks at {peak} bytes, over the ceiling of {res.ceiling}"
+            return found.stopped("oom", f"modeled: b={b} {why}")
+        if modeled.replayed:  # what the allocator reserves, and fits?
+            again = replay(modeled.trace(b), res.usable, from_setting(cell.allocator))
+            reserved = again.peak_reserved + modeled.overhead
+            found = found.add(memory=Memory("modeled", b, peak, reserved, again.fragmentation))
+            if not again.fits:
+                why = "but the caching allocator (replayed) cannot reserve it under the ceiling"
+                why = f"fits in {peak} bytes, {why} of {res.ceiling}"
+                return found.stopped("oom", f"modeled: b={b} {why}")
+        if cell.model_only:
+            return found.add(reason="model only: no time measured")
+        return timed.time_on_cpu(cell, res, found, modeled.model)
+    except Exception as e:
+        raise carried(found, e) from e
+
+
+def _measure_gpu(cell: Cell, res: Resolved, found: Found, predicted: int | None) -> Found:
+    """Real probes confirm or correct the model's max batch; then peak memory and time at
+    that batch, on the GPU (:func:`_measure_gpu_at`). A workload that primes (a training
+    step's optimizer state) runs one step at b = 1 first, as that state exists in every step
+    after a real run's first."""
+    dtype, workload = DTYPES[cell.dtype], res.workload
+    try:
+        model = build(cell, res, GPU, dtype)
+        work = workload.work(model, cell, make_input(1, cell, GPU, dtype), GPU, gpu=True)
+        if cell.compile:  # the probes run the compiled step: its memory, not the eager one's
+            compiled.compile_layers(model, cell.compile_mode, workload.compile_dynamic)
+
+        def fits(b: int) -> bool:  # a probe, whose warm-up's seconds are kept as it returns
+            nonlocal found
+            fit, found = _cuda_fits(work, cell, res, b, found)
+            return fit
+
+        if workload.primes and not fits(1):
+            return found.add(memory=Memory("measured")).stopped("oom", "b=1 does not fit")
+        if predicted is not None:  # batch=max
+            b, probes = largest_fitting(fits, max(predicted, 1))
+            assert found.max_batch is not None  # the model's, found before any probe
+            found = found.add(
+                max_batch=dataclasses.replace(found.max_batch, probed=b, probes=probes)
+            )
+        else:
+            b = cell.batch
+        if b == 0:
+            why = f"b=1 does not fit under {res.ceiling} bytes"
+            return found.add(memory=Memory("measured")).stopped("oom", why)
+        return _measure_gpu_at(cell, res, found, model, work, b)
+    except Exception as e:
+        raise carried(found, e) from e
+
+
+def _measure_gpu_at(
+    cell: Cell, res: Resolved, found: Found, model: torch.nn.Module, work: Work, b: int
+) -> Found:
+    """Peak memory and time at b on the GPU, the step made ready afresh at b (its compile
+    time) and warmed there first (:func:`_warm`)."""
+    dev, overhead = indexed_device(GPU), res.preset.overhead_bytes
+    feed(work, cell, b, GPU)
+    try:
+        found = timed.ready(found, cell, model, work, dev, profile=False)
+        try:
+            found = found.warmed(_warm(work, res, dev))
+            peak = measured_peak_cuda(work, dev, res.usable, grad=res.workload.grad)
+        except torch.OutOfMemoryError:
+            why = (
+                "passed its probe but ran out of memory when run again (allocator fragmentation)"
+                if cell.batch == "max"
+                else "does not fit under the ceiling"
+            )
+            return found.add(memory=Memory("measured", b)).stopped("oom", f"b={b} {why}")
+        reserved = None if peak.reserved is None else peak.reserved + overhead
+        found = found.add(memory=Memory("measured", b, peak.bytes + overhead, reserved))
+        found = timed.time_at(
+            found,
+            work,
+            cell=cell,
+            res=res,
+            device=dev,
+            batch=b,
+            where="cuda",
+            dtype=cell.dtype,
+            min_seconds=cell.min_seconds,
+            flush_l2=cell.flush_l2,
         )
-        found.memory = Memory("measured", b)
-        found.stop("oom", f"b={b} {why}")
-        return
-    reserved = None if peak.reserved is None else peak.reserved + overhead
-    found.memory = Memory("measured", b, peak.bytes + overhead, reserved)
-    timed.time_at(
-        found, cell, res, work, dev, b, "cuda", cell.dtype,
-        min_seconds=cell.min_seconds, flush_l2=cell.flush_l2,
-    )  # fmt: skip
-    if found.contention is not None:  # other processes on the GPU: what torch can read of them
-        others = contention.gpu_others_bytes(dev)
-        found.contention = {**found.contention, contention.GPU_OTHERS: others}
+        if found.contention is not None:  # other processes on the GPU: what torch reads of them
+            others = contention.gpu_others_bytes(dev)
+            found = found.add(contention={**found.contention, contention.GPU_OTHERS: others})
+        return found
+    except Exception as e:
+        raise carried(found, e) from e
 
 
 __all__ = ["run_cell"]
