@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from attnbench.report.compiled import applies, plain, wanted
-from attnbench.report.plots import Plot, _figure, _text
+from attnbench.report.plots import Plot, literal_text, new_figure
 from attnbench.report.ratio import compiled, unnamed
 from attnbench.row import Row, as_rows
 from attnbench.workload import label_of
@@ -44,7 +44,7 @@ def time_vs_n(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
             series.setdefault((plain(r), compiled(r)), {}).setdefault(r.n, r.time_per_seq_s)
         if not series:
             continue
-        fig, ax = _figure()
+        fig, ax = new_figure()
         colours = list(dict.fromkeys(m for m, _ in series))
         for (mech, how), points in series.items():
             j = colours.index(mech)
@@ -56,7 +56,7 @@ def time_vs_n(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
                 ls="-" if how else "--",
                 marker=MARKERS[j // 10 % len(MARKERS)],
                 ms=3,
-                label=_text(f"{mech} {how}" if how else mech),
+                label=literal_text(f"{mech} {how}" if how else mech),
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -67,7 +67,9 @@ def time_vs_n(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         first = here[0]
         busy = f"; {left_out} left out: machine busy" if left_out else ""
         ax.set_title(
-            _text(f"eager and compiled: {label_of(first)}, {first.dtype}, {first.device}{busy}"),
+            literal_text(
+                f"eager and compiled: {label_of(first)}, {first.dtype}, {first.device}{busy}"
+            ),
             fontsize=8,
         )
         out.append(Plot(STEM + (f"-{i + 1}" if len(sets) > 1 else ""), fig, CAPTION))

@@ -1,5 +1,6 @@
 """Variable lengths: one draw of documents padded, packed and bucketed (``mode=packed`` and
-``packed_train`` rows). Pure functions of rows.
+``packed_train`` rows). Pure functions of rows, but for two facts of the mechanisms that no row
+holds, read from the registry: how each packs and which cannot (:func:`_info`, :func:`_cannot`).
 
 Per draw (its lengths, n, model, dtype, device, workload) one table: a row per mechanism, per
 layout its time per 1000 real tokens and that time against padded vanilla's (> 1: faster than
@@ -12,7 +13,7 @@ pack and why. Times are per copy of the draw, so every layout's is for the same 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from attnbench import registry
 from attnbench.report.grid import Grid, sig
@@ -20,22 +21,45 @@ from attnbench.report.marks import MISSING, SKIPPED
 from attnbench.report.ratio import label
 from attnbench.report.tables import context
 from attnbench.row import Row, as_rows, printable
+from attnbench.workload.packed import LAYOUTS, PACKED_LAYOUT, PADDED, is_packed
 
-MODES = ("packed", "packed_train")
-LAYOUTS = ("padded", "packed", "bucketed")  # the workload's, in the order its docs name them
 BASELINE = "vanilla"
 
 
-def applies(row: Row) -> bool:
-    return row.task == "cost" and row.mode in MODES and isinstance(row.packed, dict)
-
-
-def _draw(row: Row) -> tuple:
+class Draw(NamedTuple):
     """What one table's rows share: the workload, the draw, the shape and where it ran."""
-    model = tuple(sorted((row.model or {}).items()))
-    optimizer = getattr(row, "optimizer", None)
-    lengths = tuple(row.packed["lengths"])
-    return (row.mode, optimizer, lengths, row.n, model, row.dtype, row.device)
+
+    mode: str
+    optimizer: str | None
+    lengths: tuple[int, ...]
+    n: int
+    model: tuple[tuple[str, Any], ...]
+    dtype: str
+    device: str
+
+
+class Point(NamedTuple):
+    """One mechanism on one draw in the figure: x, y and the name beside it."""
+
+    wasted_pct: float
+    speedup: float
+    mechanism: str
+
+
+def applies(row: Row) -> bool:
+    return row.task == "cost" and is_packed(row)
+
+
+def _draw(row: Row) -> Draw:
+    return Draw(
+        mode=row.mode,
+        optimizer=getattr(row, "optimizer", None),
+        lengths=tuple(row.packed["lengths"]),
+        n=row.n,
+        model=tuple(sorted((row.model or {}).items())),
+        dtype=row.dtype,
+        device=row.device,
+    )
 
 
 def _per_ktok(row: Row | None) -> float | None:
@@ -47,15 +71,15 @@ def _per_ktok(row: Row | None) -> float | None:
 
 def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     """One table per draw (module docstring)."""
-    groups: dict[tuple, dict[tuple[str, str], Row]] = {}
+    groups: dict[Draw, dict[tuple[str, str], Row]] = {}
     for r in as_rows(rows):
         if applies(r):
             groups.setdefault(_draw(r), {})[(label(r), r.layout)] = r
     out = []
     for key, at in groups.items():
         names = list(dict.fromkeys(name for name, _ in at))
-        base = next((at[(n, "padded")] for n in names if n.split(" ")[0] == BASELINE
-                     and (n, "padded") in at), None)  # fmt: skip
+        base = next((at[(n, PADDED)] for n in names if (n, PADDED) in at
+                     and at[(n, PADDED)].attention == BASELINE), None)  # fmt: skip
         base_t = _per_ktok(base)
         body = []
         for n in names:
@@ -68,10 +92,10 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
                 line.append(none if t is None or base_t is None else f"{base_t / t:.2f}x")
                 fits = None if r is None or r.max_batch is None else r.max_batch
                 line.append(MISSING if fits is None else str(fits * r.packed["real_tokens"]))
-            padded, packed = (_per_ktok(at.get((n, x))) for x in ("padded", "packed"))
+            padded, packed = (_per_ktok(at.get((n, x))) for x in (PADDED, PACKED_LAYOUT))
             line.append(MISSING if not padded or not packed else f"{padded / packed:.2f}x")
             any_row = next(at[(n, x)] for x in LAYOUTS if (n, x) in at)
-            padded_row = at.get((n, "padded"))
+            padded_row = at.get((n, PADDED))
             wasted = None if padded_row is None else padded_row.packed.get("flops_wasted_share")
             line.append(MISSING if wasted is None else f"{100 * wasted:.0f} %")
             info = _info(any_row.attention)
@@ -79,7 +103,7 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
                                                                or info.packs))  # fmt: skip
             body.append(line)
         first = next(iter(at.values()))
-        draw = first.packed
+        record = first.packed
         drawn = (
             "explicit lengths"
             if first.lengths is not None
@@ -87,10 +111,10 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             f"{first.length_mean}, min {first.length_min}, seed {first.length_seed}"
         )
         title = (
-            f"{first.mode}: {drawn}: {draw['documents']} documents, {draw['real_tokens']} "
+            f"{first.mode}: {drawn}: {record['documents']} documents, {record['real_tokens']} "
             "real tokens "
-            f"(longest {draw['max_len']}, {100 * draw['padding_share']:.0f} % of the padded "
-            f"layout is padding), n = {key[3]}"
+            f"(longest {record['max_len']}, {100 * record['padding_share']:.0f} % of the "
+            f"padded layout is padding), n = {key.n}"
         )
         work = f"{first.mode}: documents of real lengths in three layouts, "
         rows_here = [first, *at.values()]
@@ -133,36 +157,38 @@ def waste_against_speedup(rows: Iterable[Row | dict[str, Any]]) -> list[Any]:
     """A figure per workload: each mechanism's packing speed-up (padded time over packed)
     against the padded layout's wasted FLOP share, one marker per draw, the mechanism named
     beside each point: how much of what padding wastes packing wins back."""
-    from attnbench.report.plots import Plot, _figure, _text
+    from attnbench.report.plots import Plot, literal_text, new_figure
 
-    points: dict[str, dict[tuple, list[tuple[float, float, str]]]] = {}
-    at: dict[tuple, dict[str, Row]] = {}
+    points: dict[str, dict[Draw, list[Point]]] = {}
+    at: dict[tuple[Draw, str], dict[str, Row]] = {}
     for r in as_rows(rows):
         if applies(r) and r.status == "ok" and not r.busy:
             at.setdefault((_draw(r), label(r)), {})[r.layout] = r
-    for (draw, name), layouts in at.items():
-        padded, packed = layouts.get("padded"), layouts.get("packed")
+    for (draw, _), layouts in at.items():
+        padded, packed = layouts.get(PADDED), layouts.get(PACKED_LAYOUT)
         slow, fast = _per_ktok(padded), _per_ktok(packed)
         if padded is None or not slow or not fast:
             continue
         wasted = padded.packed["flops_wasted_share"]
-        points.setdefault(draw[0], {}).setdefault(draw, []).append(
-            (100 * wasted, slow / fast, name.split(" ")[0])
+        points.setdefault(draw.mode, {}).setdefault(draw, []).append(
+            Point(100 * wasted, slow / fast, padded.attention)
         )
     out = []
     for mode, draws in points.items():
-        fig, ax = _figure()
+        fig, ax = new_figure()
         for (draw, pts), marker in zip(draws.items(), "osD^v", strict=False):
-            which = f"{len(draw[2])} documents, longest {max(draw[2])}"
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=18,
-                       label=_text(which))  # fmt: skip
-            for x, y, name in pts:
-                ax.annotate(_text(name), (x, y), fontsize=5, xytext=(3, 2),
-                            textcoords="offset points")  # fmt: skip
+            which = f"{len(draw.lengths)} documents, longest {max(draw.lengths)}"
+            ax.scatter([p.wasted_pct for p in pts], [p.speedup for p in pts], marker=marker,
+                       s=18, label=literal_text(which))  # fmt: skip
+            for p in pts:
+                ax.annotate(literal_text(p.mechanism), (p.wasted_pct, p.speedup), fontsize=5,
+                            xytext=(3, 2), textcoords="offset points")  # fmt: skip
         ax.set_xlabel("padded layout's wasted FLOPs (%)")
         ax.set_ylabel("packing's speed-up over padding (×)")
         ax.legend(fontsize=6, loc="best")
-        ax.set_title(_text(f"{mode}: what padding wastes, what packing wins back"), fontsize=8)
+        ax.set_title(
+            literal_text(f"{mode}: what padding wastes, what packing wins back"), fontsize=8
+        )
         caption = (
             f"{mode}: packing's speed-up over padding against the padded layout's wasted FLOP "
             "share (from the formulas), a point per mechanism and draw."

@@ -39,7 +39,7 @@ class Plot:
     caption: str
 
 
-def _text(value: Any) -> str:
+def literal_text(value: Any) -> str:
     """A row's text as matplotlib shows it literally: on one line, cut short, and every
     ``$`` escaped (two of them would start mathtext, and bad mathtext raises in savefig)."""
     return shown(str(value), TEXT_CHARS).replace("$", r"\$")
@@ -54,7 +54,9 @@ def available() -> str | None:
     return None
 
 
-def _figure() -> tuple[Figure, Any]:
+def new_figure() -> tuple[Figure, Any]:
+    """A figure of the report's one size and its axes: every report's figures start here, so
+    that their pages line up and their PNGs are :data:`PNG_PIXELS`."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
 
     fig = Figure(figsize=SIZE_IN, dpi=DPI, layout="constrained")
@@ -95,7 +97,7 @@ def _lines(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str) -> 
             ms=7 if one else 3,
             mfc="none" if one else None,
             mew=1.5 if one else None,
-            label=_text(name + (f" (n = {points[0][0]} only)" if one else "")),
+            label=literal_text(name + (f" (n = {points[0][0]} only)" if one else "")),
         )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -113,15 +115,17 @@ def _against_n(
     series = _series(rows, y)
     if not series:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     _lines(ax, series, ylabel)
     how = sorted({where(r) for r in rows if getattr(r, y)})
     busy = sum(r.busy for r in rows if y == "time_per_seq_s" and getattr(r, y))
     gone = f"; {busy} left out: machine busy" if busy else ""
-    title = _text(f"{ylabel} ({', '.join(how)}{gone})")
+    title = literal_text(f"{ylabel} ({', '.join(how)}{gone})")
     drawn = sum(len(points) for points in series.values())
     if none := len(rows) - drawn - busy:  # not timed, out of memory: the tables say which
-        title += "\n" + _text(f"no figure at {none} of {len(rows)} cells: the tables say why")
+        title += "\n" + literal_text(
+            f"no figure at {none} of {len(rows)} cells: the tables say why"
+        )
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -169,7 +173,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     )
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad=(0, 0, 0, 0))
     low, high = speedup_limits(v for v in table.value.values() if v is not None)
-    fig, ax = _figure()
+    fig, ax = new_figure()
     image = ax.imshow(grid, cmap=cmap, norm=LogNorm(low, high), aspect="auto")
     for i, n in enumerate(table.ns):  # grey: a cell with no figure; white: no such cell
         for j, k in enumerate(table.ks):
@@ -181,7 +185,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     bar.minorticks_off()
     ax.set_xticks(range(len(table.ks)), [str(k) for k in table.ks])
     ax.set_yticks(range(len(table.ns)), [str(n) for n in table.ns])
-    ax.set_xlabel(_text(table.column))
+    ax.set_xlabel(literal_text(table.column))
     ax.set_ylabel("n")
     for i, n in enumerate(table.ns):
         for j, k in enumerate(table.ks):
@@ -190,7 +194,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
             ax.text(
                 j,
                 i,
-                _text(table.text[(n, k)]),
+                literal_text(table.text[(n, k)]),
                 ha="center",
                 va="center",
                 fontsize=7,
@@ -199,7 +203,7 @@ def speedup_heatmap(table: RatioTable) -> Figure | None:
     timed = sum(v is not None for v in table.value.values())
     cells = sum(t != MISSING for t in table.text.values())
     counts = f"{timed} of {cells} cells timed; grey: no figure (the table says why)"
-    ax.set_title(_text(f"speed-up: {table.mechanism}") + "\n" + counts, fontsize=8)
+    ax.set_title(literal_text(f"speed-up: {table.mechanism}") + "\n" + counts, fontsize=8)
     return fig
 
 
@@ -212,10 +216,10 @@ def modeled_vs_measured(rows: Iterable[Row | dict[str, Any]]) -> Figure | None:
     ]
     if not pairs:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for name in sorted({p[2] for p in pairs}):
         mine = [p for p in pairs if p[2] == name]
-        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=12, label=_text(name))
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=12, label=literal_text(name))
     low = min(min(p[0], p[1]) for p in pairs)
     high = max(max(p[0], p[1]) for p in pairs)
     ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--", label="modeled = measured")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from attnbench.report.plots import DPI, SIZE_IN, Plot, _figure, _text
+from attnbench.report.plots import DPI, SIZE_IN, Plot, literal_text, new_figure
 from attnbench.report.quality import (
     RANDOM_FOOTNOTE,
     TRAINED_FOOTNOTE,
@@ -27,13 +27,13 @@ def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
     mine = [r for r in task_rows(rows, "approx") if r.k is not None]
     for inputs, n in sorted({(r.quality.get("inputs", "random"), r.n) for r in mine}):
         here = [r for r in mine if r.quality.get("inputs", "random") == inputs and r.n == n]
-        fig, ax = _figure()
+        fig, ax = new_figure()
         for name in dict.fromkeys(label(r) for r in here):
             pts = sorted((r.k, r.quality["rel_frobenius"]) for r in here if label(r) == name)
             pts = [(k, v) for k, v in pts if v and v > 0]
             if pts:
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                ax.plot(xs, ys, marker="o", ms=3, label=_text(name))
+                ax.plot(xs, ys, marker="o", ms=3, label=literal_text(name))
         uniform = next((r.quality.get("uniform_rel_frobenius") for r in here), None)
         if uniform:
             ax.axhline(uniform, color="grey", lw=0.8, ls=":", label="uniform attention")
@@ -43,7 +43,9 @@ def approx_vs_budget(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         ax.set_ylabel("relative error ‖Y − Ŷ‖ / ‖Y‖")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-        ax.set_title(_text(f"error against exact attention, n={n}, {inputs} inputs"), fontsize=9)
+        ax.set_title(
+            literal_text(f"error against exact attention, n={n}, {inputs} inputs"), fontsize=9
+        )
         caption = f"Approximation error against the budget, n = {n}, {inputs} inputs. " + (
             RANDOM_FOOTNOTE if inputs == "random" else TRAINED_FOOTNOTE
         )
@@ -67,7 +69,7 @@ def spectrum_figures(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
             f"On {what} (n = {q['n']}). The paper used pretrained RoBERTa; attnbench has no "
             "pretrained weights offline."
         )
-        fig, ax = _figure()
+        fig, ax = new_figure()
         curves = q["cumulative"]
         for i, curve in enumerate(curves):
             ax.plot(range(1, len(curve) + 1), curve, lw=1, label=f"layer {i + 1}")
@@ -75,14 +77,14 @@ def spectrum_figures(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         ax.set_xlabel("singular value index")
         ax.set_ylabel("normalised cumulative singular value")
         ax.legend(fontsize=6, ncol=2)
-        ax.set_title(_text(f"spectrum of P ({inputs})"), fontsize=9)
+        ax.set_title(literal_text(f"spectrum of P ({inputs})"), fontsize=9)
         out.append(Plot(f"spectrum-{inputs}-n{q['n']}", fig, "Figure 1 (left). " + note))
-        fig, ax = _figure()
+        fig, ax = new_figure()
         image = ax.imshow(q["at_index"], aspect="auto", cmap="viridis")
         fig.colorbar(image, ax=ax, label=f"cumulative at the {q['index']}th singular value")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(_text(f"cumulative value at index {q['index']} ({inputs})"), fontsize=9)
+        ax.set_title(literal_text(f"cumulative value at index {q['index']} ({inputs})"), fontsize=9)
         out.append(Plot(f"spectrum-at-index-{inputs}-n{q['n']}", fig, "Figure 1 (right). " + note))
     return out
 
@@ -98,9 +100,9 @@ def pareto_figures(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         pts = [p for p in points if p[3] == what]
         if not pts:
             continue
-        fig, ax = _figure()
+        fig, ax = new_figure()
         for name, x, y, _ in pts:
-            ax.scatter([x], [y], s=14, label=_text(name))
+            ax.scatter([x], [y], s=14, label=literal_text(name))
         front = _front([(x, y) for _, x, y, _ in pts], better_low)
         ax.plot([p[0] for p in front], [p[1] for p in front], color="grey", lw=0.8, ls="--")
         ax.set_xscale("log")
@@ -109,7 +111,9 @@ def pareto_figures(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         if better_low:
             ax.set_yscale("log")
         ax.legend(fontsize=6)
-        ax.set_title(_text(f"quality against cost ({what}); dashed: the Pareto front"), fontsize=9)
+        ax.set_title(
+            literal_text(f"quality against cost ({what}); dashed: the Pareto front"), fontsize=9
+        )
         out.append(
             Plot(
                 f"pareto-{what}",
@@ -139,7 +143,7 @@ def _recall_panel(ax: Any, setup: Setup, pairs: int, colours: dict[str, Any], ke
         ax.errorbar(
             xs, ys, yerr=[p.sd or 0 for p in points], color=colour, marker="o", ms=4,
             mfc="none" if variant else colour, ls=":" if variant else "-", lw=1, capsize=2,
-            label=_text(name),
+            label=literal_text(name),
         )  # fmt: skip
         if keys and mechanism.startswith("linformer"):
             for p, x, y in zip(points, xs, ys, strict=True):
@@ -166,13 +170,13 @@ def mqar_pareto(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         colours = {m: f"C{j % 10}" for j, m in enumerate(mechanisms)}
         suffix = f"-{i + 1}" if len(found) > 1 else ""
         top = max(setup.pairs)
-        fig, ax = _figure()
+        fig, ax = new_figure()
         _recall_panel(ax, setup, top, colours, keys=True)
         ax.set_xlabel("context memory per layer per sequence (bytes, fp32)")
         ax.set_ylabel("test accuracy over queries (%)")
         ax.legend(fontsize=6, loc="best")
-        ax.set_title(_text(f"MQAR recall against context memory: {setup.title}, {top} pairs"),
-                     fontsize=9)  # fmt: skip
+        title = f"MQAR recall against context memory: {setup.title}, {top} pairs"
+        ax.set_title(literal_text(title), fontsize=9)
         caption = (
             f"MQAR test accuracy against the context memory one sequence needs per layer, "
             f"{setup.title}, {top} key-value pairs; a colour per mechanism, its budgets joined "
@@ -198,7 +202,7 @@ def mqar_pareto(rows: Iterable[Row | dict[str, Any]]) -> list[Plot]:
         fig.legend(legend.values(), legend.keys(), fontsize=5, loc="outside right upper")
         fig.supxlabel("context memory per layer per sequence (bytes)", fontsize=7)
         fig.supylabel("test accuracy (%)", fontsize=7)
-        fig.suptitle(_text(f"MQAR recall against context memory: {setup.title}"), fontsize=9)
+        fig.suptitle(literal_text(f"MQAR recall against context memory: {setup.title}"), fontsize=9)
         out.append(
             Plot(
                 f"mqar-pareto-pairs{suffix}",

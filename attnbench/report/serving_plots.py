@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from attnbench.report.plots import Plot, _figure, _lines, _text
+from attnbench.report.plots import Plot, _lines, literal_text, new_figure
 from attnbench.report.ratio import compiled
 from attnbench.report.serving import MAX, configuration, row_sets
 from attnbench.row import Row
@@ -39,7 +39,7 @@ def _plots(
             series.setdefault(configuration(r), {}).setdefault(r.n, float(v))
         if not series:
             continue
-        fig, ax = _figure()
+        fig, ax = new_figure()
         _lines(ax, {name: sorted(points.items()) for name, points in series.items()}, ylabel)
         for i, line in enumerate(ax.get_lines()):  # past the 10 colours, other dashes
             line.set_linestyle(("-", "--", ":")[i // 10 % 3])
@@ -48,7 +48,7 @@ def _plots(
         busy = f"; {left_out} left out: machine busy" if left_out else ""
         what = caption.removeprefix("Serving: ").removesuffix(" against n")
         ax.set_title(
-            _text(
+            literal_text(
                 f"{what}: {first.dtype}, {first.decode_tokens} tokens, {first.device}"
                 + (f", {c}" if (c := compiled(first)) else "")
                 + busy

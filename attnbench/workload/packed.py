@@ -46,11 +46,14 @@ from attnbench.workload.train import TRAIN, StepWork, Train, train_label, train_
 if TYPE_CHECKING:
     from attnbench.cell import Cell
 
-LAYOUTS = ("padded", "packed", "bucketed")
+# the ``layout`` setting's values in the order its docs name them, spelled here only: reports
+# ask these too (PACKED_LAYOUT, as PACKED is the workload)
+PADDED, PACKED_LAYOUT, BUCKETED = "padded", "packed", "bucketed"
+LAYOUTS = (PADDED, PACKED_LAYOUT, BUCKETED)
 
 
 SETTINGS = (
-    Setting("layout", "packed", "`padded` (to the longest, with the key padding mask), "
+    Setting("layout", PACKED_LAYOUT, "`padded` (to the longest, with the key padding mask), "
             "`packed` (end to end in one row, attention kept inside each document) or "
             "`bucketed` (sorted by length, batches of at most `bucket_tokens` padded tokens)",
             str, choice(LAYOUTS)),
@@ -71,14 +74,14 @@ class Plan:
     @cached_property
     def batches(self) -> list[tuple[int, ...]]:
         """Padded: every document in one batch; bucketed: the loader's batches."""
-        if self.layout == "bucketed":
+        if self.layout == BUCKETED:
             return draws.buckets(self.lengths, self.bucket_tokens)
         return [self.lengths]
 
     @property
     def tokens(self) -> int:
         """The input's positions for one copy: real tokens packed, else the padded batches'."""
-        if self.layout == "packed":
+        if self.layout == PACKED_LAYOUT:
             return sum(self.lengths)
         return sum(len(batch) * max(batch) for batch in self.batches)
 
@@ -86,27 +89,27 @@ class Plan:
         """Packed: b rows of the draw's tokens; padded: b × D rows of the longest; bucketed:
         the batches of b copies laid end to end in one (1, positions, d) tensor (each batch
         a view of it)."""
-        if self.layout == "packed":
+        if self.layout == PACKED_LAYOUT:
             return (b, sum(self.lengths), d)
-        if self.layout == "padded":
+        if self.layout == PADDED:
             return (b * len(self.lengths), max(self.lengths), d)
         return (1, b * self.tokens, d)
 
     def flops(self, model: nn.Module) -> int:
         """Forward FLOPs of one copy in this layout, from the formulas."""
-        if self.layout == "packed":
+        if self.layout == PACKED_LAYOUT:
             return model.packed_flops(Packing.of([self.lengths]))
         return sum(model.flops(len(batch), max(batch)) for batch in self.batches)
 
     def loop_steps(self, layer: nn.Module) -> int:
         """One copy's Python-level steps in one layer: the packed row's, else each batch's."""
-        if self.layout == "packed":
+        if self.layout == PACKED_LAYOUT:
             return layer.packed_loop_steps(self.lengths)
         return sum(layer.loop_steps(max(batch)) for batch in self.batches)
 
     def flops_backward(self, model: nn.Module) -> int:
         """Backward FLOPs of one copy in this layout, from the formulas."""
-        if self.layout == "packed":
+        if self.layout == PACKED_LAYOUT:
             return model.packed_flops_backward(Packing.of([self.lengths]))
         return sum(model.flops_backward(len(batch), max(batch)) for batch in self.batches)
 
@@ -121,10 +124,10 @@ class Layout(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         plan, d = self.plan, x.shape[-1]
-        if plan.layout == "packed":
+        if plan.layout == PACKED_LAYOUT:
             packing = Packing.of([plan.lengths] * x.shape[0])
             return self.model(x, packing=packing).reshape(-1, d)
-        copies = x.shape[0] // len(plan.lengths) if plan.layout == "padded" else None
+        copies = x.shape[0] // len(plan.lengths) if plan.layout == PADDED else None
         flat, start, outs = x.reshape(-1, d), 0, []
         for batch in plan.batches:
             rows = len(batch) * (copies or x.shape[1] // plan.tokens)
@@ -171,7 +174,7 @@ class Packed(Workload):
     def in_use(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The draw's settings in use; ``bucket_tokens`` only where the layout buckets."""
         used = draw.in_use(settings)
-        if used.get("layout", "packed") != "bucketed":
+        if used.get("layout", PACKED_LAYOUT) != BUCKETED:
             used = {k: v for k, v in used.items() if k != "bucket_tokens"}
         return used
 
@@ -183,7 +186,7 @@ class Packed(Workload):
 
     def refuses_cell(self, cell: Cell) -> str | None:
         why = info(cell.attention).cannot_pack
-        return f"cannot pack: {why}" if why and setting(cell, "layout") == "packed" else None
+        return f"cannot pack: {why}" if why and setting(cell, "layout") == PACKED_LAYOUT else None
 
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
         """The draw (one line naming the setting) and, packed, a mechanism that can pack."""
@@ -248,3 +251,10 @@ class Packed(Workload):
 
 PACKED = Packed("packed", train=False)
 PACKED_TRAIN = Packed("packed_train", train=True)
+MODES = (PACKED.name, PACKED_TRAIN.name)
+
+
+def is_packed(row: Any) -> bool:
+    """Whether a stored row is this workload's and holds its draw (the ``packed`` record
+    :meth:`Packed.describe` writes): the rows a report of the layouts reads."""
+    return getattr(row, "mode", None) in MODES and isinstance(getattr(row, "packed", None), dict)
