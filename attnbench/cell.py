@@ -58,12 +58,11 @@ class Cell:
     quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
 
     def __post_init__(self) -> None:
-        """Both owned parts' settings as sorted tuples, so that a cell is hashable and the
-        order they were given in does not make two cells of one."""
+        """Both owned parts' settings as sorted tuples (a name given twice: the last value),
+        so that a cell is hashable and the order they were given in does not make two."""
         for part in ("mode_settings", "quality"):
             given = getattr(self, part)
-            pairs = given.items() if isinstance(given, Mapping) else given
-            object.__setattr__(self, part, as_tuples(sorted(pairs)))
+            object.__setattr__(self, part, as_tuples(sorted(dict(given).items())))
 
     @property
     def budget(self) -> str | None:
@@ -80,7 +79,8 @@ class Cell:
 
     @property
     def settings(self) -> dict[str, Any]:
-        """The cell's values of the settings its workload owns (train: optimizer, checkpoint)."""
+        """The cell's values of the settings its workload owns (train: optimizer, checkpoint):
+        those given, and once planned every one (:func:`attnbench.cell_rules.complete`)."""
         return dict(self.mode_settings)
 
     @property

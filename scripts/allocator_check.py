@@ -52,6 +52,7 @@ from attnbench.measure.memory import rounded, traced
 from attnbench.measure.search import largest_fitting, solve_affine
 from attnbench.plan import validate
 from attnbench.runner import MemoryModel
+from attnbench.store import read_rows
 
 ROWS = Path("results/gpu_check/rows.jsonl")
 MODES = ("inference", "train", "decode")
@@ -406,8 +407,8 @@ def parse_only(text: str | None) -> dict[str, str]:
 
 
 def load(path: Path) -> list[dict[str, Any]]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of ``path`` flat (a schema-3 line's fields from its spec put back)."""
+    return read_rows(path)
 
 
 def label(r: Result) -> str:

@@ -8,7 +8,6 @@ process, so the ratio holds on a busy machine too.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from attnbench.cell_key import cell_of
 from attnbench.measure.search import solve_affine
 from attnbench.plan import validate
 from attnbench.runner import MemoryModel
+from attnbench.store import read_rows
 
 DEFAULT = Path(__file__).parent.parent / "results/reference/table3-v100_16gb-cpu"
 
@@ -28,8 +28,7 @@ def main(argv: list[str]) -> int:
         return 2
     allocated_s = replayed_s = 0.0
     cells = 0
-    for line in (run / "cells.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for row in read_rows(run / "cells.jsonl"):  # flat: a schema-3 line's spec fields too
         if row.get("status") != "ok" or row.get("batch_asked") != "max":
             continue
         cell = cell_of(row["cell"])

@@ -478,3 +478,27 @@ def test_a_gpu_presets_modeled_row_from_before_the_replay_is_measured_again() ->
     serving = first("serving-v100_16gb-cpu")  # decode: allocation-only as ever
     assert serving.get("allocator") is None
     assert stored_key(serving) == key(cell_of(serving["cell"]), v100)
+
+
+def test_the_public_helpers_take_a_cell_not_yet_planned() -> None:
+    """``build``, ``make_input`` and ``MemoryModel`` fill in the workload's defaults of a cell
+    built in Python, as the plan does: a packed or training cell naming none of its settings
+    is modeled as the command line's would be."""
+    import torch
+
+    from attnbench.runner import MemoryModel, build, make_input
+
+    train = Cell("vanilla", 64, device="cpu", dtype="fp32", mode="train", layers=1, d_model=32,
+                 n_heads=2, d_ff=64)  # fmt: skip
+    res = validate(train)
+    assert train.settings == {} and build(train, res, "meta", torch.float32) is not None
+    assert MemoryModel(train, res).peak(2) == MemoryModel(res.cell, res).peak(2)
+    packed = dataclasses.replace(train, mode="packed", mode_settings={"lengths": [8, 16]})
+    assert make_input(1, packed, "meta", torch.float32).shape[-1] == 32
+
+
+def test_stored_and_spec_values_are_one_value_only_as_one_json_type() -> None:
+    from attnbench.row.record import _same
+
+    assert _same((1, 2), [1, 2]) and _same({"a": 1, "b": 2}, {"b": 2, "a": 1})
+    assert not _same(True, 1) and not _same(1, 1.0) and not _same(None, 0)

@@ -164,9 +164,15 @@ class _Record:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal as stored: read back from JSON (a tuple and a list of the same values are one
-    value; a mapping's order is none)."""
-    return bool(json.loads(json_line({"v": a})) == json.loads(json_line({"v": b})))
+    """Equal as stored (a tuple and a list of the same values are one value; a mapping's
+    order is none), and of one JSON type."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(value: Any) -> str:
+    """JSON text with sorted keys: ``true`` is not ``1``, nor ``1`` ``1.0``, as they are not
+    one value once read back."""
+    return json.dumps(json.loads(json_line({"v": value})), sort_keys=True)
 
 
 READS = (1, 2, SPEC_SCHEMA)  # the schemas this version reads; it writes the last

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from attnbench.cell import Cell
+from attnbench.cell_rules import complete
 from attnbench.measure import fit
 from attnbench.measure.allocator_rules import from_setting
 from attnbench.measure.cuda_layouts import CudaLayouts, persistent_workspaces
@@ -23,12 +24,14 @@ from attnbench.workload import get as get_workload
 
 
 def build(cell: Cell, res: Resolved, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The cell's encoder as its workload builds it, on ``device`` in ``dtype``."""
-    return res.workload.build(cell, res.params, device, dtype)
+    """The cell's encoder as its workload builds it, on ``device`` in ``dtype`` (a cell not
+    planned: its workload's defaults filled in first)."""
+    return res.workload.build(complete(cell), res.params, device, dtype)
 
 
 def make_input(b: int, cell: Cell, device: str, dtype: torch.dtype) -> torch.Tensor:
     """Random (never zero) inputs of batch b, as the cell's workload takes them."""
+    cell = complete(cell)  # a cell not planned: its workload's defaults filled in
     return random_input(get_workload(cell.mode), cell, b, device, dtype)
 
 
@@ -70,7 +73,7 @@ class MemoryModel:
         capability: Capability | Literal["card"] = "card",
         unified: bool | None = None,
     ) -> None:
-        cell = res.cell  # planned: its owned parts complete (``cell`` is the one asked for)
+        cell = complete(cell)  # modeled as given with ``res``, its workload's defaults filled
         self.cell, self.overhead = cell, res.preset.overhead_bytes
         self.workload = res.workload
         self.replays = self.workload.replays
@@ -135,6 +138,7 @@ def card_capability(res: Resolved) -> Capability:
 def modeled_peak(model: torch.nn.Module, cell: Cell, b: int, overhead: int) -> int:
     """Peak bytes of the cell's step at batch b on ``model`` (on meta): the step + weights
     + input + the preset's fixed overhead (a workload that primes: without its state)."""
+    cell = complete(cell)
     work = get_workload(cell.mode).work(
         model, cell, make_input(b, cell, "meta", DTYPES[cell.dtype]), "meta", gpu=False
     )

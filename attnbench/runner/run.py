@@ -27,6 +27,7 @@ import torch
 from attnbench import plugins, registry
 from attnbench.attention.base import indexed_device
 from attnbench.cell import Cell
+from attnbench.cell_rules import complete
 from attnbench.env import allocated, environment, use_threads
 from attnbench.measure import compiled, contention
 from attnbench.measure.allocator import replay
@@ -89,7 +90,7 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     the CPUs this process was given (or fewer, if ``timing.threads`` says so); the caller's
     thread count is back as it was afterwards."""
     res = res or validate(cell)
-    cell = res.cell  # its owned parts completed: what is measured and stored
+    cell = complete(cell)  # measured as given with ``res``, its owners' defaults filled in
     env, found = environment(), Found()
     before = torch.get_num_threads()
     try:

@@ -66,8 +66,9 @@ def plan() -> list[tuple[str, str]]:
 
 
 def rows_of(plan: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """This command's rows as stored, from every run directory it writes to (a half-written
-    last line, a job killed mid-append, is left out)."""
+    """This command's rows, flat (:func:`attnbench.store_read.flat`), from every run
+    directory it writes to (a half-written last line, a job killed mid-append, is left
+    out)."""
     from attnbench.cell_key import stored_key  # not at the top: the reaper loads us alone
     from attnbench.store import RunStore
 

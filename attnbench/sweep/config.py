@@ -4,7 +4,7 @@
 will expand it (:func:`expand_jobs`; once per choice of config groups,
 :func:`attnbench.sweep.compose.compose_each`),
 checks the keys of ``attnbench run`` itself, validates each job's cell
-(:func:`attnbench.cell.validate`) and checks that each run directory can be written,
+(:func:`attnbench.plan.validate`) and checks that each run directory can be written,
 *before* Hydra starts: a typo ends with one line and exit code 2 and nothing on disk. The
 same expansion gives the regression gate its suite, so a suite is an ordinary sweep.
 """

@@ -162,7 +162,7 @@ def _job(cfg: DictConfig) -> Row | None:
     asked = cell_from_cfg(cfg, in_sweep)
     if in_sweep and left_out(asked):
         return None
-    planned = plan.validate(asked, preset_from_cfg(cfg))  # the sweep's pre-check's answer
+    planned = plan.validate(asked, preset_from_cfg(cfg))  # in the pre-check's process: its plan
     cell, preset, label = planned.cell, planned.preset, plan.label(planned.cell)
     store = RunStore(run_dir(cfg), rekey=stored_key)
     key = cell_key(cell, preset)
