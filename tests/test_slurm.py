@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.store_read import flat
 from tests.conftest import CLI as ATTNBENCH
 from tests.conftest import processes_with, wait_for
 
@@ -119,7 +120,8 @@ def _rows(tmp: Path, sweep: str) -> list[dict]:
     path = _run_dir(tmp, sweep) / "cells.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    return [flat(json.loads(line)) for line in lines if line.strip()]  # the spec's fields too
 
 
 def _jobs(tmp: Path, sweep: str = "*") -> list[str]:
