@@ -8,7 +8,6 @@ unregistered, so the rest of the suite sees the built-ins only.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,21 +17,18 @@ import attnbench
 from attnbench import registry
 from attnbench.measure.flops import count_flops
 from tests import test_decode_contract as contract
+from tests.toys import loaded
 
 NAME, TOY = "toy_mean", "tests.toys.toy_decoder"
 
 
 @pytest.fixture(autouse=True)
 def _toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(registry.PLUGIN_ENV, TOY)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    sys.modules.pop(TOY, None)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny shapes, many small ops (as the contract's tests)
-    yield
+    with loaded(monkeypatch, TOY, registry._REGISTRY, NAME):
+        yield
     torch.set_num_threads(threads)
-    registry._REGISTRY.pop(NAME, None)
-    sys.modules.pop(TOY, None)
 
 
 def _layer(causal: bool = True) -> torch.nn.Module:

@@ -11,7 +11,6 @@ the registry's first look, never imported here; after each test it is unregister
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -22,18 +21,15 @@ from tests import test_context_memory as census
 from tests import test_contract as contract
 from tests import test_decode_contract as decode
 from tests import test_packed_workload as packed
+from tests.toys import loaded
 
 NAME, TOY = "local_window", "tests.toys.toy_mechanism"
 
 
 @pytest.fixture(autouse=True)
 def _toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(registry.PLUGIN_ENV, TOY)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    sys.modules.pop(TOY, None)
-    yield
-    registry._REGISTRY.pop(NAME, None)
-    sys.modules.pop(TOY, None)
+    with loaded(monkeypatch, TOY, registry._REGISTRY, NAME):
+        yield
 
 
 def test_it_keeps_the_common_contract() -> None:

@@ -10,18 +10,18 @@ the first look at the workloads, never imported here; after each test it is unre
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from attnbench import registry, workload
+from attnbench import workload
 from attnbench.cell import Cell
 from attnbench.cell_key import beyond_defaults, key
 from attnbench.measure import presets
 from attnbench.row import fields as row_fields
+from tests.toys import loaded
 
 NAME, TOY = "toy_halves", "tests.toys.toy_workload"
 TINY = ("model=tiny", "n=64", "batch=1", "device=cpu", "dtype=fp32", "progress=false")
@@ -29,12 +29,8 @@ TINY = ("model=tiny", "n=64", "batch=1", "device=cpu", "dtype=fp32", "progress=f
 
 @pytest.fixture(autouse=True)
 def _toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(registry.PLUGIN_ENV, TOY)
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    sys.modules.pop(TOY, None)
-    yield
-    workload._WORKLOADS.pop(NAME, None)
-    sys.modules.pop(TOY, None)
+    with loaded(monkeypatch, TOY, workload._WORKLOADS, NAME):
+        yield
 
 
 def _cell(**settings: int) -> Cell:
