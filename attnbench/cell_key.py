@@ -217,8 +217,7 @@ def stored_cell(row: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Pr
         raise KeyError(spec.get("mode"))
     if spec.get("task", "cost") not in ("cost", *tasks.REGISTRY):
         raise KeyError(spec.get("task"))
-    spec = _settings_as_set(spec)
-    for last, _, step in MIGRATIONS:
+    for last, _, step in MIGRATIONS:  # none reads a workload's settings: cell_of gathers them
         if version <= last:
             spec = step(row, spec, preset)
     return cell_of(spec), preset
