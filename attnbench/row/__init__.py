@@ -132,7 +132,8 @@ def read(path: Path, *, strict: bool = True) -> list[Row]:
 def read_numbered(path: Path, *, strict: bool = True) -> list[tuple[int, Row]]:
     """:func:`read`'s rows with their line numbers, for a reader that must name a line
     (two rows of one cell, say)."""
-    if not Path(path).is_file():  # a FIFO would block, a directory or a symlink loop raise
+    path = Path(path)  # a str too, as attnbench.load takes one
+    if not path.is_file():  # a FIFO would block, a directory or a symlink loop raise
         raise ValueError(f"{printable(str(path))}: no such file (or not a regular file)")
     rows = []
     for line_no, data in numbered_lines(path, strict=strict):
