@@ -222,6 +222,14 @@ def info(name: str) -> Info:
     return dataclasses.replace(s.info, params=dict(s.info.params), unavailable=s.why_unavailable())
 
 
+def packing() -> tuple[dict[str, str], dict[str, str]]:
+    """How each registered mechanism keeps packed documents apart, and why those that cannot
+    pack cannot, by name (the packed report's facts that no row holds)."""
+    every = {name: info(name) for name in names()}
+    how = {name: i.packs for name, i in every.items() if not i.cannot_pack}
+    return how, {name: i.cannot_pack for name, i in every.items() if i.cannot_pack}
+
+
 def make_config(name: str, params: dict[str, Any]) -> Any:
     """Build ``name``'s config from ``params``; an unknown key is an error, never dropped."""
     s = _spec(name)

@@ -3,10 +3,11 @@ the rows' own, divided as its note says, checked by hand."""
 
 from __future__ import annotations
 
-from attnbench.report.packed import layout_tables
+from attnbench.report.packed import Packs, layout_tables
 from attnbench.row import Row
 
 LENGTHS = [100, 300, 50, 550]  # 1000 real tokens; padded: 4 × 550 = 2200
+PACKS = Packs({"vanilla": "per document", "linear": "scan restarts"}, {"linformer": "fixed n"})
 
 
 def _row(
@@ -36,7 +37,7 @@ def test_time_per_real_token_ratios_and_real_tokens_that_fit() -> None:
         _row("linear", "packed", 0.1, 60, 0.0),
         _row("linear", "bucketed", 0.25, 25, 0.2),
     ]
-    (grid,) = layout_tables(rows)
+    (grid,) = layout_tables(rows, PACKS)
     assert "4 documents, 1000 real tokens (longest 550, 55 % of the padded" in grid.title
     by = {line[0].split(" ")[0]: line for line in grid.body}
     head = grid.head
@@ -49,13 +50,27 @@ def test_time_per_real_token_ratios_and_real_tokens_that_fit() -> None:
     assert by["linear"][head.index("packing's speed-up")] == "4.00x"
     assert by["linear"][head.index("padded wasted FLOPs")] == "55 %"
     assert by["vanilla"][7:10] == ["-", "-", "-"]  # no bucketed row of vanilla
-    assert any(note.startswith("linformer cannot pack: ") for note in grid.notes)
+    assert by["linear"][head.index("how it packs")] == "scan restarts"
+    assert "linformer cannot pack: fixed n" in grid.notes
+
+
+def test_what_the_facts_do_not_name_is_missing_and_a_refusal_says_cannot() -> None:
+    """The packing facts are handed in, not read from the registry: a mechanism they do not
+    name (a plugin's, not loaded here) is shown as missing, one they say cannot pack as
+    cannot."""
+    rows = [_row("vanilla", "padded", 0.5, 10, 0.6), _row("linear", "padded", 0.4, 20, 0.5)]
+    (grid,) = layout_tables(rows, Packs({"vanilla": "per document"}, {"linear": "why"}))
+    how = {line[0].split(" ")[0]: line[grid.head.index("how it packs")] for line in grid.body}
+    assert how == {"vanilla": "per document", "linear": "cannot"}
+    (grid,) = layout_tables(rows, Packs({}, {}))
+    assert {line[grid.head.index("how it packs")] for line in grid.body} == {"-"}
+    assert not any("cannot pack" in note for note in grid.notes)
 
 
 def test_draws_apart_are_tables_apart() -> None:
     rows = [_row("vanilla", "padded", 0.5, 10, 0.6), _row("vanilla", "packed", 0.2, 30, 0.0)]
     rows.append(_row("vanilla", "padded", 0.3, 10, 0.0, lengths=[1000]))
-    assert [len(g.body) for g in layout_tables(rows)] == [1, 1]
+    assert [len(g.body) for g in layout_tables(rows, PACKS)] == [1, 1]
 
 
 def test_the_figure_puts_each_mechanism_at_its_waste_and_speedup() -> None:

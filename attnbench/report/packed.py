@@ -1,6 +1,7 @@
 """Variable lengths: one draw of documents padded, packed and bucketed (``mode=packed`` and
-``packed_train`` rows). Pure functions of rows, but for two facts of the mechanisms that no row
-holds, read from the registry: how each packs and which cannot (:func:`_info`, :func:`_cannot`).
+``packed_train`` rows). Pure functions of rows and of two facts of the mechanisms that no row
+holds, how each packs and which cannot: the caller hands them in (:class:`Packs`, from
+:func:`attnbench.registry.packing`), since the sweep leaves out the cells that cannot pack.
 
 Per draw (its lengths, n, model, dtype, device, workload) one table: a row per mechanism, per
 layout its time per 1000 real tokens and that time against padded vanilla's (> 1: faster than
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from attnbench import registry
 from attnbench.report.grid import Grid, sig
 from attnbench.report.marks import MISSING, SKIPPED
 from attnbench.report.ratio import label
@@ -36,6 +36,15 @@ class Draw(NamedTuple):
     model: tuple[tuple[str, Any], ...]
     dtype: str
     device: str
+
+
+class Packs(NamedTuple):
+    """What the mechanisms say of packing, by name: how each keeps packed documents apart,
+    and why those that cannot pack cannot. A mechanism named in neither (a plugin's not loaded
+    where the report is made) is shown as missing."""
+
+    how: dict[str, str]
+    cannot: dict[str, str]
 
 
 class Point(NamedTuple):
@@ -69,7 +78,7 @@ def _per_ktok(row: Row | None) -> float | None:
     return row.time_per_seq_s / row.packed["real_tokens"] * 1000
 
 
-def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
+def layout_tables(rows: Iterable[Row | dict[str, Any]], packs: Packs) -> list[Grid]:
     """One table per draw (module docstring)."""
     groups: dict[Draw, dict[tuple[str, str], Row]] = {}
     for r in as_rows(rows):
@@ -98,9 +107,7 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             padded_row = at.get((n, PADDED))
             wasted = None if padded_row is None else padded_row.packed.get("flops_wasted_share")
             line.append(MISSING if wasted is None else f"{100 * wasted:.0f} %")
-            info = _info(any_row.attention)
-            line.append(MISSING if info is None else printable((info.cannot_pack and "cannot")
-                                                               or info.packs))  # fmt: skip
+            line.append(_how(any_row.attention, packs))
             body.append(line)
         first = next(iter(at.values()))
         record = first.packed
@@ -118,24 +125,19 @@ def layout_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
         )
         work = f"{first.mode}: documents of real lengths in three layouts, "
         rows_here = [first, *at.values()]
-        out.append(Grid(title, list(HEAD), body, [NOTE, *_cannot(), context(rows_here, work)]))
+        out.append(Grid(title, list(HEAD), body, [NOTE, *_cannot(packs), context(rows_here, work)]))
     return out
 
 
-def _info(attention: str) -> Any:
-    try:
-        return registry.info(attention)
-    except ValueError:  # a plugin's mechanism not loaded here
-        return None
+def _how(attention: str, packs: Packs) -> str:
+    if attention in packs.cannot:
+        return "cannot"
+    return printable(packs.how[attention]) if attention in packs.how else MISSING
 
 
-def _cannot() -> list[str]:
-    """Every registered mechanism that cannot pack, with its reason."""
-    return [
-        f"{name} cannot pack: {printable(info.cannot_pack)}"
-        for name in registry.names()
-        if (info := registry.info(name)).cannot_pack
-    ]
+def _cannot(packs: Packs) -> list[str]:
+    """Every mechanism that cannot pack, with its reason."""
+    return [f"{name} cannot pack: {printable(why)}" for name, why in packs.cannot.items()]
 
 
 HEAD = (
