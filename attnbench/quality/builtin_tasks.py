@@ -48,6 +48,10 @@ class Task:
     trains_causally: bool = False
     # what a report reads of the figures together (each already of its kind): a ValueError line
     figure_rules: Callable[[dict[str, Any]], None] | None = None
+    # the other task whose config block a cell of this one carries with its own settings,
+    # given them (approx and spectrum on inputs=listops read task=listops's trained model,
+    # so its settings are part of the cell), or None: it carries none
+    borrows: Callable[[dict[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         owned = tuple(s.owned(f"task={self.name}", f"quality.{self.name}.") for s in self.settings)
@@ -72,6 +76,11 @@ def _check_inputs(task: str, cell: Cell, s: dict[str, Any]) -> None:
     check_int(f"quality.{task}.batch", s["batch"])
     if s["inputs"] == "listops":
         _check_training(cell.n, s["listops"])
+
+
+def _listops_inputs(s: dict[str, Any]) -> str | None:
+    """inputs=listops reads the model task=listops trains, at that task's settings."""
+    return "listops" if s.get("inputs") == "listops" else None
 
 
 def _check_approx(cell: Cell, s: dict[str, Any]) -> None:
@@ -164,6 +173,7 @@ BUILTIN_TASKS: dict[str, Task] = {
             ),
             _check_approx,
             runs.approx,
+            borrows=_listops_inputs,
         ),
         Task(
             "spectrum",
@@ -180,6 +190,7 @@ BUILTIN_TASKS: dict[str, Task] = {
             _check_spectrum,
             runs.spectrum,
             figure_rules=_spectrum_figures,
+            borrows=_listops_inputs,
         ),
         Task(
             "listops",

@@ -13,6 +13,7 @@ from attnbench import registry, workload
 from attnbench.cell import Cell
 from attnbench.cell_rules import kept_k
 from attnbench.measure import presets
+from attnbench.quality import tasks
 from attnbench.settings import CELL_FIELDS
 from attnbench.validators import check_bool, check_int, parse_size
 
@@ -39,8 +40,9 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     causal = setting(cfg, "causal")
     check_bool("causal", causal)
     mode = setting(cfg, "mode")
-    if causal or mode == "decode":  # the top-level key sets the mechanism's own parameter (a
-        params["causal"] = True  # sweepable key); a decoder is causal whatever it says
+    work = workload.find(mode)  # an unknown mode: refused in one line by the plan
+    if causal or (work is not None and work.causal):  # the top-level key sets the mechanism's
+        params["causal"] = True  # own parameter (a sweepable key); a decoder is causal anyway
     k = setting(cfg, "k")
     if k is not None:
         check_int("k", k)
@@ -116,10 +118,11 @@ def _quality(cfg: DictConfig) -> tuple[tuple[str, Any], ...]:
     if block is None:
         return ()
     values = OmegaConf.to_container(block, resolve=True)
-    if task in ("approx", "spectrum") and values.get("inputs") == "listops":
-        # the trained model these inputs come from is task=listops's, at its settings
-        listops = OmegaConf.to_container(OmegaConf.select(cfg, "quality.listops"), resolve=True)
-        values["listops"] = tuple(sorted(listops.items()))
+    owner = tasks.REGISTRY.get(task)
+    borrowed = owner.borrows(values) if owner is not None and owner.borrows else None
+    if borrowed is not None:  # the task's cell carries that task's settings too (Task.borrows)
+        carried = OmegaConf.select(cfg, f"quality.{borrowed}")
+        values[borrowed] = tuple(sorted(OmegaConf.to_container(carried, resolve=True).items()))
     return tuple(sorted((key, _plain(v)) for key, v in values.items()))
 
 

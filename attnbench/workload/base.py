@@ -121,6 +121,9 @@ class Workload:
     # compile=true: torch.compile's ``dynamic`` for this step (attnbench.measure.compiled):
     # False, one shape per batch; None where a step's shapes change by design (decode)
     compile_dynamic: bool | None = False
+    # True: it runs the causal model whatever the config's ``causal`` says (a decoder), so a
+    # cell read from a config sets the mechanism's ``causal`` for it (attnbench.sweep.cells)
+    causal: bool = False
 
     def refuses(self, info: Info) -> str | None:
         """Why a mechanism (by its registry info) cannot run this workload, or None."""

@@ -193,6 +193,7 @@ class Decode(Workload):
     compile_dynamic = None  # the context grows each step: automatic dynamic shapes
     later = ("contexts", *(s.name for s in DRAW))  # every prompt n, before they existed
     replays = False  # its peak is the larger of two serving scenarios (decode_memory.py)
+    causal = True  # a decoder is causal whatever the config says
 
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
