@@ -1,9 +1,10 @@
 """The cell: one point of a sweep, as a frozen, hashable spec.
 
-A :class:`Cell` is what is asked for — the mechanism and its parameters, model shape, n,
-k, batch, dtype, device preset, ceiling, how long to time it — and the names of its two
-owned parts: its workload (``mode``, with that workload's settings) and its quality task
-(``task``, with that task's settings). It knows no workload or task: the plan
+A :class:`Cell` is what is asked for — the mechanism and its parameters, n, k, batch, dtype,
+device preset, ceiling — and its parts: the model's shape (:class:`Shape`), its timing
+(:class:`TimingSpec`) and the two parts their owners declare (:class:`Part`), its workload
+(``mode=``, with that workload's settings) and its quality task (``task=``, with that task's
+settings). It knows no workload or task: the plan
 (:mod:`attnbench.plan`) completes a cell's parts with their owners' defaults, validates and
 resolves it once; the key a stored row is found by is :mod:`attnbench.cell_key`'s. This
 module also holds the labels every report, progress line and gate cell names a mechanism by.
@@ -12,20 +13,81 @@ module also holds the labels every report, progress line and gate cell names a m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from attnbench import registry
 from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
+# the timing part's fields, as the stored spec names them
+TIMING_FIELDS = ("min_repeats", "min_seconds", "cpu_batch", "time_budget_s", "flush_l2", "threads")
 
 
 _D = DEFAULTS  # the model's, timing's and compiling's declared defaults (attnbench.settings)
 
 
+def as_tuples(value: Any) -> Any:
+    """Lists (JSON's arrays) as tuples, at every depth: a cell is hashable."""
+    return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of a cell that an owner declares: its name (a workload's, ``mode=``; a quality
+    task's, ``task=``) and that owner's settings. The settings are kept as sorted (key, value)
+    pairs, a name given twice its last value, so that a cell is hashable and the order they
+    were given in does not make two; a mapping is taken too: ``Part("train", {"checkpoint":
+    True})``. The owner validates, completes, keys and labels them
+    (:mod:`attnbench.cell_rules`, :mod:`attnbench.cell_key`)."""
+
+    name: str
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", as_tuples(sorted(dict(self.settings).items())))
+
+    def values(self) -> dict[str, Any]:
+        """The settings as a mapping."""
+        return dict(self.settings)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's shape: the stack every layer of a cell is built into."""
+
+    layers: int = _D["layers"]
+    d_model: int = _D["d_model"]
+    n_heads: int = _D["n_heads"]
+    d_ff: int = _D["d_ff"]
+    kv_heads: int | None = _D["kv_heads"]  # grouped-query key/value heads; None: n_heads
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The shape as a row stores it (``model``); ``kv_heads`` only when set, so that the
+        keys of cells from before grouped-query heads stay as they were."""
+        shape = {f: getattr(self, f) for f in MODEL_FIELDS}
+        return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    """How long a cell is timed, and where: what a key leaves out but a thread count."""
+
+    min_repeats: int = _D["min_repeats"]
+    min_seconds: float = _D["min_seconds"]
+    cpu_batch: int = _D["cpu_batch"]
+    time_budget_s: float = _D["time_budget_s"]
+    flush_l2: bool = _D["flush_l2"]
+    threads: int | None = _D["threads"]
+
+
 @dataclass(frozen=True)
 class Cell:
+    """What every cell has (the mechanism and its parameters, n, its budget ``k``, batch,
+    dtype, device preset, ceiling), the model's shape, its timing, how it is compiled and
+    allocated, and its two owned parts: the workload and the quality task."""
+
     attention: str
     n: int
     k: int | None = None  # the mechanism's budget (Linformer's k, Performer's nb_features)
@@ -34,41 +96,55 @@ class Cell:
     device: str = "v100_16gb"
     ceiling_bytes: int | None = None  # default: the preset's whole memory
     params: tuple[tuple[str, Any], ...] = ()  # the mechanism's own, as sorted (key, value)
-    layers: int = _D["layers"]
-    d_model: int = _D["d_model"]
-    n_heads: int = _D["n_heads"]
-    d_ff: int = _D["d_ff"]
-    min_repeats: int = _D["min_repeats"]
-    min_seconds: float = _D["min_seconds"]
-    cpu_batch: int = _D["cpu_batch"]
-    time_budget_s: float = _D["time_budget_s"]
-    flush_l2: bool = _D["flush_l2"]
-    threads: int | None = _D["threads"]
+    model: Shape = Shape()
+    timing: TimingSpec = TimingSpec()
     model_only: bool = False  # memory from the model alone, no real probes, no timing
-    mode: str = DEFAULT_MODE  # the workload's name (attnbench.workload.names())
-    # that workload's settings, as sorted (key, value); a mapping is taken too:
-    # Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True}). The plan fills
-    # in the workload's defaults (attnbench.cell_rules.complete)
-    mode_settings: tuple[tuple[str, Any], ...] = ()
-    kv_heads: int | None = _D["kv_heads"]
     compile: bool = _D["compile"]
     compile_mode: str = _D["compile_mode"]
     allocator: str = _D["allocator"]  # PyTorch's caching allocator's settings (see settings)
-    task: str = COST  # or a quality task of quality.tasks.REGISTRY
-    quality: tuple[tuple[str, Any], ...] = ()  # that task's settings, as sorted (key, value)
+    # the workload (attnbench.workload.names()) and its settings; the plan fills in the
+    # workload's defaults (attnbench.cell_rules.complete)
+    workload: Part = Part(DEFAULT_MODE)
+    task: Part = Part(COST)  # "cost", or a quality task of quality.tasks.REGISTRY
 
     def __post_init__(self) -> None:
-        """Both owned parts' settings as sorted tuples (a name given twice: the last value),
-        so that a cell is hashable and the order they were given in does not make two."""
-        for part in ("mode_settings", "quality"):
-            given = getattr(self, part)
-            object.__setattr__(self, part, as_tuples(sorted(dict(given).items())))
+        """The parameters sorted, a name given twice its last value (as a part's settings); a
+        part given as anything but its type is a programming error, caught here rather than as
+        a name compared with a part."""
+        for name, kind in (
+            ("model", Shape),
+            ("timing", TimingSpec),
+            ("workload", Part),
+            ("task", Part),
+        ):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"Cell.{name}: a {kind.__name__}, got {getattr(self, name)!r}")
+        object.__setattr__(self, "params", as_tuples(sorted(dict(self.params).items())))
+
+    @property
+    def mode(self) -> str:
+        """The workload's name, as rows, keys and config keys call it (``mode=``)."""
+        return self.workload.name
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The cell's values of the settings its workload owns (train: optimizer, checkpoint):
+        those given, and once planned every one (:func:`attnbench.cell_rules.complete`)."""
+        return self.workload.values()
 
     @property
     def budget(self) -> str | None:
         """The name of the mechanism's parameter that ``k`` sets (``k``, ``nb_features``),
         or None where it has none in use with the cell's parameters."""
         return budget_of(self.attention, self.params)
+
+    def value(self, name: str) -> Any:
+        """A declared setting's value (:data:`attnbench.settings.CELL_FIELDS`: the model's,
+        timing's, compiling's, the allocator's) by its name, from the part that holds it."""
+        for part in (self.model, self.timing, self):
+            if name in {f.name for f in fields(part)} - _PARTS:
+                return getattr(part, name)
+        raise KeyError(f"Cell has no setting {name!r}")
 
     def mechanism_params(self) -> dict[str, Any]:
         """The mechanism's parameters with ``k`` mapped onto its budget parameter."""
@@ -77,33 +153,68 @@ class Cell:
             params[self.budget] = self.k
         return params
 
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The cell's values of the settings its workload owns (train: optimizer, checkpoint):
-        those given, and once planned every one (:func:`attnbench.cell_rules.complete`)."""
-        return dict(self.mode_settings)
+    def to_dict(self) -> dict[str, Any]:
+        """The cell in its stored form, one level: every part's fields beside the cell's own
+        (the model's and timing's by their names, the workload as ``mode`` and
+        ``mode_settings``, the task as ``task`` and ``quality``), as every stored run holds
+        it, so that rows and keys read the same whatever the form in memory."""
+        values = {
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PARTS},
+            **asdict(self.model),
+            **asdict(self.timing),
+            "mode": self.workload.name,
+            "mode_settings": self.workload.settings,
+            "task": self.task.name,
+            "quality": self.task.settings,
+        }
+        return {name: values[name] for name in STORED}
 
-    @property
-    def shape(self) -> dict[str, int]:
-        """The model's shape (stored as a row's ``model``); ``kv_heads`` only when set, so
-        that the keys of cells from before grouped-query heads stay as they were."""
-        shape = {f: getattr(self, f) for f in MODEL_FIELDS}
-        return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
+    @classmethod
+    def of(cls, attention: str, n: int, **flat: Any) -> Cell:
+        """A cell from its fields named one level, as :meth:`to_dict` names them:
+        ``Cell.of("vanilla", 512, mode="train", layers=2, min_repeats=3)``. A name that is
+        no field is refused (it would be dropped: a typo measures the default)."""
+        unknown = sorted(set(flat) - _FLAT)
+        if unknown:
+            raise TypeError(
+                f"Cell.of: no such field {', '.join(unknown)}; allowed: {sorted(_FLAT)}"
+            )
+        return cls.from_dict({"attention": attention, "n": n, **flat})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cell:
-        """The inverse of :func:`dataclasses.asdict` (JSON turns the params into lists, and
-        the values in them: a carried ``listops`` block, MQAR's ``lrs``); keys that are no
-        field (a stored spec's resolved ``model``) are left out. A spec stored in an older
-        form is brought forward by :func:`attnbench.cell_key.stored_cell`."""
-        pairs = {f: as_tuples(data.get(f, ())) for f in ("params", "quality", "mode_settings")}
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in {**data, **pairs}.items() if k in names})
+        """The inverse of :meth:`to_dict` (JSON turns the params into lists, and the values in
+        them: a carried ``listops`` block, MQAR's ``lrs``); keys that are no field (a stored
+        spec's resolved ``model``) are left out. A spec stored in an older form is brought
+        forward by :func:`attnbench.cell_key.stored_cell`."""
+        names = {f.name for f in fields(cls)} - _PARTS
+        own = {k: v for k, v in data.items() if k in names}
+        return cls(
+            **{**own, "params": as_tuples(data.get("params", ()))},
+            model=Shape(**{f: data[f] for f in (*MODEL_FIELDS, "kv_heads") if f in data}),
+            timing=TimingSpec(**{f: data[f] for f in TIMING_FIELDS if f in data}),
+            workload=Part(data.get("mode", DEFAULT_MODE), as_tuples(data.get("mode_settings", ()))),
+            task=Part(data.get("task", COST), as_tuples(data.get("quality", ()))),
+        )
 
 
-def as_tuples(value: Any) -> Any:
-    """Lists (JSON's arrays) as tuples, at every depth: a cell is hashable."""
-    return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+_PARTS = {"model", "timing", "workload", "task"}
+# the stored form's names, one level, in the order every stored run holds them
+STORED = (
+    "attention", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "params", *MODEL_FIELDS,
+    *TIMING_FIELDS, "model_only", "mode", "mode_settings", "kv_heads", "compile",
+    "compile_mode", "allocator", "task", "quality",
+)  # fmt: skip
+# the names of the stored form, one level (Cell.to_dict)
+_FLAT = {f.name for f in fields(Cell)} - _PARTS | {
+    *MODEL_FIELDS,
+    "kv_heads",
+    *TIMING_FIELDS,
+    "mode",
+    "mode_settings",
+    "task",
+    "quality",
+}
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:

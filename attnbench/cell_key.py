@@ -70,7 +70,7 @@ def beyond_defaults(cell: Cell) -> dict[str, Any]:
     when one is added."""
     out: dict[str, Any] = {}
     for s in OPTIONS:
-        value = getattr(cell, s.name)
+        value = cell.value(s.name)
         if s.name == "compile_mode" and not cell.compile:
             continue  # an eager cell uses no compile mode
         if as_tuples(value) != as_tuples(s.default):
@@ -82,10 +82,10 @@ def beyond_defaults(cell: Cell) -> dict[str, Any]:
     declared = defaults(work.settings) if work is not None else {}
     if own := _changed(used, declared):
         out["mode_settings"] = own
-    if cell.task != "cost":
-        out["task"] = cell.task
-        task = tasks.REGISTRY.get(cell.task)
-        if own := _changed(dict(cell.quality), task.defaults() if task else {}):
+    if cell.task.name != "cost":
+        out["task"] = cell.task.name
+        task = tasks.REGISTRY.get(cell.task.name)
+        if own := _changed(dict(cell.task.settings), task.defaults() if task else {}):
             out["quality"] = own
     return out
 
@@ -130,16 +130,16 @@ def _key_v1(cell: Cell, preset: presets.Preset) -> str:
     the paper's keyed, defaults too (decode's draw left out with every prompt n), a quality
     task's whole set, compiling with its mode."""
     fields = _own_part(cell, preset)
-    if cell.threads is not None:
-        fields["threads"] = cell.threads
+    if cell.timing.threads is not None:
+        fields["threads"] = cell.timing.threads
     if cell.mode != DEFAULT_MODE:
         fields["mode"] = cell.mode
         unused = set()
         if cell.settings.get("contexts") == "n":  # decode's every prompt n
             unused = {"contexts", *(w.name for w in DRAW)}
         fields.update({k: v for k, v in cell.settings.items() if k not in unused})
-    if cell.task != "cost":
-        fields.update(task=cell.task, quality=spec(cell, preset)["quality"])
+    if cell.task.name != "cost":
+        fields.update(task=cell.task.name, quality=spec(cell, preset)["quality"])
     if cell.compile:
         fields.update(compile=True, compile_mode=cell.compile_mode)
     return _digest(fields)

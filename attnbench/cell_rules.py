@@ -17,7 +17,7 @@ from torch import nn
 
 from attnbench import registry
 from attnbench.attention.base import check_kv_heads
-from attnbench.cell import Cell, budget_of, setting_of
+from attnbench.cell import Cell, Part, budget_of, setting_of
 from attnbench.measure import allocator_rules, presets
 from attnbench.quality import tasks
 from attnbench.settings import CELL_FIELDS, COST, DEFAULT_MODE, defaults, resolve
@@ -29,16 +29,16 @@ from attnbench.workload.base import MAX_LOOP_STEPS
 
 def complete(cell: Cell) -> Cell:
     """The cell with each owned part's settings completed by its owner's defaults: its
-    workload's (``mode_settings``) and its quality task's (``quality``). A cell that names a
+    workload's and its quality task's. A cell that names a
     default and one that leaves it out are then one cell (one hash, one stored spec). An
     owner not known here (a typo, a plugin not loaded) leaves its part as given: validation
     names it."""
     work = find_workload(cell.mode)
     settings = {**defaults(work.settings), **cell.settings} if work is not None else cell.settings
-    task = tasks.REGISTRY.get(cell.task) if cell.task != COST else None
-    quality = {**task.defaults(), **dict(cell.quality)} if task is not None else None
-    done = replace(cell, mode_settings=settings)
-    done = replace(done, quality=quality) if quality is not None else done
+    task = tasks.REGISTRY.get(cell.task.name) if cell.task.name != COST else None
+    quality = {**task.defaults(), **dict(cell.task.settings)} if task is not None else None
+    done = replace(cell, workload=Part(cell.mode, settings))
+    done = replace(done, task=Part(cell.task.name, quality)) if quality is not None else done
     return cell if done == cell else done
 
 
@@ -110,7 +110,7 @@ def left_out(cell: Cell) -> str | None:
         return "has no causal form"
     if info.causal_only and not runs_causally(cell):
         return "is causal only"
-    if cell.kv_heads not in (None, cell.n_heads) and not info.gqa:
+    if cell.model.kv_heads not in (None, cell.model.n_heads) and not info.gqa:
         return "has no grouped-query form"
     work = get_workload(cell.mode)
     if cell.mode != DEFAULT_MODE and (why := work.refuses(info)):
@@ -133,13 +133,13 @@ def check_settings(cell: Cell) -> None:
     env.use_threads) and compiling's fields, then its workload's set, where a name the
     workload does not declare is refused."""
     for s in CELL_FIELDS:
-        s.validate(getattr(cell, s.name))
-    if cell.kv_heads is not None:
-        check_kv_heads(cell.kv_heads, cell.n_heads)
+        s.validate(cell.value(s.name))
+    if cell.model.kv_heads is not None:
+        check_kv_heads(cell.model.kv_heads, cell.model.n_heads)
     allocator_rules.from_setting(cell.allocator)  # what PYTORCH_CUDA_ALLOC_CONF would take
     owned = get_workload(cell.mode).settings
     declared = {s.name: s for s in owned}
-    for name, value in resolve(f"mode={cell.mode}", owned, cell.mode_settings).items():
+    for name, value in resolve(f"mode={cell.mode}", owned, cell.workload.settings).items():
         declared[name].validate(value)
 
 
@@ -178,7 +178,7 @@ def runs_causally(cell: Cell) -> bool:
     trains every mechanism with a causal form causally (MQAR)."""
     if dict(cell.params).get("causal"):
         return True
-    return cell.task != COST and tasks.REGISTRY[cell.task].trains_causally
+    return cell.task.name != COST and tasks.REGISTRY[cell.task.name].trains_causally
 
 
 def check_causal(cell: Cell) -> None:
@@ -224,10 +224,10 @@ def check_traceable(cell: Cell, layer: nn.Module) -> None:
     modeling alone runs for many minutes before the time budget is consulted (retnet at
     n = 10⁶ traced for over 590 s and stored nothing): the key named is the one that sets
     the steps' number (``n``, the draw's ``total_tokens``, decode's ``prefill_chunk``)."""
-    if cell.task != COST or not hasattr(layer, "loop_steps"):  # a quality task trains
+    if cell.task.name != COST or not hasattr(layer, "loop_steps"):  # a quality task trains
         return  # real tensors (nothing traced); a plugin's layer may not count its steps
     per_layer, key = get_workload(cell.mode).loop_steps(cell, layer)
-    if (steps := per_layer * cell.layers) <= MAX_LOOP_STEPS:
+    if (steps := per_layer * cell.model.layers) <= MAX_LOOP_STEPS:
         return
     size = next((f for f in ("chunk", "chunk_size") if hasattr(layer.cfg, f)), None)
     other = (f", a larger attention.params.{size}" if size else "") + " or fewer layers"
@@ -237,7 +237,7 @@ def check_traceable(cell: Cell, layer: nn.Module) -> None:
     raise ValueError(
         f"{key}: the memory model traces {cell.attention} on meta one Python step at a time "
         f"(a chunk of a recurrence, a packed document): {per_layer} steps per layer × "
-        f"{cell.layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
+        f"{cell.model.layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
         f"(each traced step would take minutes); allowed: {allowed}"
     )
 
@@ -251,9 +251,9 @@ def _largest(cell: Cell, layer: nn.Module, key: str) -> int | None:
         changed = (
             replace(cell, n=value)
             if key == "n"
-            else replace(cell, mode_settings={**cell.settings, key: value})
+            else replace(cell, workload=Part(cell.mode, {**cell.settings, key: value}))
         )
-        return get_workload(cell.mode).loop_steps(changed, layer)[0] * cell.layers
+        return get_workload(cell.mode).loop_steps(changed, layer)[0] * cell.model.layers
 
     low, high = 1, cell.n
     if steps(low) > MAX_LOOP_STEPS:
@@ -271,10 +271,10 @@ def check_n_fits(cell: Cell, usable: int) -> None:
     arithmetic (n = 10¹² was an ``error`` row, "Storage size calculation overflowed", exit
     0): a typo, refused as one."""
     size = presets.DTYPE_BYTES.get(cell.dtype, 4)
-    one = cell.n * cell.d_model * size
+    one = cell.n * cell.model.d_model * size
     if one > usable:
         raise ValueError(
             f"n: must fit one sequence's input in the ceiling: {cell.n} × d_model "
-            f"{cell.d_model} × {size} bytes ({cell.dtype}) = {one} bytes, above the "
+            f"{cell.model.d_model} × {size} bytes ({cell.dtype}) = {one} bytes, above the "
             f"{usable} bytes usable; got n={cell.n}"
         )

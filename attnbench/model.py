@@ -230,11 +230,11 @@ def cell_encoder(cell: Any, params: dict[str, Any], device: str) -> Encoder:
     with torch.device("meta" if device == "meta" else "cpu"):
         return build_model(
             cell.attention,
-            layers=cell.layers,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
-            d_ff=cell.d_ff,
+            layers=cell.model.layers,
+            d_model=cell.model.d_model,
+            n_heads=cell.model.n_heads,
+            d_ff=cell.model.d_ff,
             max_seq_len=cell.n,
-            kv_heads=cell.kv_heads,
+            kv_heads=cell.model.kv_heads,
             **params,
         )

@@ -12,7 +12,7 @@ it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ def label(cell: Cell) -> str:
         + ([f"k={cell.k}"] if cell.k is not None else [])
         + [w for w in [work.label(cell) if work is not None else cell.mode] if w]
         + ([compiled_label(cell.compile_mode)] if cell.compile else [])
-        + ([f"task={cell.task}"] if cell.task != COST else [])
+        + ([f"task={cell.task.name}"] if cell.task.name != COST else [])
     )
 
 
@@ -103,7 +103,7 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     if given.batch != "max":
         check_int("batch", given.batch)
     work = get_workload(given.mode)  # an unknown mode: one line naming the workloads
-    check_choice("task", given.task, tasks.names())
+    check_choice("task", given.task.name, tasks.names())
     cell = complete(given)  # its owners' defaults: what every rule below reads
     if why := work.refuses(registry.info(cell.attention)):  # before causal: decode sets it
         raise ValueError(f"mode: attention={cell.attention} {why}")
@@ -111,11 +111,11 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     check_budget(cell)
     check_causal(cell)
     check_settings(cell)
-    if cell.task != COST and cell.mode != DEFAULT_MODE:
+    if cell.task.name != COST and cell.mode != DEFAULT_MODE:
         raise ValueError(
-            f"mode: task={cell.task} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
+            f"mode: task={cell.task.name} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
         )
-    task = tasks.REGISTRY[cell.task] if cell.task != COST else None
+    task = tasks.REGISTRY[cell.task.name] if cell.task.name != COST else None
     if task is not None:
         tasks.validate(cell)
     preset = preset or presets.load(cell.device)
@@ -127,10 +127,10 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     with torch.device("meta"):
         layer = registry.create(
             cell.attention,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
+            d_model=cell.model.d_model,
+            n_heads=cell.model.n_heads,
             max_seq_len=cell.n,
-            kv_heads=cell.kv_heads,
+            kv_heads=cell.model.kv_heads,
             **params,
         )
     work.check(cell, params, ceiling - preset.overhead_bytes)
@@ -152,9 +152,9 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
 
 def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:
     """The cell as stored with its row: the ceiling resolved, the model shape grouped."""
-    out = asdict(cell)
+    out = cell.to_dict()
     out["ceiling_bytes"] = resolve_ceiling(cell.ceiling_bytes, preset)
-    out["model"] = cell.shape
+    out["model"] = cell.model.shape
     if cell.ceiling_bytes is not None and preset.machine_memory:
         out["ceiling_given"] = True  # not the machine's memory: keyed by its bytes
     return out

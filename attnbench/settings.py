@@ -12,9 +12,10 @@ one declaration come:
 * a workload's setting's row field (:func:`attnbench.row.fields.setting_field`);
 * the docs table of settings (:func:`markdown_table`, in docs/settings.md, test-held).
 
-A cell carries the settings of the model, timing and compiling as its own fields, and a
-workload's or a task's as that owner's declared set (``Cell.mode_settings``,
-``Cell.quality``), so a new workload setting is a line in that workload's module.
+A cell carries the settings of the model and timing in parts of their own (``Cell.model``,
+``Cell.timing``), compiling's as its own fields, and a workload's or a task's as that
+owner's part (``Cell.workload``, ``Cell.task``), so a new workload setting is a line in that
+workload's module.
 """
 
 from __future__ import annotations

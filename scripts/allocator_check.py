@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench import model as model_module
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part, Shape
 from attnbench.measure.allocator import _Allocator, replay
 from attnbench.measure.allocator_rules import AllocatorConfig
 from attnbench.measure.fit import live_peak
@@ -127,13 +127,14 @@ def cell_of(row: dict[str, Any]) -> Cell:
         dtype=row["dtype"],
         device=row["device"],
         params=tuple(sorted(row["params"].items())),
-        mode=row["mode"],
-        mode_settings=settings,
-        layers=shape["layers"],
-        d_model=shape["d_model"],
-        n_heads=shape["n_heads"],
-        d_ff=shape["d_ff"],
-        kv_heads=shape.get("kv_heads"),
+        workload=Part(row["mode"], settings),
+        model=Shape(
+            layers=shape["layers"],
+            d_model=shape["d_model"],
+            n_heads=shape["n_heads"],
+            d_ff=shape["d_ff"],
+            kv_heads=shape.get("kv_heads"),
+        ),
     )
 
 

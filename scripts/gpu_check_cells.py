@@ -21,6 +21,13 @@ from attnbench.row import Row
 from attnbench.workload import find as find_workload
 from attnbench.workload.base import setting
 
+
+def flat_cell(attention: str, **flat: Any) -> Cell:
+    """A cell from its fields named as the stored spec names them, one level (``layers``,
+    ``mode``, ``mode_settings``): the shapes and settings below are such mappings."""
+    return Cell.from_dict({"attention": attention, **flat})
+
+
 NS = (512, 1024, 2048, 4096, 8192, 16384)
 NS_TRAIN = (512, 1024, 2048, 4096)
 LAYERWISE = (("sharing", "layerwise"),)
@@ -117,7 +124,7 @@ SMOKE = Profile(
     (("sdpa", None, ()), ("linformer", 32, LAYERWISE)),
     draw={"total_tokens": 512, "length_mean": 64},
     decode_device="cpu",
-    extra=(Cell("vanilla", n=128, batch=2, params=(("causal", True),), device="cpu",
+    extra=(flat_cell("vanilla", n=128, batch=2, params=(("causal", True),), device="cpu",
                 dtype="fp32", mode="decode", mode_settings={"decode_tokens": DECODE_TOKENS},
                 **TINY),),
 )  # fmt: skip
@@ -142,7 +149,7 @@ def cells(
     **train: object,
 ) -> list[Cell]:
     return [
-        Cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape, **train)
+        flat_cell(name, n=n, k=k, params=params, device=device, dtype=dtype, **shape, **train)
         for n in ns
         for name, k, params in mechanisms
         if k is None or k < n
@@ -190,7 +197,9 @@ def decode_cells(
 def compiled_cells(ns: tuple[int, ...], shape: dict, device: str, dtype: str) -> list[Cell]:
     """The compiled cells: each of :data:`COMPILED` at each n."""
     return [
-        Cell(name, n=n, params=params, device=device, dtype=dtype, mode=mode, compile=comp, **shape)
+        flat_cell(
+            name, n=n, params=params, device=device, dtype=dtype, mode=mode, compile=comp, **shape
+        )
         for n in ns
         for name, params, mode, comp in COMPILED
     ]
@@ -206,12 +215,12 @@ def order(p: Profile, measured: Collection[str] = ()) -> list[Item]:
     for mode, settings, b in NEW:
         drawn = {**settings, **p.draw} if mode == "packed" else settings  # packed's documents
         out += [
-            Item(Cell(name, n=p.n_new, batch=b, params=(*causal, ("kernel", kernel)),
+            Item(flat_cell(name, n=p.n_new, batch=b, params=(*causal, ("kernel", kernel)),
                       device=dev, dtype=dtype, mode=mode, mode_settings=drawn, **shape), fla)
             for name in p.mixers for kernel in KERNELS
         ]  # fmt: skip
     out += [
-        Item(Cell("gated_deltanet", n=p.n_new, batch=8, params=(*causal, ("kernel", kernel)),
+        Item(flat_cell("gated_deltanet", n=p.n_new, batch=8, params=(*causal, ("kernel", kernel)),
                   device=dev, dtype="fp32", **shape), "an fp32 Gated DeltaNet")
         for kernel in KERNELS
     ]  # fmt: skip
@@ -225,7 +234,7 @@ def order(p: Profile, measured: Collection[str] = ()) -> list[Item]:
     ]  # fmt: skip
     packed = "packed against padded"
     out += [
-        Item(Cell(name, n=p.n_new, params=(*causal, *params), device=dev, dtype=dtype,
+        Item(flat_cell(name, n=p.n_new, params=(*causal, *params), device=dev, dtype=dtype,
                   mode="packed", mode_settings={"layout": layout, **p.draw}, **shape), packed)
         for name, params in PACKED_VS_PADDED for layout in ("packed", "padded")
     ]  # fmt: skip

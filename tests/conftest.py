@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import attnbench
+from attnbench.cell import Part, Shape
 
 
 def runnable_here() -> list[str]:
@@ -62,9 +63,15 @@ def assert_peaks_match_the_profiler(attention: str, **params: object) -> None:
 
     def cell(mode: str) -> Cell:
         return Cell(
-            attention, n=256, k=None, dtype="fp32", device="cpu", layers=2, d_model=128,
-            n_heads=4, d_ff=512, params=tuple(params.items()), mode=mode,
-        )  # fmt: skip
+            attention,
+            n=256,
+            k=None,
+            dtype="fp32",
+            device="cpu",
+            workload=Part(mode),
+            model=Shape(layers=2, d_model=128, n_heads=4, d_ff=512),
+            params=tuple(params.items()),
+        )
 
     c = cell("inference")
     res = validate(c)

@@ -12,7 +12,7 @@ import pytest
 
 from attnbench import row as rows
 from attnbench import workload
-from attnbench.cell import Cell, budget_of, label
+from attnbench.cell import Cell, Part, Shape, TimingSpec, budget_of, label
 from attnbench.cell_key import cell_of, key
 from attnbench.cell_rules import check_k, complete, kept_k, left_out, resolve_ceiling
 from attnbench.env import environment
@@ -37,7 +37,11 @@ def test_keys_are_those_the_reference_run_stored_so_old_runs_resume() -> None:
         params = tuple(sorted((k, v) for k, v in stored["params"].items()))
         cell = Cell(stored["attention"], n=stored["n"], k=stored["k"], params=params)
         assert key(cell, v100) == stored["key"], stored["attention"]
-    train = Cell("vanilla", n=512, mode="train")  # a new mode is a new key
+    train = Cell(
+        "vanilla",
+        n=512,
+        workload=Part("train"),
+    )  # a new mode is a new key
     assert key(train, v100) != key(Cell("vanilla", n=512), v100)
 
 
@@ -61,13 +65,24 @@ def test_a_setting_added_with_a_default_leaves_every_key_as_it_was(monkeypatch) 
     mqar = tasks.REGISTRY["mqar"]
     monkeypatch.setitem(tasks.REGISTRY, "mqar", dataclasses.replace(
         mqar, settings=(*mqar.settings, extra)))  # fmt: skip
-    again = [cell_of(dataclasses.asdict(c)) for c, _ in cells]  # defaults filled anew
-    assert all(("toy_split", 2) in c.mode_settings for c in again if c.mode == "train")
+    again = [cell_of(c.to_dict()) for c, _ in cells]  # defaults filled anew
+    assert all(("toy_split", 2) in c.workload.settings for c in again if c.mode == "train")
     assert [key(c, p) for c, (_, p) in zip(again, cells, strict=True)] == before
     assert REFERENCE.is_dir() and len(before) > 1000
     # the setting at another value is another cell
-    train = Cell("vanilla", 512, mode="train", mode_settings={"toy_split": 3})
-    assert key(train, cells[0][1]) != key(Cell("vanilla", 512, mode="train"), cells[0][1])
+    train = Cell(
+        "vanilla",
+        512,
+        workload=Part("train", {"toy_split": 3}),
+    )
+    assert key(train, cells[0][1]) != key(
+        Cell(
+            "vanilla",
+            512,
+            workload=Part("train"),
+        ),
+        cells[0][1],
+    )
 
 
 def test_a_setting_in_no_use_does_not_split_a_cell() -> None:
@@ -77,8 +92,18 @@ def test_a_setting_in_no_use_does_not_split_a_cell() -> None:
     v100 = presets.load("v100_16gb")
 
     def same(mode: str, a: dict, b: dict) -> bool:
-        one = Cell("vanilla", 512, params=(("causal", True),), mode=mode, mode_settings=a)
-        two = Cell("vanilla", 512, params=(("causal", True),), mode=mode, mode_settings=b)
+        one = Cell(
+            "vanilla",
+            512,
+            params=(("causal", True),),
+            workload=Part(mode, a),
+        )
+        two = Cell(
+            "vanilla",
+            512,
+            params=(("causal", True),),
+            workload=Part(mode, b),
+        )
         return key(one, v100) == key(two, v100)
 
     assert same("decode", {}, {"length_seed": 7})  # contexts=n: no draw
@@ -158,7 +183,7 @@ def test_k_without_a_budget_one_rule_for_every_task(task: str) -> None:
     assert kept_k("vanilla", 64, in_sweep=True) is None
     assert kept_k("linformer", 64, in_sweep=True) == 64
     with pytest.raises(ValueError, match=r"^k: attention=vanilla has no budget: k must be null"):
-        validate(Cell("vanilla", 64, k=32, task=task, dtype="fp32", device="cpu"))
+        validate(Cell("vanilla", 64, k=32, task=Part(task), dtype="fp32", device="cpu"))
 
 
 def test_the_ceiling_is_resolved_in_one_place() -> None:
@@ -173,7 +198,13 @@ def test_the_ceiling_is_resolved_in_one_place() -> None:
     assert res.usable == 2 * 10**9 - v100.overhead_bytes
     allowed = "inference, train, decode, packed, packed_train"
     with pytest.raises(ValueError, match=f"mode: must be one of {allowed}; got"):
-        validate(Cell("vanilla", n=64, mode="fly"))
+        validate(
+            Cell(
+                "vanilla",
+                n=64,
+                workload=Part("fly"),
+            )
+        )
 
 
 def test_a_new_row_round_trips_through_its_stored_form() -> None:
@@ -197,7 +228,13 @@ def test_a_stored_row_holds_its_spec_once_and_reads_back_whole(tmp_path: Path) -
     from attnbench.plan import spec
     from attnbench.store import RunStore, read_rows
 
-    cell = complete(Cell("vanilla", 512, mode="train", mode_settings={"checkpoint": True}))
+    cell = complete(
+        Cell(
+            "vanilla",
+            512,
+            workload=Part("train", {"checkpoint": True}),
+        )
+    )
     preset = presets.load("v100_16gb")
     row = Row.new(cell, preset.total_bytes, preset.overhead_bytes, environment())
     row = row.replaced(status="ok", key="abc", cell=spec(cell, preset))
@@ -381,8 +418,14 @@ def test_a_step_that_fails_leaves_the_figures_before_it(monkeypatch) -> None:
         raise RuntimeError("no peak here")
 
     monkeypatch.setattr(run.MemoryModel, "peak", boom)
-    cell = Cell("vanilla", n=64, batch=3, dtype="fp32", device="cpu", layers=2, d_model=32,
-                n_heads=2, d_ff=64)  # fmt: skip
+    cell = Cell(
+        "vanilla",
+        n=64,
+        batch=3,
+        dtype="fp32",
+        device="cpu",
+        model=Shape(layers=2, d_model=32, n_heads=2, d_ff=64),
+    )
     row = run.run_cell(cell)
     assert row.status == "error" and row.reason == "RuntimeError: no peak here"
     assert row.flops > 0 and row.memory_source == "modeled" and row.batch == 3
@@ -422,8 +465,16 @@ def test_a_step_that_fails_inside_the_timing_leaves_the_figures_before_it(
         raise RuntimeError(f"{name} failed")
 
     monkeypatch.setattr(failing, boom)
-    cell = Cell("vanilla", n=64, batch=3, dtype="fp32", device="cpu", layers=2, d_model=32,
-                n_heads=2, d_ff=64, min_repeats=2, min_seconds=0.0, compile=compile)  # fmt: skip
+    cell = Cell(
+        "vanilla",
+        n=64,
+        batch=3,
+        dtype="fp32",
+        device="cpu",
+        model=Shape(layers=2, d_model=32, n_heads=2, d_ff=64),
+        timing=TimingSpec(min_repeats=2, min_seconds=0.0),
+        compile=compile,
+    )
     row = run.run_cell(cell)
     assert (row.status, row.reason) == ("error", f"RuntimeError: {name} failed")
     assert {f for f in FIGURES if getattr(row, f) is not None} == kept
@@ -451,7 +502,7 @@ def test_a_version_1_row_of_the_machines_memory_is_found_whatever_the_ram() -> N
 
     cpu = presets.load("cpu")
     cell = Cell("vanilla", 64, dtype="fp32", device="cpu")
-    spec = {**dataclasses.asdict(cell), "ceiling_bytes": 16 << 30}  # 16 GiB: whole MiB
+    spec = {**cell.to_dict(), "ceiling_bytes": 16 << 30}  # 16 GiB: whole MiB
     row = {"key": _key_v1(cell, cpu), "cell": spec, "memory_source": "modeled"}
     assert stored_key(row) == key(cell, cpu)
     given = dataclasses.replace(cell, ceiling_bytes=16 << 30)
@@ -488,12 +539,18 @@ def test_the_public_helpers_take_a_cell_not_yet_planned() -> None:
 
     from attnbench.runner import MemoryModel, build, make_input
 
-    train = Cell("vanilla", 64, device="cpu", dtype="fp32", mode="train", layers=1, d_model=32,
-                 n_heads=2, d_ff=64)  # fmt: skip
+    train = Cell(
+        "vanilla",
+        64,
+        device="cpu",
+        dtype="fp32",
+        workload=Part("train"),
+        model=Shape(layers=1, d_model=32, n_heads=2, d_ff=64),
+    )
     res = validate(train)
     assert train.settings == {} and build(train, res, "meta", torch.float32) is not None
     assert MemoryModel(train, res).peak(2) == MemoryModel(res.cell, res).peak(2)
-    packed = dataclasses.replace(train, mode="packed", mode_settings={"lengths": [8, 16]})
+    packed = dataclasses.replace(train, workload=Part("packed", {"lengths": [8, 16]}))
     assert make_input(1, packed, "meta", torch.float32).shape[-1] == 32
 
 

@@ -33,7 +33,7 @@ def tiny(attention: str = "vanilla", n: int = 64, **kw: object) -> Cell:
     """A tiny cell; a decode one generates 6 tokens."""
     if kw.get("mode") == "decode":
         kw.setdefault("mode_settings", {"decode_tokens": 6})
-    return Cell(attention, n, **{**TINY, **kw})  # type: ignore[arg-type]
+    return Cell.of(attention, n, **{**TINY, **kw})  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

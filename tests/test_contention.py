@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from attnbench import env as cpus
+from attnbench.cell import Shape, TimingSpec
 from attnbench.check import verdicts
 from attnbench.measure import contention
 from attnbench.report.efficiency import efficiency_lengths
@@ -345,8 +346,15 @@ def test_a_cell_leaves_the_callers_thread_count_as_it_was() -> None:
     from attnbench.cell import Cell
     from attnbench.runner import run_cell
 
-    cell = Cell("vanilla", 64, layers=1, d_model=64, n_heads=2, d_ff=128, dtype="fp32",
-                device="cpu", batch=2, min_repeats=2, min_seconds=0.01)  # fmt: skip
+    cell = Cell(
+        "vanilla",
+        64,
+        model=Shape(layers=1, d_model=64, n_heads=2, d_ff=128),
+        timing=TimingSpec(min_repeats=2, min_seconds=0.01),
+        dtype="fp32",
+        device="cpu",
+        batch=2,
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

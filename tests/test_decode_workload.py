@@ -49,7 +49,7 @@ def _cell(name: str, **kw: object) -> Cell:
     names = ("decode_tokens", "state_dtype", "prefill_chunk", "contexts", "lengths")
     settings = {"decode_tokens": 6, "prefill_chunk": 16}
     settings.update({name: kw.pop(name) for name in names if name in kw})
-    return complete(Cell(**{**base, **kw}, mode_settings=settings))
+    return complete(Cell.of(**{**base, **kw}, mode_settings=settings))
 
 
 def _gqa(name: str) -> list[int | None]:
@@ -105,7 +105,7 @@ def test_state_bytes_are_what_the_profiler_and_the_meta_tracker_see(
     meta, within 1 %, or within the allocator's 512-byte rounding of each tensor for a
     state smaller than 512 × 100 bytes a tensor (a ring of 16 keys, linear's S and z)."""
     c = _cell(name, kv_heads=kv_heads, n=1000, d_model=128, d_ff=256)
-    row = run_cell(Cell(**{**c.__dict__, "model_only": True}))
+    row = run_cell(Cell.of(**{**c.to_dict(), "model_only": True}))
     cap = c.n + c.settings["decode_tokens"]
     model = build(c, validate(c), "cpu", torch.float32)
     assert row.state_bytes == model.state_bytes(cap, 4)
@@ -185,9 +185,9 @@ def test_a_mix_of_contexts_is_served_from_caches_allocated_for_its_longest() -> 
     assert mixed.prompts["state_padding_share"] == pytest.approx(1 - own, abs=1e-3)
     assert row("linear", 4096, **mix).max_batch == row("linear", 4096).max_batch
     plain = _cell("vanilla")
-    other = Cell(**{**plain.__dict__, "mode_settings": {**plain.settings, "length_seed": 7}})
+    other = Cell.of(**{**plain.to_dict(), "mode_settings": {**plain.settings, "length_seed": 7}})
     assert key(plain, presets.load("cpu")) == key(other, presets.load("cpu"))
-    drawn = Cell(**{**plain.__dict__, "mode_settings": {**plain.settings, "contexts": "drawn"}})
+    drawn = Cell.of(**{**plain.to_dict(), "mode_settings": {**plain.settings, "contexts": "drawn"}})
     assert key(drawn, presets.load("cpu")) != key(plain, presets.load("cpu"))
 
 
@@ -357,7 +357,7 @@ def test_grouped_query_heads_in_the_forward_and_training_modes(name: str, mode: 
     than full heads (K and V project to fewer heads), and a cell of each mode is ok."""
     from attnbench.workload.train import train_step
 
-    c = Cell(
+    c = Cell.of(
         name, n=256, dtype="fp32", device="cpu", layers=2, d_model=128, n_heads=4, d_ff=256,
         mode=mode, kv_heads=1, min_seconds=0.0, min_repeats=2,
     )  # fmt: skip
@@ -377,7 +377,7 @@ def test_grouped_query_heads_in_the_forward_and_training_modes(name: str, mode: 
     modeled = memory.peak(2) - memory.fixed - rounded(x.nbytes)
     assert abs(modeled - real) <= 0.01 * real, (modeled, real)
     row = run_cell(c)
-    full = run_cell(Cell(**{**c.__dict__, "kv_heads": None}))
+    full = run_cell(Cell.of(**{**c.to_dict(), "kv_heads": None}))
     assert row.status == full.status == "ok", (row.reason, full.reason)
     assert row.flops < full.flops and row.model["kv_heads"] == 1
 

@@ -341,10 +341,10 @@ SMALL = {"layers": 2, "d_model": 64, "n_heads": 2, "d_ff": 128}
 def test_linformer_without_k_says_it_needs_k() -> None:
     for n in (64, 512):  # was "k: must be an integer in [1, 64], got 256", or silently k=256
         with pytest.raises(ValueError, match=r"^k: attention=linformer needs k \(its budget\)"):
-            validate(Cell("linformer", n=n, k=None, **SMALL), V100)
-    validate(Cell("linformer", n=64, k=None, params=(("k", 32),), **SMALL), V100)
-    validate(Cell("performer", n=64, k=None, **SMALL), V100)  # nb_features has a default
-    validate(Cell("vanilla", n=64, k=None, **SMALL), V100)
+            validate(Cell.of("linformer", n=n, k=None, **SMALL), V100)
+    validate(Cell.of("linformer", n=64, k=None, params=(("k", 32),), **SMALL), V100)
+    validate(Cell.of("performer", n=64, k=None, **SMALL), V100)  # nb_features has a default
+    validate(Cell.of("vanilla", n=64, k=None, **SMALL), V100)
 
 
 def test_linformer_k_null_on_the_command_line(
@@ -358,16 +358,16 @@ def test_linformer_k_null_on_the_command_line(
 @pytest.mark.parametrize("n", [10**12, 2**40, 10**7])
 def test_n_beyond_the_ceiling_for_one_sequence_is_refused(n: int) -> None:
     with pytest.raises(ValueError, match=rf"^n: must fit one sequence's input .* got n={n}$"):
-        validate(Cell("vanilla", n=n, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
+        validate(Cell.of("vanilla", n=n, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
 
 
 def test_n_that_fits_one_sequence_is_still_a_cell() -> None:
     usable = 10**9 - V100.overhead_bytes
     edge = usable // (64 * 4)
-    validate(Cell("vanilla", n=edge, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
+    validate(Cell.of("vanilla", n=edge, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
     with pytest.raises(ValueError, match=r"^n: must fit"):
-        validate(Cell("vanilla", n=edge + 1, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
-    validate(Cell("vanilla", n=65536), V100)  # Table 3's largest n: an oom row, not a typo
+        validate(Cell.of("vanilla", n=edge + 1, dtype="fp32", ceiling_bytes=10**9, **SMALL), V100)
+    validate(Cell.of("vanilla", n=65536), V100)  # Table 3's largest n: an oom row, not a typo
 
 
 def test_an_absurd_n_is_one_line_exit_2_not_an_error_row(tmp_path: Path, cli_in_process) -> None:

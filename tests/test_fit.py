@@ -67,11 +67,11 @@ def test_a_modeled_gpu_row_is_replayed_and_a_cpu_row_is_not() -> None:
     """On a GPU preset the modeled max batch is the replay's, at most the allocation-only one
     beside it, with the replayed reserved peak and its fragmentation at that batch; the cpu
     preset has no caching allocator: allocation-only, nothing reserved."""
-    gpu = run_cell(Cell("sdpa", 512, model_only=True))
+    gpu = run_cell(Cell.of("sdpa", 512, model_only=True))
     assert gpu.status == "ok" and gpu.allocator == "default"
     assert 0 < gpu.max_batch == gpu.predicted_max_batch <= gpu.allocated_max_batch
     assert gpu.peak_reserved_bytes >= gpu.peak_bytes and gpu.fragmentation >= 0
-    cpu = run_cell(Cell("sdpa", 64, dtype="fp32", device="cpu", ceiling_bytes=64 * MiB, **SMALL))
+    cpu = run_cell(Cell.of("sdpa", 64, dtype="fp32", device="cpu", ceiling_bytes=64 * MiB, **SMALL))
     assert cpu.max_batch == cpu.allocated_max_batch and cpu.peak_reserved_bytes is None
 
 
@@ -82,7 +82,7 @@ def test_a_gpu_presets_trace_is_its_cards_own() -> None:
     cuBLASLt's 1 MiB where torch keeps it apart) is held before the step.
     ``capability=None`` is meta's own trace, and decode (no replay) and the cpu preset have
     no card."""
-    cell = Cell("sdpa", 512, **SMALL)
+    cell = Cell.of("sdpa", 512, **SMALL)
     res = validate(cell)
     cell = res.cell  # planned: its workload's settings complete
     card, plain = MemoryModel(cell, res), MemoryModel(cell, res, capability=None)
@@ -97,18 +97,18 @@ def test_a_gpu_presets_trace_is_its_cards_own() -> None:
 
     copies = sizes(plain).count(merged) - sizes(card).count(merged)
     assert copies == SMALL["layers"]  # one a layer: the merge after each layer's SDPA
-    h100 = validate(Cell("sdpa", 512, **SMALL, device="h100_80gb"))
+    h100 = validate(Cell.of("sdpa", 512, **SMALL, device="h100_80gb"))
     assert MemoryModel(cell, h100).workspaces[0] == 32 * MiB
-    decode = Cell("sdpa", 512, mode="decode", params=(("causal", True),), **SMALL)
+    decode = Cell.of("sdpa", 512, mode="decode", params=(("causal", True),), **SMALL)
     assert MemoryModel(decode, validate(decode)).capability is None
-    on_cpu = Cell("sdpa", 64, dtype="fp32", device="cpu", **SMALL)
+    on_cpu = Cell.of("sdpa", 64, dtype="fp32", device="cpu", **SMALL)
     assert MemoryModel(on_cpu, validate(on_cpu)).capability is None
 
 
 def test_expandable_segments_fit_at_least_what_the_default_allocator_fits() -> None:
     """The same step's calls, replayed with expandable segments: one growing segment per
     pool, so a freed block's space serves the next request of another size."""
-    cell = Cell("linformer", 512, k=128, **SMALL, ceiling_bytes=2 << 30)
+    cell = Cell.of("linformer", 512, k=128, **SMALL, ceiling_bytes=2 << 30)
     res = validate(cell)
     cell = res.cell  # planned: its workload's settings complete
     model = MemoryModel(cell, res)
@@ -124,31 +124,33 @@ def test_the_allocator_setting_is_checked_keyed_only_when_set_and_refused_where_
     None
 ):
     v100 = presets.load("v100_16gb")
-    assert key(Cell("vanilla", 512, allocator="default"), v100) == key(Cell("vanilla", 512), v100)
-    assert key(Cell("vanilla", 512, allocator="expandable"), v100) != key(
-        Cell("vanilla", 512), v100
+    assert key(Cell.of("vanilla", 512, allocator="default"), v100) == key(
+        Cell.of("vanilla", 512), v100
+    )
+    assert key(Cell.of("vanilla", 512, allocator="expandable"), v100) != key(
+        Cell.of("vanilla", 512), v100
     )
     assert from_setting("expandable").expandable_segments
     assert from_setting("max_split_size_mb:256").max_split_size == 256 * MiB
     with pytest.raises(ValueError, match=r"^allocator: PYTORCH_CUDA_ALLOC_CONF key 'nope'"):
-        validate(Cell("vanilla", 512, allocator="nope"))
+        validate(Cell.of("vanilla", 512, allocator="nope"))
     with pytest.raises(ValueError, match=r"^allocator: device=cpu has no CUDA caching allocator"):
-        validate(Cell("vanilla", 64, dtype="fp32", device="cpu", allocator="expandable"))
+        validate(Cell.of("vanilla", 64, dtype="fp32", device="cpu", allocator="expandable"))
 
 
 def test_a_gpu_cell_refuses_an_environment_that_sets_another_allocator(monkeypatch) -> None:
     """Where this process runs the cell on its GPU, the environment's allocator is the one
     measured: one that differs from the cell's setting is one line, not a mislabelled row."""
-    cell = Cell("vanilla", 512, allocator="default")
+    cell = Cell.of("vanilla", 512, allocator="default")
     v100 = presets.load("v100_16gb")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     check_allocator(cell, v100, gpu=False)  # modeled: the environment plays no part
     with pytest.raises(ValueError, match=r"^allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_"):
         check_allocator(cell, v100, gpu=True)
-    check_allocator(Cell("vanilla", 512, allocator="expandable"), v100, gpu=True)
+    check_allocator(Cell.of("vanilla", 512, allocator="expandable"), v100, gpu=True)
     # the same settings in another spelling are the same allocator; torch's other name too
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:True")
-    mine = Cell("vanilla", 512, allocator="expandable_segments:True,max_split_size_mb:64")
+    mine = Cell.of("vanilla", 512, allocator="expandable_segments:True,max_split_size_mb:64")
     check_allocator(mine, v100, gpu=True)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
@@ -181,7 +183,7 @@ def test_a_gpu_cell_with_its_own_allocator_runs_in_a_process_that_sets_it(monkey
 
     from attnbench.sweep import job
 
-    cell, v100 = Cell("vanilla", 512, allocator="expandable"), presets.load("v100_16gb")
+    cell, v100 = Cell.of("vanilla", 512, allocator="expandable"), presets.load("v100_16gb")
     res = validate(cell, v100)  # the process's one answer for this cell (memoized)
     assert job._allocator_env(res) is None  # no GPU here
     monkeypatch.setattr(res, "on_gpu", True)  # as on a machine with the preset's GPU

@@ -268,7 +268,7 @@ def test_gpu_check_lists_its_gpu_serving_cells_and_refuses_without_a_gpu(script,
     assert subprocess.run(["bash", "-n", "scripts/gpu_check.sh"]).returncode == 0
     # the cells a GPU runs: each decode mechanism at the max batch of the preset asked for
     todo = script.decode_cells(script.NS_DECODE, script.TIMING, "h100_80gb", "fp16")
-    assert [(c.attention, c.kv_heads) for c in todo] == [
+    assert [(c.attention, c.model.kv_heads) for c in todo] == [
         ("vanilla", None),
         ("vanilla", 3),
         ("sdpa", None),

@@ -29,7 +29,7 @@ def _cell(mode: str, **kw: object) -> Cell:
     # the ceiling: a100_40gb's 512 MiB overhead and 2 MiB the allocator may use (a dozen
     # or more sequences, so that the search probes a few batches)
     shape = {**SHAPE, "ceiling_bytes": (512 << 20) + (2 << 20), **kw}
-    return Cell(
+    return Cell.of(
         "vanilla", n=32, dtype="fp32", device="a100_40gb", batch="max", mode=mode,
         params=(("causal", True),) if mode == "decode" else (), mode_settings=settings, **shape,
     )  # fmt: skip
@@ -133,7 +133,7 @@ def test_a_failed_probe_frees_everything_it_allocated(
 
 
 def _has_params(name: str, **params: object) -> Cell:
-    return Cell(name, n=64, params=tuple(params.items()))
+    return Cell.of(name, n=64, params=tuple(params.items()))
 
 
 @pytest.mark.parametrize(
@@ -141,10 +141,10 @@ def _has_params(name: str, **params: object) -> Cell:
     [
         (_has_params("gla", causal=True, kernel="fla"), True),
         (_has_params("gla", causal=True, kernel="torch"), False),
-        (Cell("vanilla", n=64, compile=True, compile_mode="max-autotune"), True),
-        (Cell("vanilla", n=64, compile=True, compile_mode="reduce-overhead"), True),
-        (Cell("vanilla", n=64, compile=True), True),  # a new batch is a new graph
-        (Cell("vanilla", n=64), False),
+        (Cell.of("vanilla", n=64, compile=True, compile_mode="max-autotune"), True),
+        (Cell.of("vanilla", n=64, compile=True, compile_mode="reduce-overhead"), True),
+        (Cell.of("vanilla", n=64, compile=True), True),  # a new batch is a new graph
+        (Cell.of("vanilla", n=64), False),
     ],
     ids=lambda v: plan_label(v) if isinstance(v, Cell) else str(v),
 )
@@ -263,7 +263,7 @@ def test_a_cuda_row_says_which_fp32_arithmetic_each_kernel_ran(
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
     assert (here["tf32_matmul"], here["tf32_cudnn"], here["triton_fp32_dot"]) == (True, False, dot)
-    cell = Cell("vanilla", n=8)
+    cell = Cell.of("vanilla", n=8)
     row = Row.new(cell, 10**9, 0, here)
     assert Row.from_dict(row.to_dict()).env == here
     with pytest.raises(ValueError, match=r"^env.tf32_matmul: must be true or false, got 'yes'$"):

@@ -171,9 +171,9 @@ def test_an_explicit_list_holds_at_most_as_many_lengths() -> None:
 def test_a_trace_at_the_bound_is_allowed_and_one_chunk_more_is_not() -> None:
     """retnet's 2 tiny layers at chunk 64: n = 8192 · 64 is 16384 steps, one more is over."""
     most = MAX_LOOP_STEPS // SHAPE["layers"] * 64
-    validate(Cell("retnet", most, params=(("causal", True),), **SHAPE))
+    validate(Cell.of("retnet", most, params=(("causal", True),), **SHAPE))
     with pytest.raises(ValueError, match=rf"^n: .* allowed: n <= {most} here"):
-        validate(Cell("retnet", most + 1, params=(("causal", True),), **SHAPE))
+        validate(Cell.of("retnet", most + 1, params=(("causal", True),), **SHAPE))
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_a_prefill_of_more_calls_than_the_bound_is_not_timed_on_a_cpu(
     """However fast the CPU (an absurd rate here), a prefill of 16384 one-token calls per
     layer is left out of the timing (its steps over random states), as its FLOPs say
     nothing of its Python overhead: it ran for over 5 minutes at time_budget_s=30."""
-    cell = complete(Cell("retnet", 16384, mode="decode", batch=1, params=(("causal", True),),
+    cell = complete(Cell.of("retnet", 16384, mode="decode", batch=1, params=(("causal", True),),
                          mode_settings={"prefill_chunk": chunk}, **SHAPE))  # fmt: skip
     model = encoder(cell, {"causal": True}, "meta")
     DECODE.cost_s(model, cell, 1, 1e30)
@@ -234,10 +234,10 @@ def test_a_small_quality_cell_says_nothing_and_reads_no_rate(
         raise AssertionError("the rate was read")
 
     monkeypatch.setattr(gemm, "cpu_matmul_rate", unread)
-    mqar = Cell("vanilla", 64, task="mqar", device="cpu", dtype="fp32", batch=1,
+    mqar = Cell.of("vanilla", 64, task="mqar", device="cpu", dtype="fp32", batch=1,
                 layers=2, d_model=64, n_heads=1, d_ff=128)  # fmt: skip
     assert estimate.note(mqar) is None
-    assert estimate.note(Cell("vanilla", 64, device="cpu", dtype="fp32")) is None
+    assert estimate.note(Cell.of("vanilla", 64, device="cpu", dtype="fp32")) is None
 
 
 @pytest.mark.parametrize("attention", ["vanilla", "retnet"])
@@ -247,7 +247,7 @@ def test_the_estimates_flops_are_what_the_training_runs(attention: str) -> None:
     q = {"steps": 2, "eval_every": 1, "test_examples": 50, "train_examples": 200,
          "lrs": [0.001], "batch": 8, "short_conv": 0}  # fmt: skip
     shape = {"layers": 2, "d_model": 64, "n_heads": 1, "d_ff": 128}
-    cell = Cell(attention, 64, task="mqar", device="cpu", dtype="fp32", batch=1,
+    cell = Cell.of(attention, 64, task="mqar", device="cpu", dtype="fp32", batch=1,
                 quality=tuple(q.items()), **shape)  # fmt: skip
     with FlopCounterMode(display=False) as counted:
         recall.train(attention, {}, n=64, **shape, **q)

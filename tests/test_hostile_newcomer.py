@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from attnbench import workload
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Shape, TimingSpec
 from attnbench.measure import contention, gemm
 from attnbench.measure.contention import SKIPPED_FOR_LOAD, TIMED_UNDER_LOAD
 from attnbench.measure.timing import Timing
@@ -171,8 +171,15 @@ def test_a_contended_reading_gives_the_cpus_own_rate_from_its_fastest_sample(
     assert rate.slowdown == pytest.approx(now / quiet) and bool(gemm._RATES) == kept
 
 
-TINY = Cell("vanilla", 16, dtype="fp32", device="cpu", layers=1, d_model=16, n_heads=2,
-            d_ff=32, batch=1, min_repeats=2, min_seconds=0.0)  # fmt: skip
+TINY = Cell(
+    "vanilla",
+    16,
+    dtype="fp32",
+    device="cpu",
+    model=Shape(layers=1, d_model=16, n_heads=2, d_ff=32),
+    timing=TimingSpec(min_repeats=2, min_seconds=0.0),
+    batch=1,
+)
 
 
 @pytest.mark.parametrize(

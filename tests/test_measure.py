@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part, Shape, TimingSpec
 from attnbench.measure import presets
 from attnbench.measure.memory import MemoryTracker, module_bytes, rounded, tracked_peak
 from attnbench.measure.search import largest_fitting, solve_affine
@@ -55,10 +55,7 @@ def test_modeled_peak_matches_tracked_cpu_peak(name: str, n: int, b: int) -> Non
         n=n,
         dtype="fp32",
         device="cpu",
-        layers=2,
-        d_model=D,
-        n_heads=H,
-        d_ff=128,
+        model=Shape(layers=2, d_model=D, n_heads=H, d_ff=128),
         params=tuple(sorted(_params(name).items())),
     )
     modeled = modeled_peak(_model(name, n, "meta"), cell, b, overhead=0)
@@ -120,12 +117,8 @@ def test_cpu_preset_search_agrees_with_model_under_a_ceiling() -> None:
             dtype="fp32",
             device="cpu",
             ceiling_bytes=ceiling,
-            layers=2,
-            d_model=D,
-            n_heads=H,
-            d_ff=128,
-            min_repeats=1,
-            min_seconds=0.0,
+            model=Shape(layers=2, d_model=D, n_heads=H, d_ff=128),
+            timing=TimingSpec(min_repeats=1, min_seconds=0.0),
         )
     )
     model = _model("vanilla", n)
@@ -193,12 +186,8 @@ def test_row_without_a_gpu_is_modeled_and_timed_on_cpu() -> None:
             n=256,
             k=32,
             params=(("sharing", "layerwise"),),
-            layers=2,
-            d_model=D,
-            n_heads=H,
-            d_ff=128,
-            min_repeats=2,
-            min_seconds=0.0,
+            model=Shape(layers=2, d_model=D, n_heads=H, d_ff=128),
+            timing=TimingSpec(min_repeats=2, min_seconds=0.0),
         )
     )
     for key in (
@@ -253,9 +242,21 @@ def _model_flops(row: Row) -> int:
 
 
 def test_oom_at_b1_and_over_budget_time_are_rows_with_reasons() -> None:
-    row = run_cell(Cell("vanilla", n=65536, min_repeats=1))
+    row = run_cell(
+        Cell(
+            "vanilla",
+            n=65536,
+            timing=TimingSpec(min_repeats=1),
+        )
+    )
     assert row.status == "oom" and "b=1 does not fit" in row.reason
-    row = run_cell(Cell("vanilla", n=1024, time_budget_s=0.001))
+    row = run_cell(
+        Cell(
+            "vanilla",
+            n=1024,
+            timing=TimingSpec(time_budget_s=0.001),
+        )
+    )
     assert row.status == "ok" and row.reason.startswith("time skipped:")
     assert row.time_per_seq_s is None and row.max_batch > 0
 
@@ -344,13 +345,9 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
         dtype="fp32",
         device="a100_40gb",
         ceiling_bytes=(64 << 20) + (512 << 20),
-        layers=2,
-        d_model=D,
-        n_heads=H,
-        d_ff=128,
-        min_repeats=2,
-        min_seconds=0.0,
-        mode=mode,
+        workload=Part(mode),
+        model=Shape(layers=2, d_model=D, n_heads=H, d_ff=128),
+        timing=TimingSpec(min_repeats=2, min_seconds=0.0),
     )
     plan = validate(cell)
     plan.on_gpu = True
@@ -369,7 +366,9 @@ def test_the_gpu_branch_driven_on_cpu(monkeypatch, mode: str) -> None:
 @pytest.mark.parametrize(
     "cell",
     [
-        Cell("vanilla", n=18, layers=2, d_model=64, n_heads=4, d_ff=128, model_only=True),
+        Cell(
+            "vanilla", n=18, model=Shape(layers=2, d_model=64, n_heads=4, d_ff=128), model_only=True
+        ),
         Cell("vanilla", n=512, model_only=True),
         Cell("linformer", n=4096, k=256, model_only=True),
         Cell("sdpa", n=2048, dtype="bf16", device="h100_80gb", model_only=True),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Shape
 from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.plan import validate
 from attnbench.runner import build, modeled_peak
@@ -30,9 +30,14 @@ def test_modeled_peak_equals_the_profilers(name: str, params: tuple, shape: str)
     layers, d, h, ff, n = SHAPES[shape]
     k = 64 if name in ("linformer",) else None
     cell = Cell(
-        name, n=n, k=k, dtype="fp32", device="cpu", layers=layers, d_model=d, n_heads=h,
-        d_ff=ff, params=params,
-    )  # fmt: skip
+        name,
+        n=n,
+        k=k,
+        dtype="fp32",
+        device="cpu",
+        model=Shape(layers=layers, d_model=d, n_heads=h, d_ff=ff),
+        params=params,
+    )
     res = validate(cell)
     cell = res.cell  # planned: its workload's settings complete
     model = build(cell, res, "cpu", torch.float32)

@@ -24,7 +24,7 @@ import attnbench
 from attnbench.attention import mixer
 from attnbench.attention.delta_scan import delta_reference
 from attnbench.attention.gated_scan import gated_reference
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part
 from attnbench.cell_rules import left_out
 from attnbench.plan import validate
 
@@ -124,7 +124,14 @@ def test_a_non_causal_cell_is_refused_and_left_out_of_sweeps(name: str) -> None:
     assert left_out(_cell(name, causal=True)) is None
     validate(_cell(name, causal=True))
     # MQAR trains every mechanism with a causal form causally, whatever causal says
-    recall = Cell(name, n=64, k=None, dtype="fp32", device="cpu", task="mqar")
+    recall = Cell(
+        name,
+        n=64,
+        k=None,
+        dtype="fp32",
+        device="cpu",
+        task=Part("mqar"),
+    )
     assert left_out(recall) is None
     validate(recall)
 

@@ -34,7 +34,7 @@ MEMORY = [("sdpa", ()), ("linear", CAUSAL), ("local", ()), ("mamba2", CAUSAL)]
 
 def _cell(attention: str, layout: str, params: tuple = (), train: bool = False, **kw) -> Cell:
     settings = {"layout": layout, "lengths": LENGTHS, "bucket_tokens": 160, **kw}
-    return complete(Cell(
+    return complete(Cell.of(
         attention, n=128, dtype="fp32", device="cpu", params=params,
         mode="packed_train" if train else "packed", mode_settings=settings, **SHAPE,
     ))  # fmt: skip

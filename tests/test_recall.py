@@ -5,7 +5,6 @@ end through the CLI. The generator itself is tested in tests/test_mqar.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part
 from attnbench.quality import mqar, recall, tasks, training
 from attnbench.quality.classify import Classifier
 from attnbench.quality.training import IGNORE, accuracy, loss
@@ -179,8 +178,13 @@ def test_bad_settings_are_one_line_naming_the_key() -> None:
 def test_a_stored_cell_with_list_settings_is_hashable_again() -> None:
     """A cell goes to an isolated worker as JSON: its lists (``lrs``; a carried listops block)
     come back as tuples, so the worker's validation can hash it."""
-    cell = Cell("vanilla", n=64, k=None, task="mqar", quality=(("lrs", (0.001, 0.003)),))
-    back = Cell.from_dict(json.loads(json.dumps(dataclasses.asdict(cell))))
+    cell = Cell(
+        "vanilla",
+        n=64,
+        k=None,
+        task=Part("mqar", (("lrs", (0.001, 0.003)),)),
+    )
+    back = Cell.from_dict(json.loads(json.dumps(cell.to_dict())))
     assert back == cell and hash(back) == hash(cell)
 
 

@@ -89,8 +89,8 @@ def _context(cell: Cell) -> dict[str, int]:
     """MQAR's context memory, from the model the task trains (its weights are not used)."""
     from attnbench.quality import recall
 
-    s = dict(cell.quality)
-    shape = {f: getattr(cell, f) for f in ("layers", "d_model", "n_heads", "d_ff")}
+    s = dict(cell.task.settings)
+    shape = {f: getattr(cell.model, f) for f in ("layers", "d_model", "n_heads", "d_ff")}
     params = {**cell.mechanism_params(), "causal": recall.causal(cell.attention)}
     net = recall._model(cell.attention, s["vocab_size"], cell.n, s["short_conv"], shape, params)()
     elements, nbytes = recall.context_memory(net, cell.n)

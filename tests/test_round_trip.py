@@ -106,7 +106,7 @@ def test_each_setting_typed_comes_back_from_the_row(mode: str, tmp_path: Path) -
     again = Cell.from_dict(stored["cell"])  # the stored spec: the same cell, every field
     assert again == dataclasses.replace(cell, ceiling_bytes=stored["cell"]["ceiling_bytes"])
     # a launcher's payload (joblib's subprocess: JSON), and the frame load() gives
-    assert Cell.from_dict(json.loads(json.dumps(dataclasses.asdict(cell)))) == cell
+    assert Cell.from_dict(json.loads(json.dumps(cell.to_dict()))) == cell
     frame = attnbench.load(tmp_path)
     for name in own & {s.name for s in workload.get(mode).settings}:
         value = frame.loc[0, name]

@@ -6,7 +6,6 @@ generated files to them)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import re
 
@@ -14,7 +13,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import workload
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part
 from attnbench.cell_key import cell_of, key
 from attnbench.cell_rules import complete
 from attnbench.measure import presets
@@ -47,7 +46,7 @@ def test_a_cell_of_each_workload_from_python_and_from_the_command_line_is_one_ce
     the command line's, which reads every key, have one key and are one cell once planned
     (a cell is a spec as asked; the plan completes its workload's part)."""
     params = (("causal", True),) if mode == "decode" else ()
-    made = Cell("vanilla", n=512, mode=mode, params=params)
+    made = Cell("vanilla", n=512, workload=Part(mode), params=params)
     composed = _cell(f"mode={mode}")
     assert composed == complete(made) and made.settings == {}
     assert composed.settings == {s.name: s.default for s in workload.get(mode).settings}
@@ -62,7 +61,13 @@ def test_a_cell_of_each_quality_task_from_python_and_from_the_command_line_is_on
     """The task's settings are the registry's. Its model, dtype, batch and n are its own
     (conf/task/), unless the command line names them: here the config's, as Python's cell."""
     cost = ("model=base", "device=v100_16gb", "n=512", "dtype=fp16", "batch=max")
-    made = complete(Cell("vanilla", n=512, task=task))
+    made = complete(
+        Cell(
+            "vanilla",
+            n=512,
+            task=Part(task),
+        )
+    )
     assert _cell("attention=vanilla", f"task={task}", *cost) == made
 
 
@@ -105,15 +110,23 @@ def test_another_workloads_setting_is_checked_whatever_the_mode() -> None:
 
 
 def test_a_setting_the_workload_does_not_declare_is_refused_in_one_line() -> None:
-    cell = Cell("vanilla", n=64, mode="train", mode_settings={"optimiser": "sgd"})
+    cell = Cell(
+        "vanilla",
+        n=64,
+        workload=Part("train", {"optimiser": "sgd"}),
+    )
     with pytest.raises(ValueError, match=r"^optimiser: not a setting of mode=train \(its set"):
         validate(cell)
 
 
 def test_a_stored_spec_from_before_reads_as_the_same_cell() -> None:
     """Specs stored with a row kept the workload's settings as fields of the cell."""
-    cell = Cell("vanilla", n=64, mode="train", mode_settings={"checkpoint": True})
-    old = {k: v for k, v in dataclasses.asdict(cell).items() if k != "mode_settings"}
+    cell = Cell(
+        "vanilla",
+        n=64,
+        workload=Part("train", {"checkpoint": True}),
+    )
+    old = {k: v for k, v in cell.to_dict().items() if k != "mode_settings"}
     old.update(optimizer="adamw", checkpoint=True, decode_tokens=128, state_dtype="auto")
     assert cell_of(old) == complete(cell)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from attnbench import workload
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part, Shape
 from attnbench.cell_key import beyond_defaults, key
 from attnbench.measure import presets
 from attnbench.row import fields as row_fields
@@ -34,8 +34,15 @@ def _toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _cell(**settings: int) -> Cell:
-    return Cell("vanilla", n=32, batch=1, device="cpu", dtype="fp32", layers=3, d_model=32,
-                n_heads=4, d_ff=64, mode=NAME, mode_settings=settings)  # fmt: skip
+    return Cell(
+        "vanilla",
+        n=32,
+        batch=1,
+        device="cpu",
+        dtype="fp32",
+        workload=Part(NAME, settings),
+        model=Shape(layers=3, d_model=32, n_heads=4, d_ff=64),
+    )
 
 
 def test_its_setting_is_a_row_field_and_in_the_key_only_off_its_default() -> None:

@@ -40,7 +40,7 @@ def _cell(name: str, params: tuple = (), shape: str = "layer", **kw: object) -> 
         layers=layers, d_model=d, n_heads=h, d_ff=ff, params=params, mode="train",
     )  # fmt: skip
     settings = {name: kw.pop(name) for name in ("optimizer", "checkpoint") if name in kw}
-    return Cell(name, **{**fields, **kw}, mode_settings=settings)
+    return Cell.of(name, **{**fields, **kw}, mode_settings=settings)
 
 
 def _real_and_modeled(cell: Cell, bs: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -167,11 +167,11 @@ def test_checkpointing_fits_a_larger_batch_for_one_more_forward() -> None:
     batch: ``ok`` there is its max batch being above that (the peak grows with b), in one
     meta step, where its own search takes some twenty (its peak is not affine in b at small
     b, so the secant's guess is far off)."""
-    plain = run_cell(Cell("vanilla", n=512, mode="train", model_only=True))
+    plain = run_cell(Cell.of("vanilla", n=512, mode="train", model_only=True))
     assert plain.status == "ok", plain.reason
     b = 3 * plain.max_batch + 1
     ckpt = run_cell(
-        Cell("vanilla", n=512, mode="train", model_only=True, batch=b,
+        Cell.of("vanilla", n=512, mode="train", model_only=True, batch=b,
              mode_settings={"checkpoint": True})
     )  # fmt: skip
     assert ckpt.status == "ok" and ckpt.batch == b, ckpt.reason  # fits: its max batch > 3×
@@ -179,7 +179,7 @@ def test_checkpointing_fits_a_larger_batch_for_one_more_forward() -> None:
 
 
 def test_a_train_row_has_each_part_and_their_sum() -> None:
-    cell = Cell(
+    cell = Cell.of(
         "linformer", n=64, k=16, dtype="fp32", device="cpu", ceiling_bytes=256 << 20,
         layers=2, d_model=64, n_heads=4, d_ff=128, mode="train", min_repeats=3,
         min_seconds=0.05, params=(("kernel", "eager"),),
@@ -197,7 +197,7 @@ def test_a_train_row_has_each_part_and_their_sum() -> None:
     again = Row.from_dict(json.loads(json.dumps(row.to_dict())))  # stored and read back
     assert again.time_parts == row.time_parts
     # an inference cell of the same shape is another key, and another row
-    inference = Cell(**{**cell.__dict__, "mode": "inference", "mode_settings": ()})
+    inference = Cell.of(**{**cell.to_dict(), "mode": "inference", "mode_settings": ()})
     assert row.mode != run_cell(inference).mode
 
 
@@ -207,7 +207,7 @@ def test_mixed_precision_keeps_fp32_weights_and_state_and_casts_activations() ->
     fp32, so vanilla keeps the n × n probabilities in fp32 for softmax's backward and an
     fp16 copy for P V's, 6 bytes an entry against fp32 training's 4; the FFN's shrink."""
     cells = [
-        Cell("vanilla", n=512, mode="train", model_only=True, dtype=d) for d in ("fp32", "fp16")
+        Cell.of("vanilla", n=512, mode="train", model_only=True, dtype=d) for d in ("fp32", "fp16")
     ]
     m32, m16 = (MemoryModel(c, validate(c)) for c in cells)
     assert m32.fixed == m16.fixed

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench import model as encoder_model
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part
 from attnbench.measure.cuda_layouts import CudaBackwardTemporaries
 from attnbench.measure.memory import (
     MemoryTracker,
@@ -137,8 +137,7 @@ def test_vanilla_training_meets_the_h200s_allocated_peak(n: int, checkpoint: boo
         n,
         dtype=row["dtype"],
         device=row["device"],
-        mode="train",
-        mode_settings={"checkpoint": checkpoint, "optimizer": row["optimizer"]},
+        workload=Part("train", {"checkpoint": checkpoint, "optimizer": row["optimizer"]}),
     )
     modeled = MemoryModel(cell, validate(cell)).peak(row["max_batch"])
     real = row["peak_bytes"]

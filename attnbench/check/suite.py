@@ -161,8 +161,8 @@ def _timed_cells(cell: Any, settings: dict[str, Any]) -> list[SuiteCell]:
         params,
         cell.n,
         cell.batch,
-        cell.d_model,
-        cell.n_heads,
+        cell.model.d_model,
+        cell.model.n_heads,
         threshold_for(settings, cell.attention, cell.n, params),
     )
     extra = []

@@ -112,7 +112,7 @@ def _check_mqar(cell: Cell, s: dict[str, Any]) -> None:
     itself applies (:func:`attnbench.quality.recall.check_settings`), and what they make
     grow against this machine's memory (:func:`attnbench.quality.recall.check_fits`)."""
     recall.check_settings(cell.n, prefix="quality.mqar.", **s)
-    recall.check_fits(cell.n, cell.d_model, prefix="quality.mqar.", **s)
+    recall.check_fits(cell.n, cell.model.d_model, prefix="quality.mqar.", **s)
 
 
 def _spectrum_figures(q: dict[str, Any]) -> None:

@@ -34,19 +34,19 @@ def training_flops(cell: Cell) -> tuple[int, str] | None:
     """The matmul FLOPs of a trained task's whole run and the run in words, or None for a
     task that trains nothing here (approx, spectrum on random inputs, a plugin's)."""
     s = tasks.quality_settings(cell)
-    if cell.task == "mqar":
+    if cell.task.name == "mqar":
         from attnbench.quality.recall import causal
 
         params = {**cell.mechanism_params(), "causal": causal(cell.attention)}
         runs, labelled, classes = len(s["lrs"]), s["num_kv_pairs"], s["vocab_size"]
-    elif cell.task == "listops":
+    elif cell.task.name == "listops":
         from attnbench.quality.listops import N_CLASSES
 
         params, runs, labelled, classes = cell.mechanism_params(), 1, 1, N_CLASSES
     else:
         return None
     encoder = cell_encoder(cell, params, "meta")
-    head = 2 * cell.d_model * classes * labelled  # per sequence, forward; backward twice
+    head = 2 * cell.model.d_model * classes * labelled  # per sequence, forward; backward twice
 
     def forward(b: int) -> int:
         return encoder.flops(b, cell.n) + b * head
@@ -66,7 +66,7 @@ def training_flops(cell: Cell) -> tuple[int, str] | None:
 def note(cell: Cell) -> str | None:
     """One line for a trained quality cell whose training is estimated above
     :data:`NOTE_AFTER_S` on this CPU: the estimate and what it is made of; else None."""
-    if cell.task == "cost" or (found := training_flops(cell)) is None:
+    if cell.task.name == "cost" or (found := training_flops(cell)) is None:
         return None
     flops, words = found
     if flops / FASTEST_CPU <= NOTE_AFTER_S:
@@ -74,9 +74,9 @@ def note(cell: Cell) -> str | None:
     rate = gemm.cpu_matmul_rate().quiet
     if (seconds := flops / rate) <= NOTE_AFTER_S:
         return None
-    shape = f"{cell.layers} layers of d_model {cell.d_model}"
+    shape = f"{cell.model.layers} layers of d_model {cell.model.d_model}"
     return (
-        f"task={cell.task} on {cell.attention} ({shape}): about {_duration(seconds)} of "
+        f"task={cell.task.name} on {cell.attention} ({shape}): about {_duration(seconds)} of "
         f"training on this CPU ({words}, at its fp32 GEMM rate of {rate / 1e9:.0f} GFLOP/s)"
     )
 

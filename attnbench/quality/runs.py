@@ -38,10 +38,10 @@ Settings = dict[str, Any]
 def _train_kwargs(cell: Cell, settings: Settings) -> dict[str, Any]:
     return {
         "n": cell.n,
-        "layers": cell.layers,
-        "d_model": cell.d_model,
-        "n_heads": cell.n_heads,
-        "d_ff": cell.d_ff,
+        "layers": cell.model.layers,
+        "d_model": cell.model.d_model,
+        "n_heads": cell.model.n_heads,
+        "d_ff": cell.model.d_ff,
         **settings,
     }
 
@@ -108,8 +108,8 @@ def _approx_of(cell: Cell, frozen: tuple[tuple[str, Any], ...]) -> dict[str, Any
             attention,
             params,
             n=cell.n,
-            d_model=cell.d_model,
-            n_heads=cell.n_heads,
+            d_model=cell.model.d_model,
+            n_heads=cell.model.n_heads,
             batch=s["batch"],
             seeds=tuple(range(seed, seed + s["seeds"])),
         )
@@ -132,13 +132,13 @@ def spectrum(cell: Cell, s: Settings) -> dict[str, Any]:
             torch.manual_seed(s["seed"])
             model = build_model(
                 "vanilla",
-                layers=cell.layers,
-                d_model=cell.d_model,
-                n_heads=cell.n_heads,
-                d_ff=cell.d_ff,
+                layers=cell.model.layers,
+                d_model=cell.model.d_model,
+                n_heads=cell.model.n_heads,
+                d_ff=cell.model.d_ff,
                 max_seq_len=cell.n,
             )
-            x = torch.randn(s["batch"], cell.n, cell.d_model)
+            x = torch.randn(s["batch"], cell.n, cell.model.d_model)
         return {"inputs": "random", **spectrum.spectrum(model, x, index=index)}
     encoder, x, mask, accuracy = _trained_inputs(cell, s)
     out = spectrum.spectrum(encoder, x, mask, index=index)

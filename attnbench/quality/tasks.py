@@ -62,8 +62,8 @@ def quality_settings(cell: Cell) -> dict[str, Any]:
     """The cell's quality settings (``Cell.settings`` are its workload's) over its task's
     defaults; a carried ``listops`` block over the listops task's defaults (what the trained
     model was trained with)."""
-    task = REGISTRY[cell.task]
-    out = {**task.defaults(), **dict(cell.quality)}
+    task = REGISTRY[cell.task.name]
+    out = {**task.defaults(), **dict(cell.task.settings)}
     if any(s.carried for s in task.settings):
         trained = REGISTRY["listops"].defaults()
         carried = dict(out.get("listops") or ())
@@ -73,13 +73,13 @@ def quality_settings(cell: Cell) -> dict[str, Any]:
 
 def validate(cell: Cell) -> None:
     """One ``ValueError`` line naming the first bad key of a quality cell."""
-    task = REGISTRY[cell.task]
+    task = REGISTRY[cell.task.name]
     names = tuple(s.name for s in task.settings)
-    for key, _ in cell.quality:
+    for key, _ in cell.task.settings:
         check_choice(f"quality.{task.name}", key, names, "a setting of this task")
     if any(s.carried for s in task.settings):  # the trained model's quality.listops block
         trained = tuple(REGISTRY["listops"].defaults())
-        for key, _ in dict(cell.quality).get("listops") or ():
+        for key, _ in dict(cell.task.settings).get("listops") or ():
             check_choice("quality.listops", key, trained, "a setting of task=listops")
     s = quality_settings(cell)
     if "seed" in s:  # every built-in's; a plugin's task may have none
@@ -89,7 +89,7 @@ def validate(cell: Cell) -> None:
 
 def run(cell: Cell) -> dict[str, Any]:
     """The quality figures of a validated cell (the row's ``quality``)."""
-    return REGISTRY[cell.task].run(cell, quality_settings(cell))
+    return REGISTRY[cell.task.name].run(cell, quality_settings(cell))
 
 
 def _finite(v: Any) -> bool:

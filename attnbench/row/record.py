@@ -88,7 +88,7 @@ class _Record:
                 k=cell.k,
                 budget=cell.budget,
                 mode=cell.mode,
-                task=cell.task,
+                task=cell.task.name,
                 **cell.settings,  # the workload's own (train: optimizer, checkpoint); else null
                 compile=cell.compile,
                 compile_mode=cell.compile_mode if cell.compile else None,
@@ -96,7 +96,7 @@ class _Record:
                 batch_asked=cell.batch,
                 ceiling_bytes=ceiling,
                 overhead_bytes=overhead,
-                model=cell.shape,
+                model=cell.model.shape,
                 env=dict(env),
                 **measured,
             )

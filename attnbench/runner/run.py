@@ -94,7 +94,7 @@ def run_cell(cell: Cell, res: Resolved | None = None) -> Row:
     env, found = environment(), Found()
     before = torch.get_num_threads()
     try:
-        found = Found(threads=(use_threads(cell.threads), allocated()[0]))
+        found = Found(threads=(use_threads(cell.timing.threads), allocated()[0]))
         found = _run(cell, res, found)
     except ValueError as e:  # timing.threads above what this process was given
         found = found.stopped("error", str(e))
@@ -110,7 +110,7 @@ def _run(cell: Cell, res: Resolved, found: Found) -> Found:
     if why is not None:  # its forward cannot run here, not even on meta tensors
         return found.stopped("skipped", why)
     try:
-        if cell.task != "cost":  # a quality beside the cost
+        if cell.task.name != "cost":  # a quality beside the cost
             return found.add(quality=tasks.run(cell))
         return _measure(cell, res, found)
     except Exception as e:  # a row with the reason, never a hole in the sweep
@@ -259,8 +259,8 @@ def _measure_gpu_at(
             batch=b,
             where="cuda",
             dtype=cell.dtype,
-            min_seconds=cell.min_seconds,
-            flush_l2=cell.flush_l2,
+            min_seconds=cell.timing.min_seconds,
+            flush_l2=cell.timing.flush_l2,
         )
         if found.contention is not None:  # other processes on the GPU: what torch reads of them
             others = contention.gpu_others_bytes(dev)

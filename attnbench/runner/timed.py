@@ -58,23 +58,24 @@ def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) 
     rate = gemm.cpu_matmul_rate()
     # estimated at the CPU's own rate: the seconds of a step, and of the whole timing
     step_s, timing_s = workload.cost_s(meta, cell, b, rate.quiet)
-    verdict = budget_verdict(timing_s, rate.slowdown, cell.time_budget_s)
+    budget_s = cell.timing.time_budget_s
+    verdict = budget_verdict(timing_s, rate.slowdown, budget_s)
     share = f"its GEMM rate read at {1 / rate.slowdown:.0%} of its own"
     if verdict == "cost":
         return found.add(
             reason=f"time skipped: ~{step_s:.1f} s per {workload.what} at b={b} on this CPU; "
-            f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={cell.time_budget_s:g}"
+            f"its timing (~{timing_s:.0f} s) would exceed time_budget_s={budget_s:g}"
         )
     if verdict == "load":
         return found.add(
             reason=f"{SKIPPED_FOR_LOAD}: its timing (~{timing_s:.0f} s on this CPU, quiet) "
-            f"fits time_budget_s={cell.time_budget_s:g}, but the CPU was contended ({share}): "
+            f"fits time_budget_s={budget_s:g}, but the CPU was contended ({share}): "
             f"~{timing_s * rate.slowdown:.0f} s now; measure it again on a quieter machine",
             contention={"busy": True, "why": f"the CPU was contended ({share}): not timed"},
         )
     model = workload.build(cell, res.params, "cpu", torch.float32)
     x = random_input(workload, cell, b, "cpu", torch.float32)
-    min_seconds = min(cell.min_seconds, cell.time_budget_s / 2)
+    min_seconds = min(cell.timing.min_seconds, budget_s / 2)
     work = workload.work(model, cell, x, "cpu", gpu=False)
     cpu = torch.device("cpu")
     try:  # what the steps below found, kept if a later one raises
@@ -94,7 +95,7 @@ def time_on_cpu(cell: Cell, res: Resolved, found: Found, meta: torch.nn.Module) 
             # contended repeats are taken again within what is left of the budget, and for no
             # longer than ten times the timing's own length: a busy machine slows a sweep
             # boundedly, and says so, rather than holding it until the machine is quiet
-            patience_s=min(cell.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
+            patience_s=min(cell.timing.time_budget_s - timing_s, max(10 * min_seconds, 1.0)),
         )
     except Exception as e:
         raise carried(found, e) from e
@@ -151,7 +152,7 @@ def time_at(
         device,
         compiled_code=found.compiled is not None,
         grad=res.workload.grad,
-        min_repeats=cell.min_repeats,
+        min_repeats=cell.timing.min_repeats,
         **timing,
     )
     # % of peak only on the preset's own GPU: an H100 standing in for a V100 would read 400 %

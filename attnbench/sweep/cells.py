@@ -46,16 +46,19 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
     k = setting(cfg, "k")
     if k is not None:
         check_int("k", k)
-    return Cell(
-        attention=name,
-        k=kept_k(name, k, in_sweep=in_sweep, params=params),
-        device=cfg.device.name,
-        ceiling_bytes=parse_size(setting(cfg, "ceiling")),
-        params=tuple(sorted((key, _plain(v)) for key, v in params.items())),
-        kv_heads=cfg.model.get("kv_heads"),  # model groups without grouped-query heads omit it
-        mode_settings=_mode_settings(cfg, mode),
-        quality=_quality(cfg),
-        **{field: _read(cfg, field, key) for field, key in CELL_KEYS.items()},
+    read = {field: _read(cfg, field, key) for field, key in CELL_KEYS.items()}
+    return Cell.from_dict(  # the stored form, one level: each part's fields by their names
+        {
+            **read,
+            "attention": name,
+            "k": kept_k(name, k, in_sweep=in_sweep, params=params),
+            "device": cfg.device.name,
+            "ceiling_bytes": parse_size(setting(cfg, "ceiling")),
+            "params": tuple(sorted((key, _plain(v)) for key, v in params.items())),
+            "kv_heads": cfg.model.get("kv_heads"),  # model groups without GQA heads omit it
+            "mode_settings": _mode_settings(cfg, mode),
+            "quality": _quality(cfg),
+        }
     )
 
 

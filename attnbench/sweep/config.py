@@ -273,7 +273,7 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         preset = preset_from_cfg(cfg)
         gpu = plan.validate(cell, preset).on_gpu
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
-            resolve_threads(cell.threads)
+            resolve_threads(cell.timing.threads)
             if line := training_note(cell):  # hours of training: said before it starts
                 once[line] = None
         planned = (where, cell_key.key(cell, preset))

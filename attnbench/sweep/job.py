@@ -87,7 +87,7 @@ def measure(planned: plan.Resolved, timeout_s: float | None, isolate: bool) -> R
     conf = _allocator_env(planned)
     if isolate or conf is not None:
         parent = os.getpid()  # the cell dies with this process (cell_process.die_with_parent)
-        payload = json.dumps({"cell": asdict(cell), "preset": asdict(preset), "parent": parent})
+        payload = json.dumps({"cell": cell.to_dict(), "preset": asdict(preset), "parent": parent})
         env = None
         if conf is not None:  # the cell's own, under the one name torch reads first here
             env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONFS}

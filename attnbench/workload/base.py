@@ -91,7 +91,7 @@ class Workload:
     ``settings`` declare what this workload takes beyond every cell's fields (train:
     ``optimizer``, ``checkpoint``), each a top-level config key with its default, check and
     doc (:class:`~attnbench.settings.Setting`). A cell carries their values as this
-    workload's set (``Cell.mode_settings``); those in use (:meth:`in_use`) and not at their
+    workload's set (``Cell.workload``); those in use (:meth:`in_use`) and not at their
     default enter its key (so two settings never share a stored row, and a setting added
     with a default leaves every key as it was: :func:`attnbench.cell_key.key`) and are row
     fields of their own, null in other workloads' rows. A setting's null is its default:
@@ -160,12 +160,12 @@ class Workload:
 
     def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
         """The step's input at batch b: b sequences of n embeddings."""
-        return (b, cell.n, cell.d_model)
+        return (b, cell.n, cell.model.d_model)
 
     def cpu_batch(self, cell: Cell) -> int | None:
         """The batch a CPU times when the preset's GPU is not here (``timing.cpu_batch``);
         None: this cell's time needs the preset's GPU (the reason is :attr:`no_cpu_time`)."""
-        return cell.cpu_batch
+        return cell.timing.cpu_batch
 
     no_cpu_time = ""  # why a cell whose cpu_batch is None is not timed on a CPU
 
@@ -177,7 +177,7 @@ class Workload:
         steps): what ``time_budget_s`` is held against."""
         forward, backward = self.flops(model, cell)
         step = (forward + (backward or 0)) * b / flops_per_s
-        return step, step * (2 + cell.min_repeats)
+        return step, step * (2 + cell.timing.min_repeats)
 
     def label(self, cell: Cell) -> str | None:
         """What a progress line and a report add to the mechanism's label, or None. ``cell``

@@ -237,9 +237,9 @@ class Decode(Workload):
         return traced_steps(layer, cell), "prefill_chunk"
 
     def label(self, cell: Cell) -> str:
-        kv = f", kv_heads={cell.kv_heads}" if getattr(cell, "kv_heads", None) else ""
-        if not kv and isinstance(getattr(cell, "model", None), dict):
-            kv = f", kv_heads={cell.model['kv_heads']}" if "kv_heads" in cell.model else ""
+        model = getattr(cell, "model", None)  # a cell's Model, or a row's stored shape
+        heads = model.get("kv_heads") if isinstance(model, dict) else getattr(model, "kv_heads", 0)
+        kv = f", kv_heads={heads}" if heads else ""
         chosen, tokens = setting(cell, "state_dtype"), setting(cell, "decode_tokens")
         state = f", state={chosen}" if chosen not in (None, "auto") else ""
         return f"decode({tokens} tokens{kv}{state}{mix_label(cell)})"
@@ -248,7 +248,7 @@ class Decode(Workload):
         return f"serving, {self.label(row)} (the paper has no serving table)"
 
     def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
-        return (b, 1, cell.d_model)  # one token per sequence; each prompt is made in the work
+        return (b, 1, cell.model.d_model)  # one token per sequence; each prompt is made in the work
 
     no_cpu_time = (
         "batch=max is a GPU's batch (its decode step is timed there); a CPU times decode at batch=N"
@@ -288,7 +288,7 @@ class Decode(Workload):
         # chunks) than MAX_LOOP_STEPS is not timed either: no FLOP count sees their overhead
         prefills = model.flops(1, prompt_len(cell)) / flops_per_s * 4
         calls = prefill_steps(model.layers[0].attn, cell) * len(model.layers)
-        if steps + prefills <= cell.time_budget_s and calls <= MAX_LOOP_STEPS:
+        if steps + prefills <= cell.timing.time_budget_s and calls <= MAX_LOOP_STEPS:
             _NO_PREFILL.discard(cell)
             return step, steps + prefills
         _NO_PREFILL.add(cell)  # the steps alone, over random states

@@ -207,7 +207,7 @@ class Packed(Workload):
         return f"{self.name}: documents {draw_words(row)}, {setting(row, 'layout')}"
 
     def input_shape(self, cell: Cell, b: int) -> tuple[int, ...]:
-        return self.plan(cell).input_shape(b, cell.d_model)
+        return self.plan(cell).input_shape(b, cell.model.d_model)
 
     def input_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return TRAIN.input_dtype(dtype) if self.train else super().input_dtype(dtype)

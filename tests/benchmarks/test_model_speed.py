@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.cell import Cell
+from attnbench.cell import Cell, Part, Shape
 from attnbench.runner import run_cell
 
 CELLS = {
-    "tiny": Cell("vanilla", n=18, layers=2, d_model=64, n_heads=4, d_ff=128, model_only=True),
+    "tiny": Cell(
+        "vanilla", n=18, model=Shape(layers=2, d_model=64, n_heads=4, d_ff=128), model_only=True
+    ),
     "base-vanilla-512": Cell("vanilla", n=512, model_only=True),
     "base-linformer-4096-k256": Cell("linformer", n=4096, k=256, model_only=True),
     "base-sdpa-2048": Cell("sdpa", n=2048, model_only=True),
     # a training step on meta: autograd, the optimizer's first step, the emulated autocast
-    "base-vanilla-512-train": Cell("vanilla", n=512, mode="train", model_only=True),
+    "base-vanilla-512-train": Cell("vanilla", n=512, workload=Part("train"), model_only=True),
     "base-linformer-4096-k256-train": Cell(
-        "linformer", n=4096, k=256, mode="train", model_only=True
+        "linformer", n=4096, k=256, workload=Part("train"), model_only=True
     ),
 }
 

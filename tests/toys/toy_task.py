@@ -20,9 +20,9 @@ def _check(cell: Any, s: dict[str, Any]) -> None:
 
 def _run(cell: Any, s: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
-    layer = registry.create(cell.attention, d_model=cell.d_model, n_heads=cell.n_heads,
+    layer = registry.create(cell.attention, d_model=cell.model.d_model, n_heads=cell.model.n_heads,
                             max_seq_len=cell.n, **cell.mechanism_params())  # fmt: skip
-    x = torch.randn(1, cell.n, cell.d_model)
+    x = torch.randn(1, cell.n, cell.model.d_model)
     with torch.no_grad():
         gain = float(layer(x).norm() / x.norm())
     return {"gain": s["scale"] * gain}

@@ -62,9 +62,9 @@ class Halves(workload.Workload):
 
     def check(self, cell: Cell, params: dict[str, Any], usable: int) -> None:
         """A rule beyond the setting's own: a layer in each part."""
-        if cell.settings["split"] >= cell.layers:
+        if cell.settings["split"] >= cell.model.layers:
             raise ValueError(
-                f"split: must be below model.layers={cell.layers} (a layer in each part), "
+                f"split: must be below model.layers={cell.model.layers} (a layer in each part), "
                 f"got {cell.settings['split']}"
             )
 
