@@ -37,6 +37,7 @@ from attnbench.attention import (
 )
 from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.packing import PER_DOCUMENT
+from attnbench.attention.sinks_gate import FIELDS as SOFTMAX_OPTIONS
 from attnbench.plugins import PLUGIN_ENV as PLUGIN_ENV
 from attnbench.plugins import PLUGIN_GROUP as PLUGIN_GROUP
 
@@ -235,6 +236,12 @@ def make_config(name: str, params: dict[str, Any]) -> Any:
     s = _spec(name)
     allowed = [f.name for f in dataclasses.fields(s.config)]
     for key in params:
+        if key in SOFTMAX_OPTIONS and key not in allowed:  # a softmax option elsewhere
+            takers = [m for m in names() if key in _spec(m).info.params]
+            raise ValueError(
+                f"{key}: attention={name} cannot hold {SOFTMAX_OPTIONS[key]}; {key} works "
+                f"with {', '.join(takers)}"
+            )
         if key not in allowed:
             raise ValueError(
                 f"{name}: unknown parameter {key!r}; allowed: {', '.join(allowed) or 'none'}"

@@ -378,7 +378,13 @@ def test_registry_says_what_it_does() -> None:
     assert info.cannot_train is None  # it trains on CUDA
     assert "no backward on CPU" in info.no_cpu_backward
     assert info.cannot_decode is not None and info.limits is None
-    assert info.params == {"pattern": "full", "window": 256, "causal": False}
+    assert info.params == {
+        "pattern": "full",
+        "window": 256,
+        "causal": False,
+        "gate": "none",
+        "sinks": False,
+    }
     for other in attnbench.names():
         if other != "flex":
             assert not attnbench.info(other).compiles

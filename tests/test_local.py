@@ -230,7 +230,12 @@ def test_bad_windows_are_one_line_naming_the_parameter() -> None:
     assert "\n" not in str(e.value)
     _local(32, 7, causal=True)  # causal: the 7 keys up to i, any w
     assert attnbench.info("local").budget == "window"
-    assert attnbench.info("local").params == {"window": 256, "causal": False}
+    assert attnbench.info("local").params == {
+        "window": 256,
+        "causal": False,
+        "gate": "none",
+        "sinks": False,
+    }
 
 
 # --- the public peer: local-attention (lucidrains), with our projections around it --------

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnbench.attention import sinks_gate
 from attnbench.attention.packing import Packing, each_document
 from attnbench.validators import check_int
 
@@ -74,6 +75,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_kv)
         self.v_proj = nn.Linear(d_model, d_kv)
         self.out_proj = nn.Linear(d_model, d_model)
+        # a softmax mechanism's sink logits and output gate (attention.sinks_gate), None
+        # where its config has them off or has no such option
+        self.sinks, self.output_gate = sinks_gate.parameters(cfg, n_heads, d_model)
 
     @classmethod
     def build_stack(cls, layers: int, **kwargs: Any) -> list[MultiHeadAttention]:
@@ -88,9 +92,15 @@ class MultiHeadAttention(nn.Module):
         document: every document's output is what it would be alone."""
         self._check(x, key_padding_mask)
         if packing is None:
-            return self.out_proj(self.attend(x, key_padding_mask))
+            return self.out_proj(self.apply_output_gate(x, self.attend(x, key_padding_mask)))
         packing.check(self, x, key_padding_mask)
-        return self.out_proj(self.attend_packed(x, packing))
+        return self.out_proj(self.apply_output_gate(x, self.attend_packed(x, packing)))
+
+    def apply_output_gate(self, x: Tensor, out: Tensor) -> Tensor:
+        """The attention's output ``out`` (b, n, d) through the output gate of ``x``, where
+        the layer has one (:func:`attnbench.attention.sinks_gate.gated`): applied here, once
+        for every form (forward, packed, extend), so no mechanism applies it itself."""
+        return sinks_gate.gated(self.output_gate, x, out, self.n_heads)
 
     def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
         """:meth:`attend` over packed rows, before ``out_proj``. Here document by document:
@@ -161,7 +171,9 @@ class MultiHeadAttention(nn.Module):
         if not getattr(self.cfg, "causal", False):
             raise ValueError(f"{type(self).__name__}: extend needs a layer built with causal=true")
         self._check(x, key_padding_mask)
-        return self.out_proj(self.extend_attend(x, state, key_padding_mask))
+        return self.out_proj(
+            self.apply_output_gate(x, self.extend_attend(x, state, key_padding_mask))
+        )
 
     def extend_attend(self, x: Tensor, state: Any, key_padding_mask: Tensor | None) -> Tensor:
         """:meth:`extend` before ``out_proj``."""
@@ -193,10 +205,17 @@ class MultiHeadAttention(nn.Module):
 
     def step_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of one decode step of b sequences whose new token sees ``n`` tokens
-        (itself included): the four projections of one token plus
+        (itself included): the four projections of one token (and the output gate's) plus
         :meth:`step_attention_flops`. The analytic twin of FlopCounterMode's count."""
         d, d_kv = self.d_model, self.kv_heads * self.head_dim
-        return 2 * 2 * b * d * (d + d_kv) + self.step_attention_flops(b, n)
+        return 2 * 2 * b * d * (d + d_kv) + self.gate_flops(b, 1) + self.step_attention_flops(b, n)
+
+    def gate_flops(self, b: int, n: int) -> int:
+        """The output gate's projection over b·n positions, 2·d·width (0 without a gate): a
+        projection like the four, counted with them."""
+        return (
+            2 * b * n * self.d_model * sinks_gate.gate_width(self.cfg, self.n_heads, self.d_model)
+        )
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """One query against n keys: QKᵀ and P·V, 2·n·d each (grouped heads alike)."""
@@ -211,10 +230,11 @@ class MultiHeadAttention(nn.Module):
 
         The analytic twin of ``FlopCounterMode``'s count, which the tests check it against;
         the runner uses it for achieved FLOP/s without tracing a forward. The four
-        projections (K and V to ``kv_heads`` heads) plus :meth:`attention_flops`.
+        projections (K and V to ``kv_heads`` heads), the output gate's
+        (:meth:`gate_flops`), plus :meth:`attention_flops`.
         """
         d, d_kv = self.d_model, self.kv_heads * self.head_dim
-        return 2 * 2 * b * n * d * (d + d_kv) + self.attention_flops(b, n)
+        return 2 * 2 * b * n * d * (d + d_kv) + self.gate_flops(b, n) + self.attention_flops(b, n)
 
     def packed_flops(self, packing: Packing) -> int:
         """Matmul FLOPs of one forward over packed rows: the projections over every position
@@ -272,10 +292,11 @@ class MultiHeadAttention(nn.Module):
 
     def dense_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of a dense layer of this shape: the four projections (K and V to
-        ``kv_heads`` heads) plus :meth:`dense_attention_flops`, i.e. vanilla's :meth:`flops`,
-        the count beside this mechanism's own."""
+        ``kv_heads`` heads) and the output gate's plus :meth:`dense_attention_flops`, i.e.
+        vanilla's :meth:`flops` with the same options, the count beside this mechanism's own."""
         d, d_kv = self.d_model, self.kv_heads * self.head_dim
-        return 2 * 2 * b * n * d * (d + d_kv) + self.dense_attention_flops(b, n)
+        dense = self.dense_attention_flops(b, n)
+        return 2 * 2 * b * n * d * (d + d_kv) + self.gate_flops(b, n) + dense
 
     def split_heads(self, t: Tensor) -> Tensor:
         """(b, n, heads·dh) -> (b, heads, n, dh), for queries (n_heads) or keys (kv_heads)."""

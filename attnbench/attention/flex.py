@@ -36,6 +36,16 @@ q, k, v (its output; in a training step what the device's fused kernel saves, an
 backward), which the memory model already follows for ``sdpa``: a fused kernel that, like
 FlexAttention, never makes the n × n scores. A padded or packed call's per-call block mask
 (small: blocks, not pairs) is not modeled.
+
+``gate`` is the output gate of :mod:`attnbench.attention.sinks_gate`. ``sinks=true``: the
+kernel is asked for its rows' log-sum-exp L as well (``return_aux=AuxRequest(lse=True)``)
+and its output is scaled by σ(L − s_h), which is the softmax with the sink in its
+denominator exactly (:func:`~attnbench.attention.sinks_gate.lse_sink_scale`), with no
+extra pass over the keys. Torch 2.13's compiled CPU kernel returns no log-sum-exp
+("return_lse is not supported yet"), so a CPU cell of flex with sinks is refused
+(:meth:`FlexAttention.refuses`); a layer called directly on a CPU then runs the unfused
+eager ``flex_attention`` (n × n, never timed), so that its result is still right. On meta the
+log-sum-exp is an fp32 (b, h, n) tensor beside the stand-in's output.
 """
 
 from __future__ import annotations
@@ -43,11 +53,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from attnbench.attention import block_masks
@@ -55,6 +66,7 @@ from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.block_masks import BLOCK, computed_blocks
 from attnbench.attention.cache import kv_elements
 from attnbench.attention.packing import Packing
+from attnbench.attention.sinks_gate import SinksGateConfig, lse_sink_scale
 from attnbench.validators import check_bool, check_choice, check_int
 
 PATTERNS = ("full", "causal", "window")
@@ -73,8 +85,18 @@ def kernel() -> Callable[..., Tensor]:
     return _kernel
 
 
-def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, gqa: bool) -> Tensor:
-    """The compiled kernel on (b, h, n, dh) queries and (b, kv_heads, n, dh) keys and values.
+def run_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: BlockMask,
+    scale: float,
+    gqa: bool,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """The compiled kernel on (b, h, n, dh) queries and (b, kv_heads, n, dh) keys and values;
+    with ``sinks`` (h,), its output scaled by σ(lse − s_h) from the log-sum-exp it returns
+    (:func:`~attnbench.attention.sinks_gate.lse_sink_scale`).
 
     Inside a region compiled around it (a cell with ``compile=true``) ``flex_attention`` is
     traced into that region's graph. Otherwise each new shape compiles once, and past
@@ -89,7 +111,11 @@ def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, g
         # projection's 2-D output that fusion hands it ("not enough values to unpack"), so
         # each is made a buffer first, as in an eager call
         q, k, v = (t.contiguous() for t in (q, k, v))
-        return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
+        return _with_sinks(flex_attention, q, k, v, mask, scale, gqa, sinks)
+    if sinks is not None and q.device.type == "cpu":
+        # the compiled CPU kernel returns no log-sum-exp (torch 2.13); a CPU cell with sinks
+        # is refused (FlexAttention.refuses), a direct call gets the eager reference's answer
+        return _with_sinks(flex_attention, q, k, v, mask, scale, gqa, sinks)
     if is_in_torch_dispatch_mode(include_infra_modes=False):
         raise RuntimeError(
             "flex: its compiled kernel cannot run under a TorchDispatchMode (a FLOP counter, "
@@ -100,9 +126,29 @@ def run_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, scale: float, g
     dynamo.recompile_limit = max(limits[0], RECOMPILE_LIMIT)
     dynamo.fail_on_recompile_limit_hit = True
     try:
-        return kernel()(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
+        return _with_sinks(kernel(), q, k, v, mask, scale, gqa, sinks)
     finally:
         dynamo.recompile_limit, dynamo.fail_on_recompile_limit_hit = limits
+
+
+def _with_sinks(
+    run: Callable[..., Any],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: BlockMask,
+    scale: float,
+    gqa: bool,
+    sinks: Tensor | None,
+) -> Tensor:
+    """``run`` (flex_attention, compiled or not) on q, k, v; with ``sinks`` its log-sum-exp
+    asked for too and the output scaled by σ(lse − s_h)."""
+    if sinks is None:
+        return run(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
+    out, aux = run(
+        q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
+    )
+    return lse_sink_scale(out, aux.lse, sinks)
 
 
 def _check_dtype(x: Tensor) -> None:
@@ -115,7 +161,7 @@ def _check_dtype(x: Tensor) -> None:
 
 
 @dataclass
-class FlexConfig:
+class FlexConfig(SinksGateConfig):
     pattern: str = "full"
     window: int = 256  # w, used by pattern=window: the same budget as local's
     causal: bool = False
@@ -124,6 +170,7 @@ class FlexConfig:
         check_choice("pattern", self.pattern, PATTERNS)
         check_int("window", self.window)
         check_bool("causal", self.causal)
+        super().__post_init__()
         if self.pattern == "window" and not self.causal and self.window % 2:
             raise ValueError(
                 f"window: must be even when pattern=window and causal=false (w/2 keys on each "
@@ -170,6 +217,25 @@ class FlexConfig:
 class FlexAttention(MultiHeadAttention):
     packs_in_one_pass = True  # one kernel call over the row, a document block mask
 
+    def refuses(self, dtype: str, gpu: bool) -> str | None:
+        """Sinks on a CPU: the compiled CPU kernel returns no log-sum-exp (torch 2.13)."""
+        if self.sinks is not None and not gpu:
+            return (
+                "sinks: flex's compiled CPU kernel returns no log-sum-exp (torch 2.13), which "
+                "its sinks are applied with; run it on CUDA, or use sinks=true with vanilla, "
+                "sdpa or local"
+            )
+        return None
+
+    def _meta_kernel(self, q: Tensor, k: Tensor, v: Tensor, gqa: bool) -> Tensor:
+        """On meta, a fused kernel's allocations stand in (never n × n): its output, and with
+        sinks the fp32 (b, h, n) log-sum-exp and the scaling by it."""
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa)
+        if self.sinks is None:
+            return out
+        lse = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+        return lse_sink_scale(out, lse, self.sinks)
+
     def prepare(self, n: int, device: torch.device | str) -> float:
         """Build and cache the block mask at length n (:func:`block_masks.prepare`): the
         seconds it took, 0.0 when it was cached already (by this layer or another) and on
@@ -181,10 +247,7 @@ class FlexAttention(MultiHeadAttention):
         q, k, v = self.qkv_heads(x)  # (b, h, n, dh); k, v (b, kv_heads, n, dh)
         gqa = self.kv_heads != self.n_heads
         if x.device.type == "meta":  # the fused kernel's allocations, never n × n
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa
-            )
-            return self.merge_heads(out)
+            return self.merge_heads(self._meta_kernel(q, k, v, gqa))
         n = x.shape[1]
         if x.device.type == "cpu" and n < CPU_MIN_LEN and not torch.compiler.is_compiling():
             # torch 2.13's compiled CPU kernel returns wrong rows, NaN at times, below 64
@@ -196,7 +259,7 @@ class FlexAttention(MultiHeadAttention):
             padding = real if key_padding_mask is None else key_padding_mask
             key_padding_mask = F.pad(padding, (0, grow), value=True)
         mask = block_masks.block_mask(q.shape[-2], self.cfg, x.device, key_padding_mask)
-        out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :n, :]
+        out = run_kernel(q, k, v, mask, self.scale, gqa, self.sinks)[..., :n, :]
         return self.merge_heads(out)  # (b, n, d)
 
     def attend_packed(self, x: Tensor, packing: Packing) -> Tensor:
@@ -209,17 +272,14 @@ class FlexAttention(MultiHeadAttention):
         q, k, v = self.qkv_heads(x)
         gqa = self.kv_heads != self.n_heads
         if x.device.type == "meta":
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=self.cfg.is_causal, enable_gqa=gqa
-            )
-            return self.merge_heads(out)
+            return self.merge_heads(self._meta_kernel(q, k, v, gqa))
         t, rows = x.shape[1], packing.rows
         if x.device.type == "cpu" and t < CPU_MIN_LEN and not torch.compiler.is_compiling():
             grow = CPU_MIN_LEN - t  # see attend: the CPU kernel's wrong rows below 64
             q, k, v = (F.pad(u, (0, 0, 0, grow)) for u in (q, k, v))
             rows = tuple((*row, grow) for row in rows)
         mask = block_masks.document_block_mask(rows, self.cfg, x.device)
-        out = run_kernel(q, k, v, mask, self.scale, gqa)[..., :t, :]
+        out = run_kernel(q, k, v, mask, self.scale, gqa, self.sinks)[..., :t, :]
         return self.merge_heads(out)
 
     def packed_attention_flops(self, packing: Packing) -> int:

@@ -45,6 +45,12 @@ Its incremental form (causal only) keeps the last w keys and values in a ring bu
 (:class:`Ring`), never more: a decode step writes its token over the oldest and attends over
 the w slots; a prompt chunk after earlier tokens runs the same blocked band over the ring's
 keys followed by the chunk's.
+
+``gate`` is the output gate and ``sinks`` the attention sinks of
+:mod:`attnbench.attention.sinks_gate`. With sinks each block runs an eager softmax with the
+sink in its rows' denominators (vanilla's :func:`~attnbench.attention.vanilla.softmax_attend`
+over the same blocks and band), not sdpa's kernel, which takes no sink: so the blocks' scores
+are materialised (b·nb·h·B·W·B of them, still O(n·w)) and no QKᵀ is recomputed backward.
 """
 
 from __future__ import annotations
@@ -58,19 +64,22 @@ from torch import Tensor
 from attnbench.attention.base import MultiHeadAttention, declare
 from attnbench.attention.cache import Ring, flag_bytes, kv_elements
 from attnbench.attention.packing import Packing
+from attnbench.attention.sinks_gate import SinksGateConfig
+from attnbench.attention.vanilla import softmax_attend
 from attnbench.validators import check_bool, check_int
 
 MIN_BLOCK = 32  # below this, per-block overhead outweighs the masked work a larger block adds
 
 
 @dataclass
-class LocalConfig:
+class LocalConfig(SinksGateConfig):
     window: int = 256  # w: the same budget as Linformer's k and Performer's nb_features
     causal: bool = False
 
     def __post_init__(self) -> None:
         check_int("window", self.window)
         check_bool("causal", self.causal)
+        super().__post_init__()
         if not self.causal and self.window % 2:
             raise ValueError(
                 f"window: must be even when causal=false (w/2 keys on each side of a query, "
@@ -120,8 +129,9 @@ class LocalAttention(MultiHeadAttention):
         return self.flops_backward(packing.batch, packing.width)
 
     def recomputed_flops(self, b: int, n: int) -> int:
-        """The flash kernel's backward recomputes the blocked QKᵀ."""
-        return self.attention_flops(b, n) // 2
+        """The flash kernel's backward recomputes the blocked QKᵀ; the eager softmax that
+        sinks run keeps its weights and does not."""
+        return 0 if self.sinks is not None else self.attention_flops(b, n) // 2
 
     def band_mask(
         self,
@@ -131,12 +141,24 @@ class LocalAttention(MultiHeadAttention):
         documents: Tensor | None = None,
     ) -> Tensor:
         """Additive mask (b·nb, 1, B, W·B) in ``like``'s dtype: 0 where query i may see key j,
-        −inf where not (outside the band, outside 0..n−1, padding, another packed document:
-        ``documents`` (b, n), each position's document). Without a padding mask or documents
-        it is (nb, 1, B, W·B), the same for every sequence."""
+        −inf where not (:meth:`blocked_band`'s True)."""
+        blocked = self.blocked_band(n, key_padding_mask, like.device, documents)
+        bias = torch.zeros(blocked.shape, dtype=like.dtype, device=like.device)
+        return bias.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+
+    def blocked_band(
+        self,
+        n: int,
+        key_padding_mask: Tensor | None,
+        device: torch.device,
+        documents: Tensor | None = None,
+    ) -> Tensor:
+        """Bool (b·nb, B, W·B), True where query i may not see key j (outside the band,
+        outside 0..n−1, padding, another packed document: ``documents`` (b, n), each
+        position's document). Without a padding mask or documents it is (nb, B, W·B), the
+        same for every sequence."""
         block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
         width, w = (1 + back + forward) * block, self.cfg.window
-        device = like.device
         # Key j is in query i's window when i − lo ≤ j ≤ i + hi. Offsets are the same in
         # every block: query a of a block against key c of its window is j − i = c − a − back·B
         lo, hi = (w - 1, 0) if self.cfg.causal else (w // 2, w // 2)
@@ -159,8 +181,7 @@ class LocalAttention(MultiHeadAttention):
             keys = keys.unfold(0, width, block).view(b * blocks, 1, width)
             other = ids.view(b, blocks, block, 1) != keys.view(b, blocks, 1, width)
             blocked = (blocked.view(-1, blocks, block, width) | other).flatten(0, 1)
-        bias = torch.zeros(blocked.shape, dtype=like.dtype, device=device)
-        return bias.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+        return blocked
 
     def _windows(self, t: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         """(b, n, d) -> (b·nb, h, W·B, dh): each query block's keys (or values), overlapping
@@ -219,6 +240,11 @@ class LocalAttention(MultiHeadAttention):
             if state.has_padding:
                 allowed = ~state.padded[:, None, None, :seen]  # (b, 1, 1, seen)
             keys, values = state.k[:, :, :seen].to(q.dtype), state.v[:, :, :seen].to(q.dtype)
+            if self.sinks is not None:  # no kernel takes a sink: the eager softmax with it
+                blocked = None if allowed is None else ~allowed
+                padded = state.has_padding
+                out = softmax_attend(qh, keys, values, blocked, self.scale, padded, self.sinks)
+                return self.merge_heads(out)
             return self.merge_heads(F.scaled_dot_product_attention(qh, keys, values, allowed))
         if state.length == 0:  # the first chunk: the band over it alone
             out = self._banded(q, k, v, key_padding_mask)
@@ -260,10 +286,16 @@ class LocalAttention(MultiHeadAttention):
         q = q.view(b * blocks, block, h, dh).transpose(1, 2)  # a view
         k = self._windows(k, key_padding_mask)  # (b·nb, h, W·B, dh)
         v = self._windows(v, key_padding_mask)
-        bias = self.band_mask(n, key_padding_mask, q, documents)  # (b·nb or nb, 1, B, W·B)
-        if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
-            bias = bias.repeat(b, 1, 1, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b·nb, h, B, dh)
+        if self.sinks is not None:  # no kernel takes a sink: the eager softmax with it
+            blocked = self.blocked_band(n, key_padding_mask, q.device, documents).unsqueeze(1)
+            if blocked.shape[0] != b * blocks:
+                blocked = blocked.repeat(b, 1, 1, 1)
+            out = softmax_attend(q, k, v, blocked, self.scale, True, self.sinks)
+        else:
+            bias = self.band_mask(n, key_padding_mask, q, documents)  # (b·nb | nb, 1, B, W·B)
+            if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
+                bias = bias.repeat(b, 1, 1, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b·nb, h, B, dh)
         # Into (b, nb·B, d) by one explicit copy. The CPU kernel lays its output out as
         # (b·nb, B, h, dh), where a reshape would be a view; sdpa on meta (the memory model)
         # returns (b·nb, h, B, dh), where it is a copy. Copying on both keeps them equal.
