@@ -27,6 +27,7 @@ from attnbench.attention import (
     linformer,
     local,
     mamba2,
+    mla,
     nystromformer,
     performer,
     reformer,
@@ -330,5 +331,6 @@ def _register_builtin(module: ModuleType) -> str:
 BUILTINS = tuple(
     _register_builtin(module)
     for module in (vanilla, sdpa, xformers, linformer, performer, nystromformer, linear, local,
-                   reformer, flex, retnet, gla, mamba2, deltanet, gated_deltanet)
+                   reformer, flex, retnet, gla, mamba2, deltanet, gated_deltanet,
+                   mla)
 )  # fmt: skip

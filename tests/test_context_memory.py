@@ -61,6 +61,8 @@ def hand(name: str, params: dict[str, Any], n: int) -> int:
         return 2 * m * D + min(params["conv_kernel"], n) * D
     if name == "reformer":  # every key and value
         return 2 * D * n
+    if name == "mla":  # one latent and one RoPE key a token, shared by every head
+        return (params.get("latent", 256) + params.get("rope_dim", 32)) * n
     window = max(params.get("conv", 4) - 1, 0)  # the short convolution's last K − 1 inputs
     if name in ("retnet", "gla"):  # S (d_h × d_h) per head, no convolution
         return H * DH * DH
@@ -106,6 +108,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("deltanet", {"causal": True}),
     ("deltanet", {"causal": True, "conv": 0}),
     ("gated_deltanet", {"causal": True, "conv": 3}),
+    ("mla", {}),
+    ("mla", {"causal": True, "latent": 12, "rope_dim": 4}),
+    ("mla", {"causal": True, "latent": 6, "rope_dim": 2, "q_latent": 8, "form": "absorbed"}),
 ]
 DECODERS = [
     (name, p)
