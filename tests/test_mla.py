@@ -170,10 +170,11 @@ def test_the_cache_is_one_latent_and_one_rope_key_a_token() -> None:
 
 
 def test_deepseek_v2s_cache_against_its_multi_head_equivalent() -> None:
-    """DeepSeek-V2 (arXiv:2405.04434, sec. 2.1.4 and Table 1): 60 layers, 128 heads of
-    d_h = 128, latent 512 = 4 d_h, RoPE 64 = d_h / 2, query latent 1536. It keeps 576
-    elements a token and layer, 34 560 over the model; the multi-head layer of those heads
-    keeps 2 · 128 · 128 = 32 768, 1 966 080 over 60 layers (built on meta: no weights)."""
+    """DeepSeek-V2 (arXiv:2405.04434: its shape in sec. 3.1.2, the cache count in Table 1):
+    60 layers, 128 heads of d_h = 128, latent 512 = 4 d_h, RoPE 64 = d_h / 2, query latent
+    1536. It keeps 576 elements a token and layer, 34 560 over the model; the multi-head
+    layer of those heads keeps 2 · 128 · 128 = 32 768, 1 966 080 over 60 layers (built on
+    meta: no weights)."""
     shape = {"layers": 60, "d_model": 5120, "n_heads": 128, "d_ff": 64, "max_seq_len": 8}
     mla = {"latent": 512, "rope_dim": 64, "head_dim": 128, "v_head_dim": 128, "q_latent": 1536}
     with torch.device("meta"):
@@ -188,8 +189,9 @@ def test_deepseek_v2s_cache_against_its_multi_head_equivalent() -> None:
 @pytest.mark.parametrize("form", ["naive", "absorbed"])
 @pytest.mark.parametrize("params", SHAPES, ids=str)
 def test_flops_are_what_flop_counter_mode_counts(params: dict[str, Any], form: str) -> None:
-    """Forward and backward of a 2-layer model, and one decode step of a layer, at a length
-    that is not the other dims (so a swapped factor would show)."""
+    """Forward and backward of a 2-layer model, and one decode step of a layer (absorbed
+    whatever ``form``), at a length that is not the other dims (so a swapped factor would
+    show)."""
     b, n = 3, 19
     model = attnbench.build_model(
         "mla", layers=2, d_model=D, n_heads=H, d_ff=48, max_seq_len=N, form=form, **params
@@ -198,6 +200,8 @@ def test_flops_are_what_flop_counter_mode_counts(params: dict[str, Any], form: s
     assert count_flops(model, x) == model.flops(b, n)
     loss = model(x).sum()
     assert count_flops(loss.backward) == model.flops_backward(b, n)
+    # and the backward reaches every parameter of either form (the registry's test: naive)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     layer = attnbench.create(
         "mla", d_model=D, n_heads=H, max_seq_len=N, causal=True, form=form, **params
     )
