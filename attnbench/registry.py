@@ -23,6 +23,7 @@ from attnbench.attention import (
     flex,
     gated_deltanet,
     gla,
+    kda,
     linear,
     linformer,
     local,
@@ -332,5 +333,5 @@ BUILTINS = tuple(
     _register_builtin(module)
     for module in (vanilla, sdpa, xformers, linformer, performer, nystromformer, linear, local,
                    reformer, flex, retnet, gla, mamba2, deltanet, gated_deltanet,
-                   mla)
+                   kda, mla)
 )  # fmt: skip

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 PINNED = {"triton": "3.9.0", "fla-core": "0.6.0"}  # the versions these patches are written for
 # the fla.ops packages our mixers call (attnbench.attention.fla_kernels)
-PACKAGES = ("gla", "simple_gla", "delta_rule", "gated_delta_rule")
+PACKAGES = ("gla", "simple_gla", "delta_rule", "gated_delta_rule", "kda")
 
 
 class _Index(int):

@@ -71,6 +71,8 @@ def hand(name: str, params: dict[str, Any], n: int) -> int:
         return H * n_state * DH + window * (D + 2 * groups * n_state)
     if name in ("deltanet", "gated_deltanet"):  # S (d_h × d_h) per head; the window of q, k, v
         return H * DH * DH + window * 3 * D
+    if name == "kda":  # as Gated DeltaNet's: S (d_h × d_h) per head; the window of q, k, v
+        return H * DH * DH + window * 3 * D
     raise AssertionError(f"{name}: no hand count; add one for a new mechanism")
 
 
@@ -108,6 +110,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("deltanet", {"causal": True}),
     ("deltanet", {"causal": True, "conv": 0}),
     ("gated_deltanet", {"causal": True, "conv": 3}),
+    ("kda", {"causal": True}),
+    ("kda", {"causal": True, "conv": 0}),
     ("mla", {}),
     ("mla", {"causal": True, "latent": 12, "rope_dim": 4}),
     ("mla", {"causal": True, "latent": 6, "rope_dim": 2, "q_latent": 8, "form": "absorbed"}),

@@ -4,9 +4,10 @@
 The layer stays ours (projections, gates, convolution, norms); only the core is theirs, on the
 same inputs: the gated recurrence as ``chunk_gla`` (a decay per key dimension) or
 ``chunk_simple_gla`` (a scalar per head: RetNet, Mamba-2; RetNet's fixed decays as their
-``g_gamma``), the delta rule as ``chunk_delta_rule`` / ``chunk_gated_delta_rule``, a decode
-step as their ``fused_recurrent_*``, a packed batch as one call over every document with
-their ``cu_seqlens``. Their layout is (batch, time, heads, dim), ours (batch, heads, time,
+``g_gamma``), the delta rule as ``chunk_delta_rule`` / ``chunk_gated_delta_rule`` (with a
+decay per key channel, KDA's, as ``chunk_kda``), a decode step as their
+``fused_recurrent_*``, a packed batch as one call over every document with their
+``cu_seqlens``. Their layout is (batch, time, heads, dim), ours (batch, heads, time,
 dim) transposed; their state (batch, heads, dk, dv) is ours.
 
 Dtypes are what a GPU step gives them and what our core gives back, so that the two kernels'
@@ -51,6 +52,7 @@ OPS = {
     "gla": "gla",
     "deltanet": "delta_rule",
     "gated_deltanet": "gated_delta_rule",
+    "kda": "kda",
 }
 CHUNKS: dict[str, tuple[Callable[[int], bool], str]] = {  # the rule, and it in words
     "gla": (lambda c: c == 64, "64"),
@@ -58,6 +60,7 @@ CHUNKS: dict[str, tuple[Callable[[int], bool], str]] = {  # the rule, and it in 
     "delta_rule": (lambda c: c in (16, 32, 64), "16, 32 or 64"),
 }
 CHUNKS["gated_delta_rule"] = CHUNKS["delta_rule"]
+CHUNKS["kda"] = (lambda c: c in (32, 64), "32 or 64")  # chunk_kda raises on any other
 NO_FP32 = {"delta_rule": "fla-core 0.6's chunk_delta_rule asserts its inputs are not fp32"}
 
 
@@ -236,4 +239,32 @@ def delta(
     package = "delta_rule" if g is None else "gated_delta_rule"
     op = _op(package, f"fused_recurrent_{package}" if step else f"chunk_{package}")
     o, s = op(q, k, v, beta=beta, **kw) if g is None else op(q, k, v, g=g, beta=beta, **kw)
+    return at.ours(o, out), s
+
+
+def kda(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, real: Tensor | None,
+    state: Tensor | None, layer: torch.dtype, chunk: int, lengths: tuple[int, ...] | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The delta rule with a decay per key channel of
+    :func:`attnbench.attention.kda_scan.kda_chunked` (or its step) as ``chunk_kda`` /
+    ``fused_recurrent_kda``, the decay given precomputed (their ``use_gate_in_kernel`` off:
+    the gate is the layer's): q (already scaled), k (L2-normalised), v, g (b, h, n, ·), beta
+    (b, h, n) -> (o (b, h, n, dv), the final state; None when packed)."""
+    _device(q)
+    into, out = dtypes(q, layer)
+    at = _Layout(q, real, lengths)
+    step = state is not None and q.shape[2] == 1
+    q, k, v = (at.theirs(t, into) for t in (q, k, v))
+    g, beta = (at.theirs(t, torch.float32) for t in (g, beta))
+    kw = {
+        "scale": 1.0,
+        "initial_state": None if state is None else state.float(),
+        "output_final_state": lengths is None,
+        **at.kw,
+    }
+    if not step:
+        kw["chunk_size"] = chunk
+    op = _op("kda", "fused_recurrent_kda" if step else "chunk_kda")
+    o, s = op(q, k, v, g=g, beta=beta, **kw)
     return at.ours(o, out), s
