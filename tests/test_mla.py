@@ -250,7 +250,7 @@ def test_the_absorbed_forms_memory_is_what_the_profiler_sees() -> None:
     """The registry-wide memory test runs the default (naive) form; the absorbed form's
     stacked heads and in-place score sum, against the CPU profiler within 1 %."""
     n, d = 256, 128
-    cell = Cell(
+    cell = Cell.of(
         "mla", n=n, dtype="fp32", device="cpu", layers=2, d_model=d, n_heads=4, d_ff=256,
         params=(("form", "absorbed"), ("latent", 64), ("rope_dim", 16)),
     )  # fmt: skip
