@@ -20,6 +20,7 @@ from attnbench import registry
 from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
+OPTIONAL_SHAPE = ("kv_heads", "head_dim")  # in a row's ``model`` only where set
 # the timing part's fields, as the stored spec names them
 TIMING_FIELDS = ("min_repeats", "min_seconds", "cpu_batch", "time_budget_s", "flush_l2", "threads")
 
@@ -61,13 +62,20 @@ class Shape:
     n_heads: int = _D["n_heads"]
     d_ff: int = _D["d_ff"]
     kv_heads: int | None = _D["kv_heads"]  # grouped-query key/value heads; None: n_heads
+    head_dim: int | None = _D["head_dim"]  # each head's width; None: d_model / n_heads
+
+    def __post_init__(self) -> None:
+        """A head_dim of d_model / n_heads is the default's: one shape, one key."""
+        if isinstance(self.head_dim, int) and self.head_dim * self.n_heads == self.d_model:
+            object.__setattr__(self, "head_dim", None)
 
     @property
     def shape(self) -> dict[str, int]:
-        """The shape as a row stores it (``model``); ``kv_heads`` only when set, so that the
-        keys of cells from before grouped-query heads stay as they were."""
+        """The shape as a row stores it (``model``); ``kv_heads`` and ``head_dim`` only when
+        set, so that the keys of cells from before either existed stay as they were."""
         shape = {f: getattr(self, f) for f in MODEL_FIELDS}
-        return shape if self.kv_heads is None else {**shape, "kv_heads": self.kv_heads}
+        optional = {f: getattr(self, f) for f in OPTIONAL_SHAPE if getattr(self, f) is not None}
+        return {**shape, **optional}
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,7 @@ class Cell:
         own = {k: v for k, v in data.items() if k in names}
         return cls(
             **{**own, "params": as_tuples(data.get("params", ()))},
-            model=Shape(**{f: data[f] for f in (*MODEL_FIELDS, "kv_heads") if f in data}),
+            model=Shape(**{f: data[f] for f in (*MODEL_FIELDS, *OPTIONAL_SHAPE) if f in data}),
             timing=TimingSpec(**{f: data[f] for f in TIMING_FIELDS if f in data}),
             workload=Part(data.get("mode", DEFAULT_MODE), as_tuples(data.get("mode_settings", ()))),
             task=Part(data.get("task", COST), as_tuples(data.get("quality", ()))),
@@ -199,22 +207,14 @@ class Cell:
 
 
 _PARTS = {"model", "timing", "workload", "task"}
-# the stored form's names, one level, in the order every stored run holds them
+# the stored form's names, one level, in the order every stored run holds them (those
+# declared since, after)
 STORED = (
     "attention", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "params", *MODEL_FIELDS,
     *TIMING_FIELDS, "model_only", "mode", "mode_settings", "kv_heads", "compile",
-    "compile_mode", "allocator", "task", "quality",
+    "compile_mode", "allocator", "task", "quality", "head_dim",
 )  # fmt: skip
-# the names of the stored form, one level (Cell.to_dict)
-_FLAT = {f.name for f in fields(Cell)} - _PARTS | {
-    *MODEL_FIELDS,
-    "kv_heads",
-    *TIMING_FIELDS,
-    "mode",
-    "mode_settings",
-    "task",
-    "quality",
-}
+_FLAT = set(STORED)  # what Cell.of takes
 
 
 def label(attention: str, params: dict[str, Any] | None = None) -> str:

@@ -97,7 +97,8 @@ def left_out(cell: Cell) -> str | None:
     or its budget set among its parameters) projects nothing away (Linformer's k < n, as in
     the paper's Table 3), a mechanism with no causal form has no ``causal=true`` cell, a
     causal-only one (the recurrent mixers) no ``causal=false`` cell, one
-    without grouped-query heads no ``kv_heads`` cell, and one the workload refuses (decode:
+    without grouped-query heads no ``kv_heads`` cell, one without a width of its own no
+    ``head_dim`` cell, and one the workload refuses (decode:
     no incremental form) no cell of that mode.
     Performer's number of features is free. A single cell at k = n is still measured; a
     single causal cell of such a mechanism is refused by :func:`validate`."""
@@ -112,6 +113,8 @@ def left_out(cell: Cell) -> str | None:
         return "is causal only"
     if cell.model.kv_heads not in (None, cell.model.n_heads) and not info.gqa:
         return "has no grouped-query form"
+    if cell.model.head_dim is not None and not info.head_dim:
+        return "has no width of its own (head_dim)"
     work = get_workload(cell.mode)
     if cell.mode != DEFAULT_MODE and (why := work.refuses(info)):
         return why

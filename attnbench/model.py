@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnbench.attention.packing import Packing
-from attnbench.registry import built, gqa_kwargs, make_config, mechanism_class
+from attnbench.registry import built, make_config, mechanism_class, shape_kwargs
 from attnbench.validators import check_int
 
 
@@ -200,18 +200,20 @@ def build_model(
     d_ff: int = 3072,
     max_seq_len: int,
     kv_heads: int | None = None,
+    head_dim: int | None = None,
     **params: Any,
 ) -> Encoder:
     """A RoBERTa-base-shaped encoder using mechanism ``attention`` in every layer, in eval mode.
 
     ``params`` are the mechanism's own (e.g. Linformer's ``k``, ``sharing``); bad ones raise
     ``ValueError`` naming the parameter. ``kv_heads``: grouped-query attention's key/value
-    heads (None: as many as ``n_heads``), for the mechanisms registered with ``gqa``.
+    heads (None: as many as ``n_heads``), for the mechanisms registered with ``gqa``;
+    ``head_dim``: each head's width (None: d_model / n_heads), for those with ``head_dim``.
     """
     check_int("layers", layers)
     check_int("d_ff", d_ff)
     cfg = make_config(attention, params)
-    gqa = gqa_kwargs(attention, n_heads, kv_heads)
+    gqa = shape_kwargs(attention, n_heads, kv_heads, head_dim)
     attns = built(  # a plugin's layers: their outputs checked as they run
         attention,
         lambda: mechanism_class(attention).build_stack(
@@ -236,5 +238,6 @@ def cell_encoder(cell: Any, params: dict[str, Any], device: str) -> Encoder:
             d_ff=cell.model.d_ff,
             max_seq_len=cell.n,
             kv_heads=cell.model.kv_heads,
+            head_dim=cell.model.head_dim,
             **params,
         )

@@ -131,6 +131,7 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
             n_heads=cell.model.n_heads,
             max_seq_len=cell.n,
             kv_heads=cell.model.kv_heads,
+            head_dim=cell.model.head_dim,
             **params,
         )
     work.check(cell, params, ceiling - preset.overhead_bytes)

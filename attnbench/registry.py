@@ -65,6 +65,8 @@ class Info:
     limits: str | None = None  # what of the common contract it does not meet, or None
     cannot_decode: str | None = None  # why mode=decode is refused, or None: it decodes
     gqa: bool = False  # builds with kv_heads < n_heads (grouped-query attention)
+    # builds with head_dim · n_heads ≠ d_model (the attention's own width: Qwen3-Next's)
+    head_dim: bool = False
     # its kernel is compiled whatever the cell's ``compile`` says (torch.compile inside it)
     compiles: bool = False
     # why its backward cannot run on a CPU (training refused there), or None: it can
@@ -110,6 +112,7 @@ def register(
     limits: str | None = None,
     cannot_decode: str | None = NO_DECODE,
     gqa: bool = False,
+    head_dim: bool = False,
     compiles: bool = False,
     no_cpu_backward: str | None = None,
     budget_when: tuple[str, Any] | None = None,
@@ -138,7 +141,7 @@ def register(
         caps = Info(
             name, summary, causal, padding_mask, tuple(devices), tuple(dtypes), fixed_max_len,
             budget, defaults, unavailable=None, cannot_train=cannot_train, limits=limits,
-            cannot_decode=cannot_decode, gqa=gqa, compiles=compiles,
+            cannot_decode=cannot_decode, gqa=gqa, head_dim=head_dim, compiles=compiles,
             no_cpu_backward=no_cpu_backward, budget_when=budget_when, causal_only=causal_only,
             cannot_pack=cannot_pack, packs=packs,
         )  # fmt: skip
@@ -255,19 +258,26 @@ def mechanism_class(name: str) -> type[MultiHeadAttention]:
     return _spec(name).cls
 
 
-def gqa_kwargs(name: str, n_heads: int, kv_heads: int | None) -> dict[str, int]:
-    """``{"kv_heads": g}`` for a layer's constructor, or nothing when ``kv_heads`` is None or
-    equals ``n_heads`` (every mechanism builds that); grouped-query heads for a mechanism
-    without them is one line naming those that have them."""
-    if kv_heads is None or kv_heads == n_heads:
-        return {}
-    if not _spec(name).info.gqa:
-        have = [m for m in names() if _spec(m).info.gqa]
-        raise ValueError(
-            f"kv_heads: attention={name} has no grouped-query form; kv_heads works with "
-            f"{', '.join(have)} (null: as many as n_heads)"
-        )
-    return {"kv_heads": kv_heads}
+def shape_kwargs(
+    name: str, n_heads: int, kv_heads: int | None, head_dim: int | None = None
+) -> dict[str, int]:
+    """``kv_heads`` and ``head_dim`` for a layer's constructor, each only where it changes
+    the layer (every mechanism builds as many key/value heads as query heads, and heads of
+    d_model / n_heads); one a mechanism cannot build is one line naming those that can."""
+    out = {}
+    for key, value, default, can, why, null in (
+        ("kv_heads", kv_heads, n_heads, "gqa", "has no grouped-query form", "as many as n_heads"),
+        ("head_dim", head_dim, None, "head_dim", "has no width of its own", "d_model / n_heads"),
+    ):
+        if value is None or value == default:
+            continue
+        if not getattr(_spec(name).info, can):
+            have = [m for m in names() if getattr(_spec(m).info, can)]
+            raise ValueError(
+                f"{key}: attention={name} {why}; {key} works with {', '.join(have)} (null: {null})"
+            )
+        out[key] = value
+    return out
 
 
 def create(
@@ -277,16 +287,19 @@ def create(
     n_heads: int,
     max_seq_len: int,
     kv_heads: int | None = None,
+    head_dim: int | None = None,
     **params: Any,
 ) -> nn.Module:
     """One multi-head attention layer: ``module(x, key_padding_mask=None)``.
 
     ``x`` is ``(batch, n, d_model)``; the mask is bool ``(batch, n)`` with True = padding.
-    ``kv_heads``: key/value heads for grouped-query attention (mechanisms with ``gqa``).
-    Bad parameters raise ``ValueError`` naming the parameter and what is allowed.
+    ``kv_heads``: key/value heads for grouped-query attention (mechanisms with ``gqa``);
+    ``head_dim``: each head's width where not d_model / n_heads (mechanisms with
+    ``head_dim``). Bad parameters raise ``ValueError`` naming the parameter and what is
+    allowed.
     """
     cfg = make_config(name, params)
-    gqa = gqa_kwargs(name, n_heads, kv_heads)
+    gqa = shape_kwargs(name, n_heads, kv_heads, head_dim)
     cls = _spec(name).cls
     kwargs = dict(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa)
     (layer,) = built(name, lambda: [cls(**kwargs)])

@@ -102,6 +102,8 @@ MODEL: tuple[Setting, ...] = tuple(
         Setting("d_ff", 3072, "feed-forward width", int, integer()),
         Setting("kv_heads", None, "grouped-query key/value heads; null: n_heads", int | None,
                 optional_integer),
+        Setting("head_dim", None, "each attention head's width; null: d_model / n_heads",
+                int | None, optional_integer),
     )
 )  # fmt: skip
 

@@ -232,7 +232,7 @@ def test_the_absorbed_forms_scores_cost_more_than_the_naive_ones_at_the_defaults
         ({"latent": 2.5}, "latent: must be an integer >= 1, got 2.5"),
         ({"rope_dim": 0}, "rope_dim: must be an integer >= 2, got 0"),
         ({"rope_dim": 5}, "rope_dim: must be an even integer >= 2 (RoPE rotates pairs), got 5"),
-        ({"head_dim": 0}, "head_dim: must be an integer >= 1 or null (d_model / n_heads), got 0"),
+        ({"head_dim": 0}, "head_dim: must be an integer >= 1, got 0"),
         ({"v_head_dim": "8"}, "v_head_dim: must be an integer >= 1 or null"),
         ({"q_latent": -1}, "q_latent: must be an integer >= 0, got -1"),
         ({"form": "fused"}, "form: must be one of naive, absorbed; got 'fused'"),

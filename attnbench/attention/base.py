@@ -1,13 +1,16 @@
 """Scaffolding every mechanism shares: the four projections, head reshapes, input checks.
 
 Each mechanism is a whole multi-head layer owning ``q_proj``, ``k_proj``, ``v_proj`` and
-``out_proj`` as ``nn.Linear(d_model, d_model)``, so every mechanism pays the same projection
-cost (a fair comparison) and weights port from fairseq / Hugging Face checkpoints. A subclass
-only implements :meth:`MultiHeadAttention.attend`.
+``out_proj`` (d_model to d_model, unless ``head_dim`` sets the width), so every mechanism
+pays the same projection cost (a fair comparison) and weights port from fairseq / Hugging
+Face checkpoints. A subclass only implements :meth:`MultiHeadAttention.attend`.
 
 Grouped-query attention (``kv_heads`` < ``n_heads``, 1 = multi-query) shrinks ``k_proj`` and
 ``v_proj`` to ``kv_heads`` heads, each shared by ``n_heads / kv_heads`` query heads; only a
-mechanism registered with ``gqa=True`` is built with it.
+mechanism registered with ``gqa=True`` is built with it. The attention's width, ``n_heads ·
+head_dim``, is d_model unless ``head_dim`` says otherwise (Qwen3-Next's 16 heads of 256 over
+d_model 2048): then ``q_proj`` maps d_model to that width and ``out_proj`` back; only a
+mechanism registered with ``head_dim=True`` is built with it.
 
 A mechanism with an incremental (decode) form also implements :meth:`new_state`,
 :meth:`extend_attend` and :meth:`state_bytes`: a serving engine's prefill is ``extend`` from an
@@ -58,26 +61,34 @@ class MultiHeadAttention(nn.Module):
     """Base of every mechanism: ``forward(x, key_padding_mask=None)``, (b, n, d) -> (b, n, d)."""
 
     def __init__(
-        self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: Any, kv_heads: int | None = None
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_seq_len: int,
+        cfg: Any,
+        kv_heads: int | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_int("d_model", d_model)
         check_int("n_heads", n_heads)
         check_int("max_seq_len", max_seq_len)
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model: must be divisible by n_heads={n_heads}, got {d_model}")
         self.d_model, self.n_heads, self.max_seq_len, self.cfg = d_model, n_heads, max_seq_len, cfg
-        self.head_dim = d_model // n_heads
+        self.head_dim = d_model // n_heads if head_dim is None else check_int("head_dim", head_dim)
+        self.width = n_heads * self.head_dim  # the attention's: d_model unless head_dim is set
         self.kv_heads = n_heads if kv_heads is None else check_kv_heads(kv_heads, n_heads)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         d_kv = self.kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, self.width)
         self.k_proj = nn.Linear(d_model, d_kv)
         self.v_proj = nn.Linear(d_model, d_kv)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(self.width, d_model)
         # a softmax mechanism's sink logits and output gate (attention.sinks_gate), None
         # where its config has them off or has no such option
-        self.sinks, self.output_gate = sinks_gate.parameters(cfg, n_heads, d_model)
+        self.sinks, self.output_gate = sinks_gate.parameters(cfg, n_heads, d_model, self.width)
 
     @classmethod
     def build_stack(cls, layers: int, **kwargs: Any) -> list[MultiHeadAttention]:
@@ -207,22 +218,24 @@ class MultiHeadAttention(nn.Module):
         """Matmul FLOPs of one decode step of b sequences whose new token sees ``n`` tokens
         (itself included): the four projections of one token (and the output gate's) plus
         :meth:`step_attention_flops`. The analytic twin of FlopCounterMode's count."""
-        d, d_kv = self.d_model, self.kv_heads * self.head_dim
-        return 2 * 2 * b * d * (d + d_kv) + self.gate_flops(b, 1) + self.step_attention_flops(b, n)
+        return self.projection_flops(b, 1) + self.gate_flops(b, 1) + self.step_attention_flops(b, n)
+
+    def projection_flops(self, b: int, n: int) -> int:
+        """The four projections over b·n positions: Q and the output d_model × width, K and
+        V d_model × kv_heads·head_dim, 2 FLOPs per multiply-add."""
+        return 2 * 2 * b * n * self.d_model * (self.width + self.kv_heads * self.head_dim)
 
     def gate_flops(self, b: int, n: int) -> int:
         """The output gate's projection over b·n positions, 2·d·width (0 without a gate): a
         projection like the four, counted with them."""
-        return (
-            2 * b * n * self.d_model * sinks_gate.gate_width(self.cfg, self.n_heads, self.d_model)
-        )
+        return 2 * b * n * self.d_model * sinks_gate.gate_width(self.cfg, self.n_heads, self.width)
 
     def step_attention_flops(self, b: int, n: int) -> int:
-        """One query against n keys: QKᵀ and P·V, 2·n·d each (grouped heads alike)."""
-        return 4 * b * n * self.d_model
+        """One query against n keys: QKᵀ and P·V, 2·n·width each (grouped heads alike)."""
+        return 4 * b * n * self.width
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """(b, n, d_model) -> (b, n, d_model), before ``out_proj``."""
+        """(b, n, d_model) -> (b, n, width), before ``out_proj``."""
         raise NotImplementedError
 
     def flops(self, b: int, n: int) -> int:
@@ -233,8 +246,7 @@ class MultiHeadAttention(nn.Module):
         projections (K and V to ``kv_heads`` heads), the output gate's
         (:meth:`gate_flops`), plus :meth:`attention_flops`.
         """
-        d, d_kv = self.d_model, self.kv_heads * self.head_dim
-        return 2 * 2 * b * n * d * (d + d_kv) + self.gate_flops(b, n) + self.attention_flops(b, n)
+        return self.projection_flops(b, n) + self.gate_flops(b, n) + self.attention_flops(b, n)
 
     def packed_flops(self, packing: Packing) -> int:
         """Matmul FLOPs of one forward over packed rows: the projections over every position
@@ -285,18 +297,17 @@ class MultiHeadAttention(nn.Module):
         return self.dense_attention_flops(b, n)
 
     def dense_attention_flops(self, b: int, n: int) -> int:
-        """Dense softmax(QKᵀ)V at this shape, 2 matmuls of 2·n·n·d each (grouped heads
+        """Dense softmax(QKᵀ)V at this shape, 2 matmuls of 2·n·n·width each (grouped heads
         alike), whatever the mechanism computes: the count beside a sparse or approximate
         :meth:`attention_flops` (flex's block-sparse one)."""
-        return 4 * b * n * n * self.d_model
+        return 4 * b * n * n * self.width
 
     def dense_flops(self, b: int, n: int) -> int:
         """Matmul FLOPs of a dense layer of this shape: the four projections (K and V to
         ``kv_heads`` heads) and the output gate's plus :meth:`dense_attention_flops`, i.e.
         vanilla's :meth:`flops` with the same options, the count beside this mechanism's own."""
-        d, d_kv = self.d_model, self.kv_heads * self.head_dim
         dense = self.dense_attention_flops(b, n)
-        return 2 * 2 * b * n * d * (d + d_kv) + self.gate_flops(b, n) + dense
+        return self.projection_flops(b, n) + self.gate_flops(b, n) + dense
 
     def split_heads(self, t: Tensor) -> Tensor:
         """(b, n, heads·dh) -> (b, heads, n, dh), for queries (n_heads) or keys (kv_heads)."""
@@ -305,7 +316,7 @@ class MultiHeadAttention(nn.Module):
 
     def merge_heads(self, t: Tensor) -> Tensor:
         b, _, n, _ = t.shape  # (b, h, n, dh)
-        return t.transpose(1, 2).reshape(b, n, self.d_model)  # (b, n, h*dh)
+        return t.transpose(1, 2).reshape(b, n, self.width)  # (b, n, h*dh)
 
     def qkv_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V as (b, h, n, dh) each."""
@@ -334,7 +345,8 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.n_heads else ""
-        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, cfg={self.cfg}"
+        dh = f", head_dim={self.head_dim}" if self.width != self.d_model else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{dh}, cfg={self.cfg}"
 
 
 def indexed_device(device: torch.device | str) -> torch.device:

@@ -203,6 +203,7 @@ class FlexConfig(SinksGateConfig):
     budget="window",
     budget_when=("pattern", "window"),
     gqa=True,
+    head_dim=True,
     compiles=True,
     no_cpu_backward=NO_CPU_BACKWARD,
     cannot_train=None,
@@ -288,7 +289,7 @@ class FlexAttention(MultiHeadAttention):
         common document)."""
         rows = Counter(packing.rows)
         pairs = sum(c * block_masks.document_pairs((row,), self.cfg) for row, c in rows.items())
-        return 4 * pairs * self.d_model
+        return 4 * pairs * self.width
 
     def packed_flops_backward(self, packing: Packing) -> int:
         """One pass over the row, backward as :meth:`flops_backward`: twice the forward and
@@ -310,7 +311,7 @@ class FlexAttention(MultiHeadAttention):
             r * (last - first + 1)
             for r, (first, last) in zip(rows, computed_blocks(n, self.cfg), strict=True)
         )
-        return 4 * b * pairs * self.d_model
+        return 4 * b * pairs * self.width
 
     def recomputed_flops(self, b: int, n: int) -> int:
         """Its backward recomputes the block-sparse QKᵀ, as flash attention's does."""

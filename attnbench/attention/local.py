@@ -107,6 +107,7 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
     causal=True,
     budget="window",
     cannot_decode=None,
+    head_dim=True,
     summary="sliding-window band |i−j| ≤ w/2 (causal: the w keys up to i), blocked, O(n·w)",
 )
 class LocalAttention(MultiHeadAttention):
@@ -118,7 +119,7 @@ class LocalAttention(MultiHeadAttention):
         block are computed too, so they are counted: this is what runs, not the band's
         ideal 4·n·w·d."""
         block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
-        return 4 * b * blocks * block * (1 + back + forward) * block * self.d_model
+        return 4 * b * blocks * block * (1 + back + forward) * block * self.width
 
     def packed_attention_flops(self, packing: Packing) -> int:
         """One blocked pass over each row of T: its blocks, whatever the documents."""
@@ -222,7 +223,7 @@ class LocalAttention(MultiHeadAttention):
 
     def step_attention_flops(self, b: int, n: int) -> int:
         """One query against the ring's min(w, n) written slots (whatever its capacity)."""
-        return 4 * b * min(self.cfg.window, n) * self.d_model
+        return 4 * b * min(self.cfg.window, n) * self.width
 
     def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
         b, c, d = x.shape

@@ -65,16 +65,16 @@ class MLAConfig:
     """MLA's dimensions, upstream's names in brackets. The defaults scale DeepSeek-V2's ratios
     to the base model's heads of d_h = 64: its latent is 4 d_h (512 for heads of 128) and its
     RoPE part d_h / 2 (64), so latent 256 and rope_dim 32 here: 288 elements a token and layer
-    against 1 536 for the base model's 12 heads' keys and values. ``head_dim`` and
-    ``v_head_dim`` (null: d_model / n_heads, as upstream's equal ``qk_nope_head_dim`` and
-    ``v_head_dim``) keep the per-head widths of the model it replaces; ``q_latent`` 0 projects
+    against 1 536 for the base model's 12 heads' keys and values. Each head's query and key
+    width without RoPE (``qk_nope_head_dim``) is the model's ``head_dim`` (``model.head_dim``;
+    null: d_model / n_heads, so it keeps the per-head width of the model it replaces), and
+    ``v_head_dim`` (null: that width, as upstream's are equal) its values'; ``q_latent`` 0 projects
     queries from x directly (DeepSeek-V2-Lite; V2 and V3 use 1536); ``form`` naive: the
     forward upstream runs, and the cheaper prefill at these sizes (see the module)."""
 
     causal: bool = False
     latent: int = 256
     rope_dim: int = 32
-    head_dim: int | None = None
     v_head_dim: int | None = None
     q_latent: int = 0
     form: str = "naive"
@@ -87,14 +87,13 @@ class MLAConfig:
             raise ValueError(
                 f"rope_dim: must be an even integer >= 2 (RoPE rotates pairs), got {self.rope_dim}"
             )
-        for key in ("head_dim", "v_head_dim"):
-            if (value := getattr(self, key)) is not None:
-                try:
-                    check_int(key, value)
-                except ValueError:
-                    raise ValueError(
-                        f"{key}: must be an integer >= 1 or null (d_model / n_heads), got {value!r}"
-                    ) from None
+        if (value := self.v_head_dim) is not None:
+            try:
+                check_int("v_head_dim", value)
+            except ValueError:
+                raise ValueError(
+                    f"v_head_dim: must be an integer >= 1 or null (the heads' width), got {value!r}"
+                ) from None
         check_int("q_latent", self.q_latent, low=0)
         check_choice("form", self.form, FORMS)
 
@@ -160,6 +159,7 @@ class LatentCache(KVCache):
     config=MLAConfig,
     causal=True,
     cannot_decode=None,
+    head_dim=True,
     summary="multi-head latent attention (DeepSeek-V2): K/V from a cached latent, RoPE apart",
 )
 class MLAAttention(MultiHeadAttention):
@@ -168,11 +168,21 @@ class MLAAttention(MultiHeadAttention):
     [q_C, q_R] (from x, or from the query latent ``q_down``/``q_norm``) and ``out_proj``
     takes h · v_head_dim back to d_model."""
 
-    def __init__(self, *, d_model: int, n_heads: int, max_seq_len: int, cfg: MLAConfig) -> None:
-        super().__init__(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg)
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        max_seq_len: int,
+        cfg: MLAConfig,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, head_dim=head_dim
+        )
         del self.k_proj, self.v_proj  # unused, they would be parameters without a gradient
         h = n_heads
-        self.nope_dim = cfg.head_dim or self.head_dim  # head_dim stays d/h: the dense count's
+        self.nope_dim = self.head_dim  # qk_nope_head_dim: the model's heads' width
         self.v_dim = cfg.v_head_dim or self.nope_dim
         self.latent, self.rope_dim = cfg.latent, cfg.rope_dim
         self.scale = 1.0 / math.sqrt(self.nope_dim + self.rope_dim)

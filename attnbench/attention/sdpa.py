@@ -65,6 +65,7 @@ class SDPAConfig(SinksGateConfig):
     config=SDPAConfig,
     causal=True,
     gqa=True,
+    head_dim=True,
     cannot_decode=None,
     summary="torch scaled_dot_product_attention; backend auto|math|flash|efficient|cudnn",
 )

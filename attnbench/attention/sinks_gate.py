@@ -63,27 +63,29 @@ class SinksGateConfig:
         check_bool("sinks", self.sinks)
 
 
-def gate_width(cfg: object, n_heads: int, d_model: int) -> int:
-    """The gate projection's outputs: n_heads (headwise), d_model (elementwise), 0 (none,
+def gate_width(cfg: object, n_heads: int, width: int) -> int:
+    """The gate projection's outputs: n_heads (headwise), the attention's width (elementwise:
+    n_heads · head_dim, d_model unless head_dim says otherwise), 0 (none,
     and any config that is not a :class:`SinksGateConfig`: a plugin's own ``gate`` field is
     its own business)."""
     if not isinstance(cfg, SinksGateConfig):
         return 0
-    return {"none": 0, "headwise": n_heads, "elementwise": d_model}[cfg.gate]
+    return {"none": 0, "headwise": n_heads, "elementwise": width}[cfg.gate]
 
 
 def parameters(
-    cfg: object, n_heads: int, d_model: int
+    cfg: object, n_heads: int, d_model: int, width: int
 ) -> tuple[nn.Parameter | None, nn.Module | None]:
-    """A layer's sink logits (n_heads,) and gate projection, each None where off."""
+    """A layer's sink logits (n_heads,) and gate projection (from d_model), each None where
+    off."""
     held = isinstance(cfg, SinksGateConfig) and cfg.sinks
     sinks = nn.Parameter(torch.zeros(n_heads)) if held else None
-    width = gate_width(cfg, n_heads, d_model)
-    return sinks, (nn.Linear(d_model, width) if width else None)
+    outputs = gate_width(cfg, n_heads, width)
+    return sinks, (nn.Linear(d_model, outputs) if outputs else None)
 
 
 def gated(gate_proj: nn.Module | None, x: Tensor, out: Tensor, n_heads: int) -> Tensor:
-    """``out`` (b, n, d_model), the heads merged, times σ(gate_proj(x)): one gate per head
+    """``out`` (b, n, width), the heads merged, times σ(gate_proj(x)): one gate per head
     broadcast over its channels, or one per channel; ``out`` itself where there is no gate."""
     if gate_proj is None:
         return out

@@ -75,6 +75,7 @@ def softmax_attend(
     config=VanillaConfig,
     causal=True,
     gqa=True,
+    head_dim=True,
     cannot_decode=None,
     summary="eager softmax(QKᵀ/√d)V materialising n×n (the paper's Transformer)",
 )

@@ -63,6 +63,7 @@ class XFormersConfig:
     dtypes=("fp16", "bf16"),
     why_unavailable=why_unavailable,
     gqa=True,
+    head_dim=True,
     cannot_decode=None,
     summary="xformers memory_efficient_attention: exact, O(n) memory (CUDA only)",
 )
@@ -118,7 +119,7 @@ class XFormersAttention(CachedAttention):
             if isinstance(bias, Tensor):
                 bias = bias.view(b, g, per, c, length)
         out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=self.scale)
-        return out.reshape(b, c, self.d_model)  # (b, c, h*dh)
+        return out.reshape(b, c, self.width)  # (b, c, h*dh)
 
     def _bias(self, blocked: Tensor, b: int, c: int, length: int, q: Tensor) -> Tensor:
         """Additive bias, −inf where a key is blocked (padding, and the future if causal).

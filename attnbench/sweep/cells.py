@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import Container, DictConfig, OmegaConf
 
 from attnbench import registry, workload
-from attnbench.cell import Cell
+from attnbench.cell import OPTIONAL_SHAPE, Cell
 from attnbench.cell_rules import kept_k
 from attnbench.measure import presets
 from attnbench.quality import tasks
@@ -55,7 +55,8 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
             "device": cfg.device.name,
             "ceiling_bytes": parse_size(setting(cfg, "ceiling")),
             "params": tuple(sorted((key, _plain(v)) for key, v in params.items())),
-            "kv_heads": cfg.model.get("kv_heads"),  # model groups without GQA heads omit it
+            # model groups without grouped-query heads or heads of their own width omit these
+            **{f: cfg.model.get(f) for f in OPTIONAL_SHAPE},
             "mode_settings": _mode_settings(cfg, mode),
             "quality": _quality(cfg),
         }
@@ -71,7 +72,7 @@ CELL_KEYS = {
     "dtype": "dtype",
     "mode": "mode",
     "task": "task",
-    **{s.name: s.key for s in CELL_FIELDS if s.name != "kv_heads"},
+    **{s.name: s.key for s in CELL_FIELDS if s.name not in OPTIONAL_SHAPE},
 }
 _ABSENT = object()
 
