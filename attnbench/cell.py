@@ -17,10 +17,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from attnbench import registry
+from attnbench.schedule import canonical, frozen, thawed
 from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
 OPTIONAL_SHAPE = ("kv_heads", "head_dim")  # in a row's ``model`` only where set
+SCHEDULE_FIELDS = ("schedule", "kinds")  # the layer schedule (attnbench.schedule)
+SHAPE_FIELDS = (*MODEL_FIELDS, *OPTIONAL_SHAPE, *SCHEDULE_FIELDS)
 # the timing part's fields, as the stored spec names them
 TIMING_FIELDS = ("min_repeats", "min_seconds", "cpu_batch", "time_budget_s", "flush_l2", "threads")
 
@@ -63,11 +66,17 @@ class Shape:
     d_ff: int = _D["d_ff"]
     kv_heads: int | None = _D["kv_heads"]  # grouped-query key/value heads; None: n_heads
     head_dim: int | None = _D["head_dim"]  # each head's width; None: d_model / n_heads
+    # which mechanism each layer runs (attnbench.schedule): a pattern of kinds, and the kinds
+    # it names but the cell's own; None: every layer the cell's mechanism
+    schedule: str | None = _D["schedule"]
+    kinds: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        """A head_dim of d_model / n_heads is the default's: one shape, one key."""
+        """A head_dim of d_model / n_heads is the default's: one shape, one key. The kinds
+        as sorted pairs at every depth, whatever form they were given in (a mapping)."""
         if isinstance(self.head_dim, int) and self.head_dim * self.n_heads == self.d_model:
             object.__setattr__(self, "head_dim", None)
+        object.__setattr__(self, "kinds", frozen(self.kinds or ()))
 
     @property
     def shape(self) -> dict[str, int]:
@@ -75,6 +84,8 @@ class Shape:
         set, so that the keys of cells from before either existed stay as they were."""
         shape = {f: getattr(self, f) for f in MODEL_FIELDS}
         optional = {f: getattr(self, f) for f in OPTIONAL_SHAPE if getattr(self, f) is not None}
+        if self.schedule is not None:  # one line: the pattern and its kinds (its key)
+            optional["schedule"] = canonical(self.schedule, self.kinds)
         return {**shape, **optional}
 
 
@@ -169,6 +180,7 @@ class Cell:
         values = {
             **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PARTS},
             **asdict(self.model),
+            "kinds": thawed(self.model.kinds),  # mappings, as a config declares them
             **asdict(self.timing),
             "mode": self.workload.name,
             "mode_settings": self.workload.settings,
@@ -199,7 +211,13 @@ class Cell:
         own = {k: v for k, v in data.items() if k in names}
         return cls(
             **{**own, "params": as_tuples(data.get("params", ()))},
-            model=Shape(**{f: data[f] for f in (*MODEL_FIELDS, *OPTIONAL_SHAPE) if f in data}),
+            model=Shape(
+                **{
+                    f: data[f]
+                    for f in (*MODEL_FIELDS, *OPTIONAL_SHAPE, *SCHEDULE_FIELDS)
+                    if f in data
+                }
+            ),
             timing=TimingSpec(**{f: data[f] for f in TIMING_FIELDS if f in data}),
             workload=Part(data.get("mode", DEFAULT_MODE), as_tuples(data.get("mode_settings", ()))),
             task=Part(data.get("task", COST), as_tuples(data.get("quality", ()))),
@@ -212,7 +230,7 @@ _PARTS = {"model", "timing", "workload", "task"}
 STORED = (
     "attention", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "params", *MODEL_FIELDS,
     *TIMING_FIELDS, "model_only", "mode", "mode_settings", "kv_heads", "compile",
-    "compile_mode", "allocator", "task", "quality", "head_dim",
+    "compile_mode", "allocator", "task", "quality", "head_dim", "schedule", "kinds",
 )  # fmt: skip
 _FLAT = set(STORED)  # what Cell.of takes
 

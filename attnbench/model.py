@@ -8,7 +8,7 @@ layerwise E, per-layer k) by asking the mechanism class to build its whole stack
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -17,8 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnbench.attention.base import MultiHeadAttention
 from attnbench.attention.packing import Packing
 from attnbench.registry import built, make_config, mechanism_class, shape_kwargs
+from attnbench.schedule import Layer, layers_of
 from attnbench.validators import check_int
 
 
@@ -201,6 +203,7 @@ def build_model(
     max_seq_len: int,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    schedule: Sequence[Layer] | None = None,
     **params: Any,
 ) -> Encoder:
     """A RoBERTa-base-shaped encoder using mechanism ``attention`` in every layer, in eval mode.
@@ -209,18 +212,31 @@ def build_model(
     ``ValueError`` naming the parameter. ``kv_heads``: grouped-query attention's key/value
     heads (None: as many as ``n_heads``), for the mechanisms registered with ``gqa``;
     ``head_dim``: each head's width (None: d_model / n_heads), for those with ``head_dim``.
+    ``schedule``: one :class:`~attnbench.schedule.Layer` per layer (a hybrid), in place of
+    ``attention`` and its parameters in every layer.
     """
     check_int("layers", layers)
     check_int("d_ff", d_ff)
-    cfg = make_config(attention, params)
-    gqa = shape_kwargs(attention, n_heads, kv_heads, head_dim)
-    attns = built(  # a plugin's layers: their outputs checked as they run
-        attention,
-        lambda: mechanism_class(attention).build_stack(
-            layers, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, cfg=cfg, **gqa
+    if schedule is None:
+        own = (attention, tuple(sorted(params.items())), n_heads, kv_heads, head_dim)
+        schedule = [Layer("attention", *own)] * layers
+    kinds: dict[Layer, list[MultiHeadAttention]] = {}
+    for kind in dict.fromkeys(schedule):  # each kind's layers built as one stack: what a
+        count = schedule.count(kind)  # mechanism shares across layers stays within its kind
+        kinds[kind] = _stack(kind, count, d_model, max_seq_len)
+    return Encoder([kinds[kind].pop(0) for kind in schedule], d_model, d_ff).eval()
+
+
+def _stack(kind: Layer, count: int, d_model: int, max_seq_len: int) -> list[MultiHeadAttention]:
+    """``count`` layers of one kind, a plugin's watched as they run (:func:`built`)."""
+    cfg = make_config(kind.attention, dict(kind.params))
+    shape = shape_kwargs(kind.attention, kind.n_heads, kind.kv_heads, kind.head_dim)
+    return built(  # a plugin's layers: their outputs checked as they run
+        kind.attention,
+        lambda: mechanism_class(kind.attention).build_stack(
+            count, d_model=d_model, n_heads=kind.n_heads, max_seq_len=max_seq_len, cfg=cfg, **shape
         ),
     )
-    return Encoder(attns, d_model, d_ff).eval()
 
 
 def cell_encoder(cell: Any, params: dict[str, Any], device: str) -> Encoder:
@@ -239,5 +255,6 @@ def cell_encoder(cell: Any, params: dict[str, Any], device: str) -> Encoder:
             max_seq_len=cell.n,
             kv_heads=cell.model.kv_heads,
             head_dim=cell.model.head_dim,
+            schedule=layers_of(cell, params) if cell.model.schedule is not None else None,
             **params,
         )

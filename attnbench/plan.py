@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from attnbench import registry
+from attnbench.attention.base import MultiHeadAttention
 from attnbench.cell import Cell, compiled_label
 from attnbench.cell import label as mechanism_label
 from attnbench.cell_rules import (
@@ -35,6 +36,7 @@ from attnbench.cell_rules import (
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.quality.tasks import Task
+from attnbench.schedule import OWN, Layer, layers_of
 from attnbench.settings import COST, DEFAULT_MODE
 from attnbench.validators import check_choice, check_int
 from attnbench.workload import Workload, find
@@ -49,6 +51,7 @@ def label(cell: Cell) -> str:
     return " ".join(
         [mechanism_label(cell.attention, dict(cell.params)), f"n={cell.n}"]
         + ([f"k={cell.k}"] if cell.k is not None else [])
+        + ([f"schedule=({cell.model.schedule})"] if cell.model.schedule is not None else [])
         + [w for w in [work.label(cell) if work is not None else cell.mode] if w]
         + ([compiled_label(cell.compile_mode)] if cell.compile else [])
         + ([f"task={cell.task.name}"] if cell.task.name != COST else [])
@@ -134,8 +137,12 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
             head_dim=cell.model.head_dim,
             **params,
         )
+    # a schedule's other kinds, each held to the same rules (before the workload's check,
+    # which builds the whole model)
+    kinds = [check_kind(cell, work, kind, preset) for kind in _other_kinds(cell, params)]
     work.check(cell, params, ceiling - preset.overhead_bytes)
-    check_traceable(cell, layer)  # after the workload's check: a draw is checked there
+    for each in (layer, *kinds):  # after the workload's check: a draw is checked there
+        check_traceable(cell, each)
     gpu = on_gpu(cell, preset)
     check_allocator(cell, preset, gpu)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
@@ -149,6 +156,43 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
             f"overhead exceed this GPU's {here} bytes"
         )
     return resolved
+
+
+def _other_kinds(cell: Cell, params: dict[str, Any]) -> list[Layer]:
+    """The kinds of a schedule's layers other than the cell's own mechanism, once each."""
+    if cell.model.schedule is None:
+        return []
+    return [k for k in dict.fromkeys(layers_of(cell, params)) if k.kind != OWN]
+
+
+def check_kind(
+    cell: Cell, work: Workload, kind: Layer, preset: presets.Preset
+) -> MultiHeadAttention:
+    """A schedule's kind held to the rules the cell's own mechanism is held to (the workload
+    runs it, it is causal where the cell is, its parameters and heads build on meta, its
+    kernel takes the dtype and device), each refusal one line naming ``model.kinds.NAME``;
+    its layer on meta back."""
+    where = f"model.kinds.{kind.kind}"
+    try:
+        info = registry.info(kind.attention)
+        params = dict(kind.params)
+        if why := work.refuses(info):
+            raise ValueError(f"attention={kind.attention} {why}")
+        if info.causal_only and not params.get("causal"):
+            raise ValueError(
+                f"attention={kind.attention} is causal only ({info.causal_only}); the cell is "
+                "not causal: set causal=true"
+            )
+        with torch.device("meta"):
+            layer = registry.create(
+                kind.attention, d_model=cell.model.d_model, n_heads=kind.n_heads,
+                max_seq_len=cell.n, kv_heads=kind.kv_heads, head_dim=kind.head_dim, **params,
+            )  # fmt: skip
+        if why := layer.refuses(cell.dtype, preset.is_gpu):
+            raise ValueError(why)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return layer
 
 
 def spec(cell: Cell, preset: presets.Preset) -> dict[str, Any]:

@@ -147,18 +147,20 @@ def _column(f: Field) -> Any:
         return f.choices
     if f.column != "nested":
         return f.column or _kind(f.type) or OBJECT
-    from attnbench.cell import MODEL_FIELDS, Cell
+    from attnbench.cell import MODEL_FIELDS, SHAPE_FIELDS, STORED, Cell, Shape, TimingSpec
 
     if f.name == "model":
         return dict.fromkeys(MODEL_FIELDS, "Int64")
     if f.name == "env":
         return dict(ENV)
     if f.name == "cell":  # only how it was timed: the rest repeats the row's fields
-        # mode_settings: the workload's settings, which are row fields of their own
-        dup = {*(g.name for g in FIELDS), *MODEL_FIELDS, "mode_settings"}
-        return {
-            g.name: _kind(g.type) or OBJECT for g in dataclasses.fields(Cell) if g.name not in dup
+        # mode_settings: the workload's settings, which are row fields of their own; the
+        # shape's are the row's model
+        dup = {*(g.name for g in FIELDS), *SHAPE_FIELDS, "mode_settings"}
+        types = {
+            g.name: g.type for part in (Cell, Shape, TimingSpec) for g in dataclasses.fields(part)
         }
+        return {name: _kind(types[name]) or OBJECT for name in STORED if name not in dup}
     return {}  # params: each mechanism's own, as found in the rows
 
 

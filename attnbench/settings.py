@@ -93,6 +93,14 @@ flag = check_bool
 
 # -- the model's, timing's and compiling's: fields of every cell -------------------------------
 
+
+def _optional_text(name: str, value: Any) -> str | None:
+    """Text or null (a schedule's pattern is parsed where it is used: attnbench.schedule)."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name}: must be text or null, got {value!r}")
+    return value
+
+
 MODEL: tuple[Setting, ...] = tuple(
     s.owned("model", "model.")
     for s in (
@@ -104,6 +112,9 @@ MODEL: tuple[Setting, ...] = tuple(
                 optional_integer),
         Setting("head_dim", None, "each attention head's width; null: d_model / n_heads",
                 int | None, optional_integer),
+        Setting("schedule", None, "which mechanism each layer runs: a pattern of kinds, as"
+                " `(3*linear, attention)` (docs/models.md); null: every layer attention=",
+                str | None, _optional_text),
     )
 )  # fmt: skip
 

@@ -172,7 +172,7 @@ def all_cells(ns: tuple, ns_train: tuple, shape: dict, device: str, dtype: str) 
 
 def decode_cell(name: str, n: int, shape: dict, device: str, dtype: str, **settings: Any) -> Cell:
     """A causal serving cell at the max batch, :data:`DECODE_TOKENS` steps timed."""
-    return Cell(
+    return flat_cell(
         name, n=n, params=(("causal", True),), device=device, dtype=dtype, mode="decode",
         mode_settings={"decode_tokens": DECODE_TOKENS, **settings}, **shape,
     )  # fmt: skip
@@ -183,10 +183,12 @@ def decode_cells(
 ) -> list[Cell]:
     """The serving cells: each of :data:`DECODE` at each n and batch, causal."""
     return [
-        replace(
-            decode_cell(name, n, shape, device, dtype),
-            batch=batch,
-            kv_heads=shape.get("n_heads", 12) // 4 if gqa else None,
+        Cell.of(
+            **{
+                **decode_cell(name, n, shape, device, dtype).to_dict(),
+                "batch": batch,
+                "kv_heads": shape.get("n_heads", 12) // 4 if gqa else None,
+            }
         )
         for n in ns
         for batch in batches
@@ -283,7 +285,7 @@ def _done_key(c: Item | Cell | Row) -> str:
             c.device,
             bool(c.settings.get("checkpoint") if isinstance(c, Cell) else c.checkpoint),
             c.batch if isinstance(c, Cell) else c.batch_asked,
-            (c.shape if isinstance(c, Cell) else c.model or {}).get("kv_heads"),
+            (c.model.shape if isinstance(c, Cell) else c.model or {}).get("kv_heads"),
             c.dtype,
             settings,
             alloc,

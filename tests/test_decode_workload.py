@@ -132,7 +132,7 @@ def test_flops_per_token_are_flopcountermodes(name: str) -> None:
     flops, backward = get_workload(c.mode).flops(model, c)
     n = context(c)
     states = model.new_state(1, n, torch.float32, torch.device("cpu"))
-    x = torch.randn(1, n, c.d_model)
+    x = torch.randn(1, n, c.model.d_model)
     with torch.inference_mode():
         model.extend(x[:, : n - 1], states)
         counted = count_flops(lambda: model.extend(x[:, n - 1 :], states))
@@ -400,8 +400,8 @@ def test_marking_left_padding_is_what_a_left_padded_prefill_leaves(name: str) ->
     model = build(c, validate(c), "cpu", torch.float64)
     pads = [max(lengths) - n for n in lengths]
     torch.manual_seed(3)
-    x = torch.randn(3, max(lengths), c.d_model, dtype=torch.float64)
-    step = torch.randn(3, 1, c.d_model, dtype=torch.float64)
+    x = torch.randn(3, max(lengths), c.model.d_model, dtype=torch.float64)
+    step = torch.randn(3, 1, c.model.d_model, dtype=torch.float64)
     mask = torch.arange(max(lengths))[None, :] < torch.tensor(pads)[:, None]  # True: padding
     cpu = torch.device("cpu")
     with torch.inference_mode():

@@ -50,11 +50,13 @@ def compiled(row: Row) -> str | None:
 
 def name(row: Row) -> str:
     """A row's mechanism with its own parameters (:func:`attnbench.cell.label`), its
-    grouped-query heads (``sdpa (causal=True, kv_heads=3)``) and, compiled, what
+    grouped-query heads (``sdpa (causal=True, kv_heads=3)``), a hybrid's schedule
+    (:mod:`attnbench.schedule`) and, compiled, what
     :func:`compiled` says (``linear compiled``), as stored: two rows of one name are one
     mechanism. :func:`label` is what a report prints of it."""
-    kv = kv_heads(row)
-    got = cell.label(row.attention, {**(row.params or {}), **({"kv_heads": kv} if kv else {})})
+    shape = row.model or {}
+    extra = {k: shape[k] for k in ("kv_heads", "schedule") if shape.get(k)}  # a hybrid's too
+    got = cell.label(row.attention, {**(row.params or {}), **extra})
     return got + (f" {c}" if (c := compiled(row)) else "")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import Container, DictConfig, OmegaConf
 
 from attnbench import registry, workload
-from attnbench.cell import OPTIONAL_SHAPE, Cell
+from attnbench.cell import OPTIONAL_SHAPE, SCHEDULE_FIELDS, Cell
 from attnbench.cell_rules import kept_k
 from attnbench.measure import presets
 from attnbench.quality import tasks
@@ -55,8 +55,9 @@ def cell_from_cfg(cfg: DictConfig, in_sweep: bool = False) -> Cell:
             "device": cfg.device.name,
             "ceiling_bytes": parse_size(setting(cfg, "ceiling")),
             "params": tuple(sorted((key, _plain(v)) for key, v in params.items())),
-            # model groups without grouped-query heads or heads of their own width omit these
-            **{f: cfg.model.get(f) for f in OPTIONAL_SHAPE},
+            # a model group may omit these: grouped-query heads, heads of their own width,
+            # a layer schedule and its kinds
+            **{f: _plain(cfg.model.get(f)) for f in (*OPTIONAL_SHAPE, *SCHEDULE_FIELDS)},
             "mode_settings": _mode_settings(cfg, mode),
             "quality": _quality(cfg),
         }
@@ -72,7 +73,7 @@ CELL_KEYS = {
     "dtype": "dtype",
     "mode": "mode",
     "task": "task",
-    **{s.name: s.key for s in CELL_FIELDS if s.name not in OPTIONAL_SHAPE},
+    **{s.name: s.key for s in CELL_FIELDS if s.name not in (*OPTIONAL_SHAPE, *SCHEDULE_FIELDS)},
 }
 _ABSENT = object()
 

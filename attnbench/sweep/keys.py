@@ -22,8 +22,9 @@ from attnbench import workload
 from attnbench.sweep.declared import all_settings
 
 # keys whose sub-keys are another's to check: a mechanism's parameters (its config refuses
-# what it does not take), Hydra's own, the gate's per-cell thresholds
-OPEN = ("attention.params.", "hydra.", "check.")
+# what it does not take), a schedule's kinds (attnbench.schedule refuses an unknown key),
+# Hydra's own, the gate's per-cell thresholds
+OPEN = ("attention.params.", "model.kinds.", "hydra.", "check.")
 GLOBAL = "# @package _global_"
 
 
