@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from attnbench import registry
-from attnbench.schedule import canonical, frozen, thawed
+from attnbench.schedule import canonical, frozen, normal, thawed
 from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
@@ -72,11 +72,18 @@ class Shape:
     kinds: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        """A head_dim of d_model / n_heads is the default's: one shape, one key. The kinds
-        as sorted pairs at every depth, whatever form they were given in (a mapping)."""
+        """A head_dim of d_model / n_heads is the default's: one shape, one key. A schedule
+        in its one form (:func:`attnbench.schedule.normal`: however it was written, one
+        key; every layer the cell's own mechanism: none), its kinds those it uses, as sorted
+        pairs at every depth; a malformed one is one line naming its key."""
         if isinstance(self.head_dim, int) and self.head_dim * self.n_heads == self.d_model:
             object.__setattr__(self, "head_dim", None)
-        object.__setattr__(self, "kinds", frozen(self.kinds or ()))
+        if isinstance(self.layers, int) and self.layers >= 1:  # else validation names it
+            schedule, kinds = normal(self.schedule, self.kinds, self.layers, self.n_heads)
+            object.__setattr__(self, "schedule", schedule)  # one schedule, one form (its key)
+            object.__setattr__(self, "kinds", frozen(kinds))
+        else:
+            object.__setattr__(self, "kinds", frozen(self.kinds or ()))
 
     @property
     def shape(self) -> dict[str, int]:

@@ -221,31 +221,38 @@ def check_budget(cell: Cell) -> None:
             raise ValueError(f"k: attention={cell.attention} needs k ({what}), got null")
 
 
-def check_traceable(cell: Cell, layer: nn.Module) -> None:
+def check_traceable(
+    cell: Cell, layer: nn.Module, count: int | None = None, kind: str | None = None
+) -> None:
     """A cost cell whose memory model would trace more than :data:`MAX_LOOP_STEPS` Python
-    steps is refused before it traces (``layer``: one of its layers, on meta). Beyond it,
-    modeling alone runs for many minutes before the time budget is consulted (retnet at
-    n = 10⁶ traced for over 590 s and stored nothing): the key named is the one that sets
-    the steps' number (``n``, the draw's ``total_tokens``, decode's ``prefill_chunk``)."""
+    steps is refused before it traces (``layer``: one of its layers, on meta; ``count``:
+    how many layers are of its kind, all by default; ``kind``: a schedule's kind it is, named
+    in the refusal). Beyond it, modeling alone runs for many minutes before the time budget is
+    consulted (retnet at n = 10⁶ traced for over 590 s and stored nothing): the key named is
+    the one that sets the steps' number (``n``, the draw's ``total_tokens``, decode's
+    ``prefill_chunk``)."""
     if cell.task.name != COST or not hasattr(layer, "loop_steps"):  # a quality task trains
         return  # real tensors (nothing traced); a plugin's layer may not count its steps
+    layers = cell.model.layers if count is None else count
     per_layer, key = get_workload(cell.mode).loop_steps(cell, layer)
-    if (steps := per_layer * cell.model.layers) <= MAX_LOOP_STEPS:
+    if (steps := per_layer * layers) <= MAX_LOOP_STEPS:
         return
     size = next((f for f in ("chunk", "chunk_size") if hasattr(layer.cfg, f)), None)
-    other = (f", a larger attention.params.{size}" if size else "") + " or fewer layers"
+    params = "attention.params" if kind is None else f"model.kinds.{kind}.params"
+    other = (f", a larger {params}.{size}" if size else "") + " or fewer layers"
     allowed = f"a smaller {key}{other}"
-    if key in ("n", "prefill_chunk") and (most := _largest(cell, layer, key)):
+    if key in ("n", "prefill_chunk") and (most := _largest(cell, layer, key, layers)):
         allowed = f"{key} <= {most} here{other}"
+    name = cell.attention if kind is None else f"model.kinds.{kind}"
     raise ValueError(
-        f"{key}: the memory model traces {cell.attention} on meta one Python step at a time "
+        f"{key}: the memory model traces {name} on meta one Python step at a time "
         f"(a chunk of a recurrence, a packed document): {per_layer} steps per layer × "
-        f"{cell.model.layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
+        f"{layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
         f"(each traced step would take minutes); allowed: {allowed}"
     )
 
 
-def _largest(cell: Cell, layer: nn.Module, key: str) -> int | None:
+def _largest(cell: Cell, layer: nn.Module, key: str, layers: int) -> int | None:
     """The largest value of ``key`` (``n`` or decode's ``prefill_chunk``, cheap to try: no
     draw) within :data:`MAX_LOOP_STEPS`, by bisection (the steps grow with it); None if even
     1 is over it."""
@@ -256,7 +263,7 @@ def _largest(cell: Cell, layer: nn.Module, key: str) -> int | None:
             if key == "n"
             else replace(cell, workload=Part(cell.mode, {**cell.settings, key: value}))
         )
-        return get_workload(cell.mode).loop_steps(changed, layer)[0] * cell.model.layers
+        return get_workload(cell.mode).loop_steps(changed, layer)[0] * layers
 
     low, high = 1, cell.n
     if steps(low) > MAX_LOOP_STEPS:

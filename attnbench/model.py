@@ -220,11 +220,11 @@ def build_model(
     if schedule is None:
         own = (attention, tuple(sorted(params.items())), n_heads, kv_heads, head_dim)
         schedule = [Layer("attention", *own)] * layers
-    kinds: dict[Layer, list[MultiHeadAttention]] = {}
-    for kind in dict.fromkeys(schedule):  # each kind's layers built as one stack: what a
-        count = schedule.count(kind)  # mechanism shares across layers stays within its kind
-        kinds[kind] = _stack(kind, count, d_model, max_seq_len)
-    return Encoder([kinds[kind].pop(0) for kind in schedule], d_model, d_ff).eval()
+    stacks: dict[str, list[MultiHeadAttention]] = {}
+    for kind in {k.kind: k for k in schedule}.values():  # each kind's layers one stack: what
+        count = sum(k.kind == kind.kind for k in schedule)  # a mechanism shares across layers
+        stacks[kind.kind] = _stack(kind, count, d_model, max_seq_len)  # stays in its kind
+    return Encoder([stacks[k.kind].pop(0) for k in schedule], d_model, d_ff).eval()
 
 
 def _stack(kind: Layer, count: int, d_model: int, max_seq_len: int) -> list[MultiHeadAttention]:

@@ -12,7 +12,7 @@ it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -114,6 +114,12 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     check_budget(cell)
     check_causal(cell)
     check_settings(cell)
+    if cell.task.name != COST and (cell.model.schedule or cell.model.head_dim):
+        key = "model.schedule" if cell.model.schedule else "model.head_dim"
+        raise ValueError(
+            f"{key}: task={cell.task.name} trains a model of one mechanism and heads of "
+            "d_model / n_heads; a schedule or a width of its own is for cost cells: set it null"
+        )
     if cell.task.name != COST and cell.mode != DEFAULT_MODE:
         raise ValueError(
             f"mode: task={cell.task.name} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
@@ -139,10 +145,16 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
         )
     # a schedule's other kinds, each held to the same rules (before the workload's check,
     # which builds the whole model)
-    kinds = [check_kind(cell, work, kind, preset) for kind in _other_kinds(cell, params)]
+    scheduled = layers_of(cell, params) if cell.model.schedule is not None else []
+    kinds = {
+        k: check_kind(cell, work, k, preset) for k in dict.fromkeys(scheduled) if k.kind != OWN
+    }
     work.check(cell, params, ceiling - preset.overhead_bytes)
-    for each in (layer, *kinds):  # after the workload's check: a draw is checked there
-        check_traceable(cell, each)
+    # after the workload's check (a draw is checked there); each kind for its own layers
+    own_layers = sum(k.kind == OWN for k in scheduled) if scheduled else None
+    check_traceable(cell, layer, own_layers)
+    for kind, built in kinds.items():
+        check_traceable(cell, built, sum(k == kind for k in scheduled), kind.kind)
     gpu = on_gpu(cell, preset)
     check_allocator(cell, preset, gpu)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
@@ -158,13 +170,6 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     return resolved
 
 
-def _other_kinds(cell: Cell, params: dict[str, Any]) -> list[Layer]:
-    """The kinds of a schedule's layers other than the cell's own mechanism, once each."""
-    if cell.model.schedule is None:
-        return []
-    return [k for k in dict.fromkeys(layers_of(cell, params)) if k.kind != OWN]
-
-
 def check_kind(
     cell: Cell, work: Workload, kind: Layer, preset: presets.Preset
 ) -> MultiHeadAttention:
@@ -173,12 +178,25 @@ def check_kind(
     kernel takes the dtype and device), each refusal one line naming ``model.kinds.NAME``;
     its layer on meta back."""
     where = f"model.kinds.{kind.kind}"
+    info = registry.info(kind.attention)
+    params = dict(kind.params)
+    causal = bool(dict(cell.params).get("causal", False))
+    if "causal" in info.params and bool(params.get("causal", False)) != causal:
+        raise ValueError(  # a decoder, or a causal model, is causal in every layer
+            f"{where}.params.causal: must be the cell's causal={str(causal).lower()}, got "
+            f"{params.get('causal')}"
+        )
     try:
-        info = registry.info(kind.attention)
-        params = dict(kind.params)
-        if why := work.refuses(info):
-            raise ValueError(f"attention={kind.attention} {why}")
-        if info.causal_only and not params.get("causal"):
+        as_cell = replace(cell, attention=kind.attention, params=kind.params)
+        for why in (
+            work.refuses(info),
+            work.refuses_cell(as_cell),
+            None if on_gpu(cell, preset) else work.refuses_on_cpu(info),
+            info.unavailable and f"is unavailable here: {info.unavailable}",
+        ):
+            if why:
+                raise ValueError(f"attention={kind.attention} {why}")
+        if info.causal_only and not causal:
             raise ValueError(
                 f"attention={kind.attention} is causal only ({info.causal_only}); the cell is "
                 "not causal: set causal=true"

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from attnbench.validators import check_int
 
 OWN = "attention"  # the kind that is the cell's own mechanism
+MAX_LAYERS = 100_000  # no model has more: a pattern that expands past it is a typo
 KIND_KEYS = ("attention", "params", "n_heads", "kv_heads", "head_dim")
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(\*)|(,)|(\()|(\)))")
 
@@ -61,7 +62,86 @@ def frozen(value: Any) -> Any:
 
 def thawed(kinds: Any) -> dict[str, dict[str, Any]]:
     """:func:`frozen` kinds back as mappings (``params`` a mapping too): the stored form."""
-    return {name: {k: dict(v) if k == "params" else v for k, v in spec} for name, spec in kinds}
+    return {
+        name: {k: dict(v or ()) if k == "params" else v for k, v in spec} for name, spec in kinds
+    }
+
+
+def check_kinds(kinds: Any) -> dict[str, dict[str, Any]]:
+    """``model.kinds`` as mappings, its form checked: a mapping of kind names to mappings of
+    :data:`KIND_KEYS`, ``attention`` a mechanism's name, ``params`` a mapping or null. Each
+    refusal one line naming the key; the values themselves are checked where the kind is
+    built (:func:`layers_of`, the plan)."""
+    if kinds is None:
+        return {}
+    given = dict(kinds) if isinstance(kinds, (Mapping, tuple)) and _pairs(kinds) else None
+    if given is None:
+        raise ValueError(f"model.kinds: must be a mapping of kind names to kinds, got {kinds!r}")
+    out = {}
+    for name, spec in given.items():
+        where = f"model.kinds.{name}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"model.kinds: a kind's name must be an identifier, got {name!r}")
+        if name == OWN:
+            raise ValueError(f"{where}: {OWN!r} is the cell's own mechanism (attention=)")
+        if not (isinstance(spec, (Mapping, tuple)) and _pairs(spec)):
+            raise ValueError(
+                f"{where}: must be a mapping with an attention key, got {given[name]!r}"
+            )
+        if unknown := sorted(set(spec) - set(KIND_KEYS), key=str):
+            allowed = ", ".join(KIND_KEYS)
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
+        if not isinstance(spec.get("attention"), str):
+            raise ValueError(f"{where}.attention: required, a mechanism's name")
+        params = spec.get("params")
+        if params is not None and not (isinstance(params, (Mapping, tuple)) and _pairs(params)):
+            raise ValueError(f"{where}.params: must be a mapping of the mechanism's parameters")
+        out[name] = {**spec, "params": dict(params or ())}
+    return out
+
+
+def _pairs(value: Any) -> bool:
+    """A mapping, or pairs of (key, value) as :func:`frozen` makes of one."""
+    if isinstance(value, Mapping):
+        return True
+    return all(isinstance(p, tuple) and len(p) == 2 for p in value)
+
+
+def normal(
+    pattern: Any, kinds: Any, layers: int, n_heads: int
+) -> tuple[str | None, dict[str, dict[str, Any]]]:
+    """One form for one schedule, so that it has one key however it was written: the
+    layers' shortest repeating block, run-length encoded (``(3*lin, attention)*12``), the
+    kinds it uses only, without an ``n_heads`` equal to the model's; (None, {}) where every
+    layer is the cell's own mechanism, or there is no schedule (kinds without one are the
+    twin's, and unused)."""
+    if pattern is None:
+        return None, {}
+    if not isinstance(pattern, str):
+        raise ValueError(f"model.schedule: must be text or null, got {pattern!r}")
+    declared = check_kinds(kinds)
+    names = tiled(pattern, layers)
+    if set(names) == {OWN}:
+        return None, {}
+    period = next(p for p in range(1, len(names) + 1)
+                  if len(names) % p == 0 and names == names[:p] * (len(names) // p))  # fmt: skip
+    runs: list[list[Any]] = []
+    for name in names[:period]:
+        if runs and runs[-1][1] == name:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, name])
+    block = ", ".join(name if count == 1 else f"{count}*{name}" for count, name in runs)
+    repeats = len(names) // period
+    text = block if repeats == 1 else f"({block})*{repeats}"
+    used = {}
+    for name in dict.fromkeys(names):
+        if name != OWN and name in declared:
+            spec = dict(declared[name])
+            if spec.get("n_heads") == n_heads:
+                del spec["n_heads"]
+            used[name] = spec
+    return text, used
 
 
 def expand(pattern: str) -> list[str]:
@@ -114,6 +194,8 @@ def _item(pattern: str, tokens: list[tuple[str, str]], at: int) -> tuple[list[st
         raise _bad(pattern, f"unexpected {text!r} where a kind was expected")
     if at + 1 < len(tokens) and tokens[at][0] == "*" and tokens[at + 1][0] == "int":
         times, at = times * _count(pattern, tokens[at + 1][1]), at + 2
+    if len(names) * times > MAX_LAYERS:
+        raise _bad(pattern, f"it expands past {MAX_LAYERS} layers")
     return names * times, at
 
 
@@ -170,16 +252,8 @@ def _kinds(kinds: Any, causal: Any, shape: Any) -> dict[str, Layer]:
     from attnbench import registry  # the registry imports every mechanism: only when asked
 
     out = {}
-    for name, spec in thawed(kinds).items():
+    for name, spec in check_kinds(thawed(kinds)).items():
         where = f"model.kinds.{name}"
-        if name == OWN:
-            raise ValueError(f"{where}: {OWN!r} is the cell's own mechanism (attention=)")
-        if unknown := sorted(set(spec) - set(KIND_KEYS)):
-            raise ValueError(
-                f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(KIND_KEYS)}"
-            )
-        if "attention" not in spec:
-            raise ValueError(f"{where}.attention: required (the kind's mechanism)")
         params = dict(spec.get("params") or {})
         try:
             takes_causal = "causal" in registry.info(spec["attention"]).params

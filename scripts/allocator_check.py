@@ -134,6 +134,7 @@ def cell_of(row: dict[str, Any]) -> Cell:
             n_heads=shape["n_heads"],
             d_ff=shape["d_ff"],
             kv_heads=shape.get("kv_heads"),
+            head_dim=shape.get("head_dim"),
         ),
     )
 

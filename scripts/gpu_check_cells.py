@@ -25,7 +25,7 @@ from attnbench.workload.base import setting
 def flat_cell(attention: str, **flat: Any) -> Cell:
     """A cell from its fields named as the stored spec names them, one level (``layers``,
     ``mode``, ``mode_settings``): the shapes and settings below are such mappings."""
-    return Cell.from_dict({"attention": attention, **flat})
+    return Cell.of(attention, **flat)
 
 
 NS = (512, 1024, 2048, 4096, 8192, 16384)

@@ -72,7 +72,8 @@ def test_a_decode_over_the_wider_cache_is_the_forward(name: str) -> None:
     assert m.context_elements(N) == 2 * m.kv_heads * DH * N
     x = torch.randn(2, N, D, dtype=torch.float64)
     state = m.new_state(2, N, torch.float64, torch.device("cpu"))
-    out = [m.extend(x[:, :5], state)] + [m.extend(x[:, t : t + 1], state) for t in range(5, N)]
+    out = [m.extend(x[:, :5], state), m.extend(x[:, 5:9], state)]  # a prefill in two chunks
+    out += [m.extend(x[:, t : t + 1], state) for t in range(9, N)]
     assert (torch.cat(out, dim=1) - m(x)).abs().max() < 1e-12
 
 

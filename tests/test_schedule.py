@@ -148,9 +148,30 @@ def test_a_schedule_is_keyed_apart_from_its_twin_whose_key_is_as_before() -> Non
         key(scheduled, v100) != key(twin, v100) == key(Cell("sdpa", 512, params=twin.params), v100)
     )
     assert key(scheduled, v100) == key(reordered, v100)  # the kinds' order is no part of it
-    assert scheduled.model.shape["schedule"] == (
-        "lin, attention; lin=gated_deltanet(conv=4); mla=mla(latent=8, rope_dim=4, n_heads=2)"
+    # its one form: the layers' shortest block, the kinds it uses (mla is not)
+    assert scheduled.model.shape["schedule"] == "(lin, attention)*6; lin=gated_deltanet(conv=4)"
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["3*lin, attention", "3*lin,attention", "(3*lin, attention)*3", "lin,lin,lin,attention"],
+)
+def test_one_schedule_however_written_is_one_key(spelling: str) -> None:
+    """Spellings of one schedule, a kind's n_heads equal to the model's, a kind declared but
+    unused: one cell, one key; every layer the cell's own mechanism is the twin itself."""
+    v100 = presets.load("v100_16gb")
+    kinds = {"lin": {"attention": "gated_deltanet", "n_heads": 12}, "unused": {"attention": "gla"}}
+    causal = (("causal", True),)
+    lin = {"lin": {"attention": "gated_deltanet"}}
+    one = Cell.of("sdpa", 512, params=causal, layers=12, schedule="(3*lin, attention)*3", kinds=lin)
+    other = Cell.of(
+        "sdpa", 512, params=(("causal", True),), layers=12, schedule=spelling, kinds=kinds
     )
+    assert other == one and key(other, v100) == key(one, v100)
+    assert one.model.schedule == "(3*lin, attention)*3"
+    twin = Cell.of("sdpa", 512, params=(("causal", True),), layers=12, schedule="attention*12",
+                   kinds=kinds)  # fmt: skip
+    assert twin == Cell.of("sdpa", 512, params=(("causal", True),), layers=12)
 
 
 @pytest.mark.parametrize(
@@ -168,9 +189,10 @@ def test_a_schedule_is_keyed_apart_from_its_twin_whose_key_is_as_before() -> Non
     ],
 )
 def test_a_bad_schedule_is_one_line_naming_the_key(change: dict, needle: str) -> None:
-    cell = Cell.of("sdpa", 16, dtype="fp32", device="cpu", **{**HYBRID, "params": OWN, **change})
-    with pytest.raises(ValueError) as e:
-        validate(cell)
+    with pytest.raises(ValueError) as e:  # at the cell's making, or at its planning
+        validate(
+            Cell.of("sdpa", 16, dtype="fp32", device="cpu", **{**HYBRID, "params": OWN, **change})
+        )
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 

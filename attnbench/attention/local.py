@@ -226,7 +226,7 @@ class LocalAttention(MultiHeadAttention):
         return 4 * b * min(self.cfg.window, n) * self.width
 
     def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
-        b, c, d = x.shape
+        b, c, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, c, d)
         if key_padding_mask is not None:  # zeroed: a non-finite padded value cannot leak
             pad = key_padding_mask[:, :, None]
@@ -256,7 +256,7 @@ class LocalAttention(MultiHeadAttention):
             if mask is None:
                 mask = torch.zeros(b, c, dtype=torch.bool, device=x.device)
             out = self._banded(
-                torch.cat([q.new_zeros(b, r, d), q], dim=1),
+                torch.cat([q.new_zeros(b, r, self.width), q], dim=1),
                 torch.cat([self.merge_heads(ring_k.to(k.dtype)), k], dim=1),
                 torch.cat([self.merge_heads(ring_v.to(v.dtype)), v], dim=1),
                 torch.cat([ring_pad, mask], dim=1),

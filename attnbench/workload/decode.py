@@ -287,7 +287,7 @@ class Decode(Workload):
         # a warm-up, 3 timed; then copies. A prefill of more Python steps (its calls, its
         # chunks) than MAX_LOOP_STEPS is not timed either: no FLOP count sees their overhead
         prefills = model.flops(1, prompt_len(cell)) / flops_per_s * 4
-        calls = prefill_steps(model.layers[0].attn, cell) * len(model.layers)
+        calls = sum(prefill_steps(layer.attn, cell) for layer in model.layers)  # a hybrid's too
         if steps + prefills <= cell.timing.time_budget_s and calls <= MAX_LOOP_STEPS:
             _NO_PREFILL.discard(cell)
             return step, steps + prefills
