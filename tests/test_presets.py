@@ -1,0 +1,186 @@
+"""The published shapes as model presets (conf/model/{qwen3_next,kimi_linear,gpt_oss,jamba,
+deepseek_v3}.yaml and their ``_small`` variants): each composes through Hydra with the
+attention its comment pairs it with and validates; each layer's cache per token is counted
+here by hand from the published configuration, and the figures the papers publish are held
+against the model's own: Jamba's 4 GiB against Mixtral's 32 GiB at 256K tokens, Kimi
+Linear's share of cache saved at 1M tokens, DeepSeek-V3's latent cache against its
+multi-head equivalent, Qwen3-Next's and gpt-oss's against their all-attention twins. Each
+small variant runs one real forward on the CPU.
+
+The full presets are built on meta (no memory, no time); the hand counts are elements per
+sequence, bytes in bf16 (2 a number)."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnbench.model import Encoder
+from attnbench.plan import validate
+from attnbench.runner import build
+from attnbench.schedule import layers_of, tiled
+from attnbench.sweep.cells import cell_from_cfg
+from attnbench.sweep.config import expand_jobs
+
+# this checkout's conf/, searched first: the presets are composed from the files under test
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+K128, M1, K256 = 128 * 1024, 1024 * 1024, 256 * 1024
+BF16 = 2
+GiB = 1 << 30
+
+MLA_KIMI = ("latent=512", "rope_dim=64", "v_head_dim=128")
+PAIRING = {  # the attention= each preset's comment names, its parameters
+    "qwen3_next": ("sdpa", ("gate=elementwise",)),
+    "kimi_linear": ("mla", MLA_KIMI),
+    "gpt_oss": ("sdpa", ("sinks=true",)),
+    "jamba": ("sdpa", ()),
+    "deepseek_v3": ("mla", (*MLA_KIMI, "q_latent=1536")),
+    "qwen3_next_small": ("sdpa", ("gate=elementwise",)),
+    "kimi_linear_small": ("mla", ("latent=64", "rope_dim=8", "v_head_dim=16")),
+    "gpt_oss_small": ("sdpa", ("sinks=true",)),
+    "jamba_small": ("sdpa", ()),
+    "deepseek_v3_small": ("mla", ("latent=64", "rope_dim=8", "v_head_dim=16", "q_latent=192")),
+}
+FULL = [name for name in PAIRING if not name.endswith("_small")]
+
+
+@cache
+def composed(name: str, *extra: str) -> Encoder:
+    """The preset ``name`` composed as ``attnbench run`` composes it, with its pairing and
+    ``extra`` overrides, validated and built on meta (bf16, causal: every hybrid decodes)."""
+    attention, params = PAIRING[name]
+    args = [f"model={name}", f"attention={attention}", "+attention.params.causal=true"]
+    args += [f"+attention.params.{p}" for p in params] + ["device=cpu", "dtype=bf16", "n=1024"]
+    (job,), _ = expand_jobs([*args, *extra], config_dir=CONF)
+    res = validate(cell_from_cfg(job))
+    return build(res.cell, res, "meta", torch.bfloat16)
+
+
+def twin(name: str) -> Encoder:
+    """The all-attention twin: the same cell without its schedule."""
+    return composed(name, "model.schedule=null")
+
+
+# -- hand counts, from each configuration's keys (the preset files cite them) ------------
+
+
+def kv(heads: int, head_dim: int, n: int) -> int:
+    """A softmax attention's keys and values: 2 · kv_heads · head_dim a token."""
+    return 2 * heads * head_dim * n
+
+
+def delta_state(heads: int, d_model: int, conv: int = 4) -> int:
+    """Gated DeltaNet's and KDA's state as ours keeps it: h heads of (d/h)² plus the
+    convolution's last conv − 1 inputs of q, k and v (3·d channels)."""
+    dh = d_model // heads
+    return heads * dh * dh + (conv - 1) * 3 * d_model
+
+
+def hand_layers(name: str, n: int) -> list[int]:
+    """Each layer's context elements at n, written from the published configuration."""
+    if name == "qwen3_next":  # 48 layers, full attention where (i + 1) % 4 == 0
+        lin, full = delta_state(16, 2048), kv(2, 256, n)  # GDN 16 heads of 128; GQA 2 x 256
+        return [full if (i + 1) % 4 == 0 else lin for i in range(48)]
+    if name == "kimi_linear":  # MLA at the 1-based layers 4, 8, ..., 24, 27
+        mla, kda = (512 + 64) * n, delta_state(18, 2304)  # kv_lora_rank + qk_rope_head_dim
+        return [mla if i + 1 in (4, 8, 12, 16, 20, 24, 27) else kda for i in range(27)]
+    if name == "gpt_oss":  # 36 layers, sliding where (i + 1) % 2 (layer 0), window 128
+        sliding, full = 2 * min(128, n) * 64 * 64, kv(8, 64, n)  # local: all 64 heads
+        return [sliding if (i + 1) % 2 else full for i in range(36)]
+    if name == "jamba":  # 32 layers, attention where i % 8 == 4
+        mamba = 32 * 16 * 128 + (4 - 1) * (4096 + 2 * 16)  # h·d_state·P + (K − 1)(d + 2N)
+        return [kv(8, 128, n) if i % 8 == 4 else mamba for i in range(32)]
+    if name == "deepseek_v3":  # 61 layers of MLA
+        return [(512 + 64) * n] * 61
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", list(PAIRING))
+def test_every_preset_composes_and_validates_with_its_pairing(name: str) -> None:
+    """Its small variant the same pattern of kinds (Kimi Linear's cut to 7 layers: 3 KDA,
+    MLA, 2 KDA, MLA, as the published model ends) and mechanisms."""
+    model = composed(name)
+    assert model.layer_context_elements(8)  # built, every layer counted
+    if name.endswith("_small"):
+        big, small = composed(name.removesuffix("_small")), model
+        mechanisms = {type(layer.attn).__name__ for layer in big.layers}
+        assert {type(layer.attn).__name__ for layer in small.layers} == mechanisms
+
+
+@pytest.mark.parametrize("name", FULL)
+@pytest.mark.parametrize("n", [1, K128, M1])
+def test_each_layers_cache_is_the_hand_count_from_the_config(name: str, n: int) -> None:
+    assert composed(name).layer_context_elements(n) == hand_layers(name, n)
+
+
+def test_jamba_at_256k_is_4_gib_against_its_mixtral_shaped_twins_32() -> None:
+    """The Jamba paper's table 1: 4 GB of KV cache at 256K tokens against Mixtral's 32 GB.
+    Four attention layers of 2·8·128 a token in bf16: 4 · 4096 B · 262 144 = 2³² B exactly;
+    the twin's 32 layers 2³⁵ B. The 28 Mamba layers add their constant state (4.2 MiB)."""
+    model, mixtral = composed("jamba"), twin("jamba")
+    attention = [b for b in model.layer_context_bytes(K256, BF16) if b > 1 << 20]
+    assert len(attention) == 4 and sum(attention) == 4 * GiB == 4_294_967_296
+    assert mixtral.context_bytes(K256, BF16) == 32 * GiB == 34_359_738_368
+    mamba = 28 * (32 * 16 * 128 + 3 * (4096 + 32)) * BF16
+    assert model.context_bytes(K256, BF16) == 4 * GiB + mamba == 4_299_330_816
+
+
+def test_kimi_linears_cache_saved_at_1m_is_the_published_up_to_75_percent() -> None:
+    """The Kimi Linear report: up to 75 % less KV cache than full MLA at 1M tokens. Seven
+    MLA layers in 27 bound the saving at 1 − 7/27 = 74.07 % (75 % is the 3:1 ratio's
+    limit); the KDA states take 0.03 % off that."""
+    hybrid, mla = composed("kimi_linear").context_elements(M1), twin("kimi_linear")
+    assert mla.context_elements(M1) == 27 * 576 * M1 == 16_307_453_952
+    assert hybrid == 7 * 576 * M1 + 20 * delta_state(18, 2304) == 4_234_171_392
+    saved = 1 - hybrid / mla.context_elements(M1)
+    assert 0.7400 < saved < 1 - 7 / 27 < 0.75, saved  # 74.04 %
+
+
+def test_deepseek_v3s_latent_cache_against_its_multi_head_equivalent() -> None:
+    """576 elements a token and layer (kv_lora_rank 512 + qk_rope_head_dim 64), 35 136 over
+    61 layers, against 2 · 128 heads · 128 = 32 768 a layer for multi-head attention of the
+    same heads (DeepSeek-V2's comparison, 2·n_h·d_h·l): 1.76 %, 56.9x less."""
+    mla = composed("deepseek_v3")
+    mha = composed("deepseek_v3", "attention=sdpa", "~attention.params.latent",
+                   "~attention.params.rope_dim", "~attention.params.v_head_dim",
+                   "~attention.params.q_latent")  # fmt: skip
+    assert mla.context_elements(1) == 61 * 576 == 35_136
+    assert mha.context_elements(1) == 61 * 2 * 128 * 128 == 1_998_848
+
+
+def test_qwen3_next_and_gpt_oss_against_their_twins() -> None:
+    """Per sequence at 128K: Qwen3-Next keeps 12 of 48 layers' K/V (2·2·256 a token) and 36
+    fixed states, 25.2 % of its all-attention twin; gpt-oss keeps 18 full layers and 18
+    windows of 128 (local's 64 heads: 8x the published 8 key/value heads, 0.8 % of the
+    model's cache at 128K), 50.4 % of its twin."""
+    qwen, qwen_twin = composed("qwen3_next"), twin("qwen3_next")
+    assert qwen.context_elements(K128) == 12 * 1024 * K128 + 36 * 280_576 == 1_620_713_472
+    assert qwen_twin.context_elements(K128) == 48 * 1024 * K128 == 6_442_450_944
+    gpt, gpt_twin = composed("gpt_oss"), twin("gpt_oss")
+    assert gpt.context_elements(K128) == 18 * 1024 * K128 + 18 * 1_048_576 == 2_434_793_472
+    assert gpt_twin.context_elements(K128) == 36 * 1024 * K128 == 4_831_838_208
+    windows = 18 * 1_048_576 / gpt.context_elements(K128)
+    assert 0.007 < windows < 0.008
+
+
+@pytest.mark.parametrize("name", [name for name in PAIRING if name.endswith("_small")])
+def test_each_small_variant_runs_one_forward_on_the_cpu(name: str) -> None:
+    """One real forward (fp32, b = 1, 32 tokens): finite, of the input's shape, each layer
+    the kind its pattern says."""
+    attention, params = PAIRING[name]
+    args = [f"model={name}", f"attention={attention}", "+attention.params.causal=true"]
+    args += [f"+attention.params.{p}" for p in params] + ["device=cpu", "dtype=fp32", "n=32"]
+    (job,), _ = expand_jobs(args, config_dir=CONF)
+    res = validate(cell_from_cfg(job))
+    kinds = [layer.kind for layer in layers_of(res.cell)]
+    if res.cell.model.schedule is not None:
+        assert kinds == tiled(res.cell.model.schedule, res.cell.model.layers)
+    torch.manual_seed(0)
+    model = build(res.cell, res, "cpu", torch.float32)
+    x = torch.randn(1, 32, res.cell.model.d_model)
+    with torch.no_grad():
+        y = model(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()
