@@ -293,7 +293,9 @@ def test_bad_cells_raise_one_line_before_running(cell: Cell, needle: str) -> Non
 
 
 def test_presets_say_what_they_hold() -> None:
-    assert {"v100_16gb", "a100_40gb", "a100_80gb", "h100_80gb", "cpu"} <= set(presets.names())
+    assert {"v100_16gb", "a100_40gb", "a100_80gb", "h100_80gb", "h200_141gb", "cpu"} <= set(
+        presets.names()
+    )
     v100 = presets.load("v100_16gb")
     assert v100.total_bytes == 16160 * MiB and v100.usable_bytes < v100.total_bytes
     assert "bf16" not in v100.peak_flops and presets.load("a100_40gb").peak_flops["bf16"] > 0
