@@ -52,6 +52,8 @@ TYPED: dict[str, tuple[str, Any]] = {
     "n_heads": ("2", 2),
     "d_ff": ("128", 128),
     "kv_heads": ("1", 1),
+    "head_dim": ("16", 16),  # d_model 64 over 2 heads: 32 by default
+    "schedule": ("'attention, lin'", "attention, lin"),  # lin: BASE's kind
     "min_repeats": ("3", 3),
     "min_seconds": ("0.5", 0.5),
     "cpu_batch": ("2", 2),
@@ -62,7 +64,8 @@ TYPED: dict[str, tuple[str, Any]] = {
     "compile_mode": ("max-autotune", "max-autotune"),
     "allocator": ("expandable", "expandable"),
 }
-BASE = ("attention=vanilla", "causal=true", "device=cpu", "dtype=fp32", "n=64", "batch=1")
+BASE = ("attention=vanilla", "causal=true", "device=cpu", "dtype=fp32", "n=64", "batch=1",
+        "+model.kinds.lin.attention=linear")  # fmt: skip
 
 
 def _declared() -> dict[str, str]:

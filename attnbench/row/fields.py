@@ -142,8 +142,8 @@ FIELDS: tuple[Field, ...] = (
        " number", default="max", missing="max", column="string"),
     _f("ceiling_bytes", int | None, positive, "bytes", "cell", "the resolved memory ceiling"),
     _f("overhead_bytes", int | None, count, "bytes", "cell", "the preset's fixed overhead"),
-    _f("model", dict[str, int], model, "", "cell", "layers, d_model, n_heads, d_ff; kv_heads"
-       " where grouped-query heads were asked", default={},
+    _f("model", dict[str, int | str], model, "", "cell", "layers, d_model, n_heads, d_ff;"
+       " kv_heads, head_dim and a layer schedule (one line) where asked", default={},
        missing={}, column="nested"),
     _f("status", str | None, None, "", "outcome", "`ok`, `oom`, `skipped` or `error`",
        default="ok", choices=STATUSES, column="category"),

@@ -39,7 +39,7 @@ class Row(_Record):
     batch_asked: int | str
     ceiling_bytes: int | None
     overhead_bytes: int | None
-    model: dict[str, int]
+    model: dict[str, int | str]
     status: str | None
     reason: str | None
     max_batch: int | None
