@@ -15,9 +15,8 @@ from attnbench.cell import Cell
 from attnbench.cell_key import key
 from attnbench.measure import presets
 from attnbench.measure.flops import count_flops
-from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.plan import validate
-from attnbench.runner import build, modeled_peak
+from tests.profiled import peaks
 
 D, H, DH, KV, N = 24, 4, 10, 2, 13  # width 40 over d_model 24: neither divides the other
 WIDE = ("vanilla", "sdpa", "local", "flex")  # on a CPU; xformers runs on CUDA only
@@ -104,14 +103,7 @@ def test_the_modeled_peak_is_the_profilers() -> None:
         "vanilla", n=n, dtype="fp32", device="cpu", layers=2, d_model=d, n_heads=4, head_dim=48,
         kv_heads=2, d_ff=128,
     )  # fmt: skip
-    res = validate(cell)
-    model = build(res.cell, res, "cpu", torch.float32)
-    meta = build(res.cell, res, "meta", torch.float32)
-    x = torch.randn(2, n, d)
-    with torch.inference_mode():
-        model(x)
-        real = profiled_peak(lambda: model(x))
-    modeled = modeled_peak(meta, res.cell, 2, overhead=0) - module_bytes(meta) - rounded(x.nbytes)
+    modeled, real = peaks(cell, 2)
     assert abs(modeled - real) <= 0.01 * real, (modeled, real)
 
 

@@ -19,9 +19,7 @@ import torch
 import attnbench
 from attnbench.cell import Cell
 from attnbench.measure.flops import count_flops
-from attnbench.measure.memory import module_bytes, profiled_peak, rounded
-from attnbench.plan import validate
-from attnbench.runner import build, modeled_peak
+from tests.profiled import peaks
 
 D, H, N = 32, 4, 24
 SMALL = {"latent": 12, "rope_dim": 6}
@@ -254,14 +252,6 @@ def test_the_absorbed_forms_memory_is_what_the_profiler_sees() -> None:
         "mla", n=n, dtype="fp32", device="cpu", layers=2, d_model=d, n_heads=4, d_ff=256,
         params=(("form", "absorbed"), ("latent", 64), ("rope_dim", 16)),
     )  # fmt: skip
-    res = validate(cell)
-    model = build(res.cell, res, "cpu", torch.float32)
-    meta = build(res.cell, res, "meta", torch.float32)
     for b in (1, 3):
-        x = torch.randn(b, n, d)
-        with torch.inference_mode():
-            model(x)
-            real = profiled_peak(lambda: model(x))  # noqa: B023 (called at once)
-        modeled = modeled_peak(meta, res.cell, b, overhead=0) - module_bytes(meta)
-        modeled -= rounded(x.nbytes)
+        modeled, real = peaks(cell, b)
         assert abs(modeled - real) <= 0.01 * real, (b, modeled, real)

@@ -16,12 +16,12 @@ from attnbench.cell import Cell
 from attnbench.cell_key import key
 from attnbench.measure import presets
 from attnbench.measure.flops import count_flops
-from attnbench.measure.memory import module_bytes, profiled_peak, rounded
 from attnbench.plan import validate
-from attnbench.runner import build, modeled_peak
+from attnbench.runner import build
 from attnbench.schedule import expand, layers_of, tiled
 from attnbench.store import read_rows
 from tests.conftest import run_cli
+from tests.profiled import peaks
 
 D, H, FF = 32, 4, 64
 # a small Qwen3-Next: three Gated DeltaNet layers, then one gated softmax attention of heads
@@ -124,16 +124,7 @@ def test_the_hybrids_modeled_peak_is_the_profilers() -> None:
         "vanilla", n, dtype="fp32", device="cpu", params=(("causal", True),), layers=4,
         d_model=64, n_heads=4, d_ff=128, schedule="lin, attention", kinds=KINDS,
     )  # fmt: skip
-    res = validate(cell)
-    model, meta = (
-        build(res.cell, res, "cpu", torch.float32),
-        build(res.cell, res, "meta", torch.float32),
-    )
-    x = torch.randn(2, n, 64)
-    with torch.inference_mode():
-        model(x)
-        real = profiled_peak(lambda: model(x))
-    modeled = modeled_peak(meta, res.cell, 2, overhead=0) - module_bytes(meta) - rounded(x.nbytes)
+    modeled, real = peaks(cell, 2)
     assert abs(modeled - real) <= 0.01 * real, (modeled, real)
 
 
