@@ -167,9 +167,10 @@ def test_qwen3_next_and_gpt_oss_against_their_twins() -> None:
 
 
 @pytest.mark.parametrize("name", [name for name in PAIRING if name.endswith("_small")])
-def test_each_small_variant_runs_one_forward_on_the_cpu(name: str) -> None:
+def test_each_small_variant_serves_its_forward_on_the_cpu(name: str) -> None:
     """One real forward (fp32, b = 1, 32 tokens): finite, of the input's shape, each layer
-    the kind its pattern says."""
+    the kind its pattern says; and in float64 a prefill of 12 tokens then one token at a time
+    over every layer's own state (KV cache, window, latent, recurrent state) is the forward."""
     attention, params = PAIRING[name]
     args = [f"model={name}", f"attention={attention}", "+attention.params.causal=true"]
     args += [f"+attention.params.{p}" for p in params] + ["device=cpu", "dtype=fp32", "n=32"]
@@ -183,4 +184,9 @@ def test_each_small_variant_runs_one_forward_on_the_cpu(name: str) -> None:
     x = torch.randn(1, 32, res.cell.model.d_model)
     with torch.no_grad():
         y = model(x)
-    assert y.shape == x.shape and torch.isfinite(y).all()
+        assert y.shape == x.shape and torch.isfinite(y).all()
+        model, x = model.double(), x.double()
+        states = model.new_state(1, 32, torch.float64, "cpu")
+        steps = [model.extend(x[:, :12], states)]
+        steps += [model.extend(x[:, t : t + 1], states) for t in range(12, 32)]
+    assert (torch.cat(steps, dim=1) - model(x)).abs().max() < 1e-10
