@@ -136,6 +136,14 @@ def _has_params(name: str, **params: object) -> Cell:
     return Cell.of(name, n=64, params=tuple(params.items()))
 
 
+def _hybrid(kind: dict) -> Cell:
+    """A causal sdpa model whose other layer is ``kind``."""
+    causal = (("causal", True),)
+    return Cell.of(
+        "sdpa", n=64, params=causal, layers=2, schedule="k, attention", kinds={"k": kind}
+    )
+
+
 @pytest.mark.parametrize(
     ("cell", "warms"),
     [
@@ -145,6 +153,9 @@ def _has_params(name: str, **params: object) -> Cell:
         (Cell.of("vanilla", n=64, compile=True, compile_mode="reduce-overhead"), True),
         (Cell.of("vanilla", n=64, compile=True), True),  # a new batch is a new graph
         (Cell.of("vanilla", n=64), False),
+        (_hybrid({"attention": "gla", "params": {"kernel": "fla"}}), True),  # a kind's kernel
+        (_hybrid({"attention": "flex"}), True),  # a kind that compiles its own kernel
+        (_hybrid({"attention": "gla"}), False),
     ],
     ids=lambda v: plan_label(v) if isinstance(v, Cell) else str(v),
 )

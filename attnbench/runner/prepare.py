@@ -18,6 +18,7 @@ from attnbench.measure import compiled
 from attnbench.measure.memory import profiled_peak
 from attnbench.measure.timing import Timing
 from attnbench.runner.found import Compiled
+from attnbench.schedule import Layer, layers_of
 from attnbench.workload import Work
 from attnbench.workload import get as get_workload
 
@@ -26,13 +27,18 @@ def per_length(cell: Cell, model: torch.nn.Module, device: torch.device) -> floa
     """Build what the mechanism needs per length (flex's block masks); the seconds it took
     where the mechanism compiles its own kernel (its row's ``mask_build_s``), else None."""
     seconds = model.prepare(cell.n, device)
-    return seconds if registry.info(cell.attention).compiles else None
+    return seconds if any(registry.info(k.attention).compiles for k in _kinds(cell)) else None
+
+
+def _kinds(cell: Cell) -> list[Layer]:
+    """The kinds of the cell's layers, once each: its own mechanism's, and a schedule's."""
+    return list({k.kind: k for k in layers_of(cell)}.values())
 
 
 def runs_compiled(cell: Cell) -> bool:
-    """Whether the step runs compiled code: compiled layers, or a mechanism that compiles
-    its own kernel."""
-    return cell.compile or registry.info(cell.attention).compiles
+    """Whether the step runs compiled code: compiled layers, or a layer whose mechanism
+    compiles its own kernel (a schedule's kind's too)."""
+    return cell.compile or any(registry.info(k.attention).compiles for k in _kinds(cell))
 
 
 def warms(cell: Cell) -> bool:
@@ -41,7 +47,7 @@ def warms(cell: Cell) -> bool:
     code compiles (static shapes: a new batch is a new graph, whose Triton kernels Inductor
     may then benchmark) and ``kernel=fla``'s Triton kernels autotune, keyed on the batch,
     each configuration timed beside a 256 MB buffer that flushes the L2 cache."""
-    return runs_compiled(cell) or dict(cell.params).get("kernel") == "fla"
+    return runs_compiled(cell) or any(dict(k.params).get("kernel") == "fla" for k in _kinds(cell))
 
 
 def warm(work: Work, device: torch.device, *, grad: bool) -> float:
