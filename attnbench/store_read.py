@@ -101,17 +101,20 @@ def _rows_in(
         yield i, row if as_stored else flat(row)
 
 
-def numbered_lines(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(1-based line number, JSON object) for every line of a ``cells.jsonl``. A bad line
-    (not JSON, not an object, not UTF-8) raises :class:`CorruptLine` naming its number; with
-    ``strict=False`` only a final line without its newline (a writer killed mid-line) is
-    tolerated and left out."""
+def numbered_lines(
+    path: Path | str, *, strict: bool = True
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, JSON object) for every line of a ``cells.jsonl`` (a path, or
+    one given as text). A bad line (not JSON, not an object, not UTF-8) raises
+    :class:`CorruptLine` naming its number; with ``strict=False`` only a final line without
+    its newline (a writer killed mid-line) is tolerated and left out."""
+    path = Path(path)
     if not path.exists():
         return
     yield from _rows_in(path, path.read_bytes(), strict=strict)
 
 
-def read_rows(path: Path, *, strict: bool = True) -> list[dict[str, Any]]:
+def read_rows(path: Path | str, *, strict: bool = True) -> list[dict[str, Any]]:
     """Every line of a ``cells.jsonl`` as a plain JSON object, a flat row (see
     :func:`numbered_lines`); :func:`attnbench.row.read` checks them against the schema."""
     return [row for _, row in numbered_lines(path, strict=strict)]

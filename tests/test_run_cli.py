@@ -255,6 +255,7 @@ def test_store_cuts_a_killed_writers_half_line_and_names_bad_lines(tmp_path: Pat
         read_rows(store.cells)
     assert store.append({"key": "b", "v": 2}) and not store.append({"key": "b", "v": 3})
     assert [r["v"] for r in read_rows(store.cells)] == [1, 2]
+    assert read_rows(str(store.cells)) == read_rows(store.cells)  # a path given as text
     store.cells.write_text(store.cells.read_text() + "garbage\n" + '{"key": "c"}\n')
     with pytest.raises(CorruptLine, match=":3: not a JSON row"):
         read_rows(store.cells, strict=False)
