@@ -114,19 +114,7 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
     check_budget(cell)
     check_causal(cell)
     check_settings(cell)
-    if cell.task.name != COST and (cell.model.schedule or cell.model.head_dim):
-        key = "model.schedule" if cell.model.schedule else "model.head_dim"
-        raise ValueError(
-            f"{key}: task={cell.task.name} trains a model of one mechanism and heads of "
-            "d_model / n_heads; a schedule or a width of its own is for cost cells: set it null"
-        )
-    if cell.task.name != COST and cell.mode != DEFAULT_MODE:
-        raise ValueError(
-            f"mode: task={cell.task.name} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
-        )
-    task = tasks.REGISTRY[cell.task.name] if cell.task.name != COST else None
-    if task is not None:
-        tasks.validate(cell)
+    task = _task(cell, work)
     preset = preset or presets.load(cell.device)
     preset.check_dtype(cell.dtype)
     ceiling = resolve_ceiling(cell.ceiling_bytes, preset)
@@ -150,11 +138,7 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
         k: check_kind(cell, work, k, preset) for k in dict.fromkeys(scheduled) if k.kind != OWN
     }
     work.check(cell, params, ceiling - preset.overhead_bytes)
-    # after the workload's check (a draw is checked there); each kind for its own layers
-    own_layers = sum(k.kind == OWN for k in scheduled) if scheduled else None
-    check_traceable(cell, layer, own_layers)
-    for kind, built in kinds.items():
-        check_traceable(cell, built, sum(k == kind for k in scheduled), kind.kind)
+    _check_traced(cell, layer, scheduled, kinds)  # after the workload's check: a draw's there
     gpu = on_gpu(cell, preset)
     check_allocator(cell, preset, gpu)
     if not gpu and (why := work.refuses_on_cpu(registry.info(cell.attention))):
@@ -168,6 +152,39 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
             f"overhead exceed this GPU's {here} bytes"
         )
     return resolved
+
+
+def _task(cell: Cell, work: Workload) -> Task | None:
+    """The cell's quality task, its rules applied, or None for a cost cell. A task trains a
+    model of one mechanism and heads of d_model / n_heads in the paper's workload."""
+    if cell.task.name == COST:
+        return None
+    if cell.model.schedule or cell.model.head_dim:
+        key = "model.schedule" if cell.model.schedule else "model.head_dim"
+        raise ValueError(
+            f"{key}: task={cell.task.name} trains a model of one mechanism and heads of "
+            "d_model / n_heads; a schedule or a width of its own is for cost cells: set it null"
+        )
+    if cell.mode != DEFAULT_MODE:
+        raise ValueError(
+            f"mode: task={cell.task.name} measures a quality, not a {work.what}; use {DEFAULT_MODE}"
+        )
+    tasks.validate(cell)
+    return tasks.REGISTRY[cell.task.name]
+
+
+def _check_traced(
+    cell: Cell,
+    layer: MultiHeadAttention,
+    scheduled: list[Layer],
+    kinds: dict[Layer, MultiHeadAttention],
+) -> None:
+    """The traced steps' bound (:func:`check_traceable`) for the cell's own layers and each
+    of a schedule's kinds, each over its own layers' count."""
+    own_layers = sum(k.kind == OWN for k in scheduled) if scheduled else None
+    check_traceable(cell, layer, own_layers)
+    for kind, built in kinds.items():
+        check_traceable(cell, built, sum(k == kind for k in scheduled), kind.kind)
 
 
 def check_kind(
