@@ -266,6 +266,14 @@ def test_decode_end_to_end_through_the_cli(tmp_path: Path, cli_in_process) -> No
     # line calls it): the sweep above is the real process
     again = _run(tmp_path, *args, here=cli_in_process)
     assert again.returncode == 0 and len(list(next(tmp_path.rglob("cells.jsonl")).open())) == 2
+    # a context too long for one sequence under the ceiling: a sweep leaves it out beside the
+    # cells that fit (here stored already: nothing to measure), a single cell is refused
+    long = ("attention=vanilla", "batch=2", "decode_tokens=5", "ceiling=1GB", "report=false")
+    swept = _run(tmp_path, *long, "n=64,1048576", "-m", here=cli_in_process)
+    assert swept.returncode == 0 and "1 combinations left out" in swept.stderr, swept.stderr
+    assert "n: a context of n=1048576 plus decode_tokens=5 needs" in swept.stderr
+    single = _run(tmp_path, *long, "n=1048576", here=cli_in_process)
+    assert single.returncode == 2 and single.stderr.count("\n") == 1, single.stderr
     gqa = _run(
         tmp_path, "attention=sdpa", "n=64", "batch=1", "decode_tokens=4", "model.kv_heads=1",
         "report=false", here=cli_in_process,

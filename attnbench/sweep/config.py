@@ -42,6 +42,7 @@ from attnbench.validators import (
     check_limit,
     check_number,
 )
+from attnbench.workload.base import TooLarge
 from attnbench.writable import check_writable
 
 CONFIG_MODULE = "attnbench.conf"
@@ -231,7 +232,8 @@ def _say_once(left_out: list[str], once: list[str]) -> None:
         print(
             f"attnbench run: {len(left_out)} combinations left out (k >= n for a fixed-length "
             f"mechanism, causal=true without a causal form, kv_heads without grouped-query "
-            f"heads, or a mode the mechanism cannot run), e.g. {left_out[0]}",
+            f"heads, a mode the mechanism cannot run, or a decoder that cannot hold one "
+            f"sequence under its ceiling), e.g. {left_out[0]}",
             file=sys.stderr,
         )
     for line in once:
@@ -271,7 +273,13 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
             left_out.append(f"{plan.label(cell)}: {why}")
             continue
         preset = preset_from_cfg(cfg)
-        gpu = plan.validate(cell, preset).on_gpu
+        try:
+            gpu = plan.validate(cell, preset).on_gpu
+        except TooLarge as e:  # beside cells that fit, a sweep leaves it out
+            if not is_sweep:
+                raise
+            left_out.append(f"{plan.label(cell)}: {e}")
+            continue
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
             resolve_threads(cell.timing.threads)
             if line := training_note(cell):  # hours of training: said before it starts
@@ -289,8 +297,8 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
     _say_once(left_out, list(once))
     if not todo:
         raise ValueError(
-            "k: every combination has k >= n, no causal form, no grouped-query heads or a mode "
-            "its mechanism cannot run; nothing to run"
+            "k: every combination has k >= n, no causal form, no grouped-query heads, a mode "
+            "its mechanism cannot run or a context too long for one sequence; nothing to run"
         )
     for d in sorted({Path(d) for d, _ in todo}):  # Hydra's output directory first
         check_writable("out_dir", d.parent / ".hydra")

@@ -42,6 +42,7 @@ from attnbench.sweep.config import register_user_options
 from attnbench.sweep.finish import busy_line
 from attnbench.sweep.paths import run_dir
 from attnbench.validators import check_limit
+from attnbench.workload.base import TooLarge
 
 
 class CellTimeout(BaseException):
@@ -162,7 +163,12 @@ def _job(cfg: DictConfig) -> Row | None:
     asked = cell_from_cfg(cfg, in_sweep)
     if in_sweep and left_out(asked):
         return None
-    planned = plan.validate(asked, preset_from_cfg(cfg))  # in the pre-check's process: its plan
+    try:
+        planned = plan.validate(asked, preset_from_cfg(cfg))  # the pre-check's plan
+    except TooLarge:
+        if in_sweep:
+            return None  # left out by the pre-check, which said so
+        raise
     cell, preset, label = planned.cell, planned.preset, plan.label(planned.cell)
     store = RunStore(run_dir(cfg), rekey=stored_key)
     key = cell_key(cell, preset)

@@ -34,6 +34,12 @@ DEFAULT = DEFAULT_MODE
 MAX_LOOP_STEPS = 1 << 14
 
 
+class TooLarge(ValueError):
+    """A cell that cannot hold even its smallest case under its ceiling (decode: the weights
+    and one sequence's state): a single cell is refused in one line; a sweep leaves it out
+    beside the cells that fit, as it leaves out k >= n, and says so once."""
+
+
 class Work:
     """What one step of a workload runs, as the parts it is timed in.
 

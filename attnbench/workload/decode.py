@@ -31,7 +31,7 @@ from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
 from attnbench.workload import draw
-from attnbench.workload.base import DTYPES, MAX_LOOP_STEPS, Work, Workload, setting
+from attnbench.workload.base import DTYPES, MAX_LOOP_STEPS, TooLarge, Work, Workload, setting
 from attnbench.workload.decode_memory import (
     ServingScenario,
     prefill_steps,
@@ -226,7 +226,7 @@ class Decode(Workload):
                 if prompts(cell) is None
                 else f"{key}: the longest prompt, {longest} tokens,"
             )
-            raise ValueError(
+            raise TooLarge(
                 f"{what} plus decode_tokens={tokens} needs "
                 f"{need} bytes at batch 1 (weights and one sequence's state), above the "
                 f"{usable} bytes {cell.device} leaves usable; allowed: a shorter context"
