@@ -33,6 +33,7 @@ from attnbench.cell_rules import (
     on_gpu,
     resolve_ceiling,
 )
+from attnbench.cell_rules import left_out as rules_left_out
 from attnbench.measure import presets
 from attnbench.quality import tasks
 from attnbench.quality.tasks import Task
@@ -41,6 +42,7 @@ from attnbench.settings import COST, DEFAULT_MODE
 from attnbench.validators import check_choice, check_int
 from attnbench.workload import Workload, find
 from attnbench.workload import get as get_workload
+from attnbench.workload.base import TooLarge
 
 
 def label(cell: Cell) -> str:
@@ -96,6 +98,20 @@ def validate(cell: Cell, preset: presets.Preset | None = None) -> Resolved:
     if memo not in _VALIDATED:
         _VALIDATED[memo] = _validate(cell, preset)
     return _VALIDATED[memo]
+
+
+def left_out(cell: Cell, preset: presets.Preset) -> str | None:
+    """Why a sweep leaves ``cell`` out, or None: :func:`attnbench.cell_rules.left_out`'s
+    reasons (k >= n, no causal form, ...), and a cell too large for its ceiling at its
+    smallest (:class:`~attnbench.workload.base.TooLarge`), for which a single cell is
+    refused. The one answer the sweep's pre-check and each of its jobs ask."""
+    if why := rules_left_out(cell):
+        return why
+    try:
+        validate(cell, preset)
+    except TooLarge as e:
+        return str(e)
+    return None
 
 
 def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:

@@ -26,7 +26,6 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from attnbench import cell_key, plan, registry
-from attnbench.cell_rules import left_out as left_out_of
 from attnbench.env import resolve_threads
 from attnbench.quality import tasks
 from attnbench.quality.estimate import note as training_note
@@ -42,7 +41,6 @@ from attnbench.validators import (
     check_limit,
     check_number,
 )
-from attnbench.workload.base import TooLarge
 from attnbench.writable import check_writable
 
 CONFIG_MODULE = "attnbench.conf"
@@ -268,18 +266,11 @@ def prevalidate(args: list[str]) -> list[tuple[str, str]]:
         check_run_keys(cfg, known)
         where = str(run_dir(cfg))
         cell = cell_from_cfg(cfg, is_sweep)
-        why = left_out_of(cell) if is_sweep else None
-        if why:
+        preset = preset_from_cfg(cfg)
+        if is_sweep and (why := plan.left_out(cell, preset)):
             left_out.append(f"{plan.label(cell)}: {why}")
             continue
-        preset = preset_from_cfg(cfg)
-        try:
-            gpu = plan.validate(cell, preset).on_gpu
-        except TooLarge as e:  # beside cells that fit, a sweep leaves it out
-            if not is_sweep:
-                raise
-            left_out.append(f"{plan.label(cell)}: {e}")
-            continue
+        gpu = plan.validate(cell, preset).on_gpu
         if here:  # the jobs run on this machine, with this process's CPUs: check them now
             resolve_threads(cell.timing.threads)
             if line := training_note(cell):  # hours of training: said before it starts

@@ -29,7 +29,7 @@ from attnbench import plan
 from attnbench.cell import Cell
 from attnbench.cell_key import KEY_VERSION, stored_key
 from attnbench.cell_key import key as cell_key
-from attnbench.cell_rules import ALLOC_CONF, ALLOC_CONFS, left_out
+from attnbench.cell_rules import ALLOC_CONF, ALLOC_CONFS
 from attnbench.env import environment
 from attnbench.measure import presets
 from attnbench.measure.allocator_rules import conf_string
@@ -42,7 +42,6 @@ from attnbench.sweep.config import register_user_options
 from attnbench.sweep.finish import busy_line
 from attnbench.sweep.paths import run_dir
 from attnbench.validators import check_limit
-from attnbench.workload.base import TooLarge
 
 
 class CellTimeout(BaseException):
@@ -161,14 +160,9 @@ def _job(cfg: DictConfig) -> Row | None:
     except ValueError:  # called outside Hydra
         in_sweep = False
     asked = cell_from_cfg(cfg, in_sweep)
-    if in_sweep and left_out(asked):
-        return None
-    try:
-        planned = plan.validate(asked, preset_from_cfg(cfg))  # the pre-check's plan
-    except TooLarge:
-        if in_sweep:
-            return None  # left out by the pre-check, which said so
-        raise
+    if in_sweep and plan.left_out(asked, preset_from_cfg(cfg)):
+        return None  # left out by the pre-check, which said so
+    planned = plan.validate(asked, preset_from_cfg(cfg))  # in the pre-check's process: its plan
     cell, preset, label = planned.cell, planned.preset, plan.label(planned.cell)
     store = RunStore(run_dir(cfg), rekey=stored_key)
     key = cell_key(cell, preset)
