@@ -222,6 +222,30 @@ def delta(
     """The delta rule of :func:`attnbench.attention.delta_scan.delta_chunked` (or its step):
     q (already scaled), k (L2-normalised), v (b, h, n, ·), beta and g (b, h, n), g None for
     DeltaNet -> (o (b, h, n, dv), the final state; None when packed)."""
+    package = "delta_rule" if g is None else "gated_delta_rule"
+    return _delta_op(package, q, k, v, beta, g, real, state, layer, chunk, lengths)
+
+
+def kda(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, real: Tensor | None,
+    state: Tensor | None, layer: torch.dtype, chunk: int, lengths: tuple[int, ...] | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The delta rule with a decay per key channel of
+    :func:`attnbench.attention.kda_scan.kda_chunked` (or its step) as ``chunk_kda`` /
+    ``fused_recurrent_kda``, the decay given precomputed (their ``use_gate_in_kernel`` off:
+    the gate is the layer's): q (already scaled), k (L2-normalised), v, g (b, h, n, ·), beta
+    (b, h, n) -> (o (b, h, n, dv), the final state; None when packed)."""
+    return _delta_op("kda", q, k, v, beta, g, real, state, layer, chunk, lengths)
+
+
+def _delta_op(
+    package: str, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+    real: Tensor | None, state: Tensor | None, layer: torch.dtype, chunk: int,
+    lengths: tuple[int, ...] | None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """fla's ``chunk_<package>`` (or ``fused_recurrent_<package>`` for one token) in their
+    layout, and its output back in ours: the one call of the delta-rule kernels (DeltaNet's,
+    Gated DeltaNet's, KDA's), which differ only by the package and by the decay ``g``."""
     _device(q)
     into, out = dtypes(q, layer)
     at = _Layout(q, real, lengths)
@@ -236,35 +260,6 @@ def delta(
     }
     if not step:
         kw["chunk_size"] = chunk
-    package = "delta_rule" if g is None else "gated_delta_rule"
     op = _op(package, f"fused_recurrent_{package}" if step else f"chunk_{package}")
     o, s = op(q, k, v, beta=beta, **kw) if g is None else op(q, k, v, g=g, beta=beta, **kw)
-    return at.ours(o, out), s
-
-
-def kda(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, real: Tensor | None,
-    state: Tensor | None, layer: torch.dtype, chunk: int, lengths: tuple[int, ...] | None = None,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-    """The delta rule with a decay per key channel of
-    :func:`attnbench.attention.kda_scan.kda_chunked` (or its step) as ``chunk_kda`` /
-    ``fused_recurrent_kda``, the decay given precomputed (their ``use_gate_in_kernel`` off:
-    the gate is the layer's): q (already scaled), k (L2-normalised), v, g (b, h, n, ·), beta
-    (b, h, n) -> (o (b, h, n, dv), the final state; None when packed)."""
-    _device(q)
-    into, out = dtypes(q, layer)
-    at = _Layout(q, real, lengths)
-    step = state is not None and q.shape[2] == 1
-    q, k, v = (at.theirs(t, into) for t in (q, k, v))
-    g, beta = (at.theirs(t, torch.float32) for t in (g, beta))
-    kw = {
-        "scale": 1.0,
-        "initial_state": None if state is None else state.float(),
-        "output_final_state": lengths is None,
-        **at.kw,
-    }
-    if not step:
-        kw["chunk_size"] = chunk
-    op = _op("kda", "fused_recurrent_kda" if step else "chunk_kda")
-    o, s = op(q, k, v, g=g, beta=beta, **kw)
     return at.ours(o, out), s
