@@ -21,7 +21,7 @@ from attnbench.schedule import canonical, frozen, normal, thawed
 from attnbench.settings import COST, DEFAULT_MODE, DEFAULTS
 
 MODEL_FIELDS = ("layers", "d_model", "n_heads", "d_ff")
-OPTIONAL_SHAPE = ("kv_heads", "head_dim")  # in a row's ``model`` only where set
+OPTIONAL_SHAPE = ("kv_heads", "head_dim", "name")  # in a row's ``model`` only where set
 SCHEDULE_FIELDS = ("schedule", "kinds")  # the layer schedule (attnbench.schedule)
 SHAPE_FIELDS = (*MODEL_FIELDS, *OPTIONAL_SHAPE, *SCHEDULE_FIELDS)
 # the timing part's fields, as the stored spec names them
@@ -70,6 +70,7 @@ class Shape:
     # it names but the cell's own; None: every layer the cell's mechanism
     schedule: str | None = _D["schedule"]
     kinds: tuple[tuple[str, Any], ...] = ()
+    name: str | None = _D["name"]  # a label (a published preset's); None: none
 
     def __post_init__(self) -> None:
         """A head_dim of d_model / n_heads is the default's: one shape, one key. A schedule
@@ -87,8 +88,8 @@ class Shape:
 
     @property
     def shape(self) -> dict[str, int]:
-        """The shape as a row stores it (``model``); ``kv_heads`` and ``head_dim`` only when
-        set, so that the keys of cells from before either existed stay as they were."""
+        """The shape as a row stores it (``model``); ``kv_heads``, ``head_dim`` and ``name``
+        only when set, so that the keys of cells from before any existed stay as they were."""
         shape = {f: getattr(self, f) for f in MODEL_FIELDS}
         optional = {f: getattr(self, f) for f in OPTIONAL_SHAPE if getattr(self, f) is not None}
         if self.schedule is not None:  # one line: the pattern and its kinds (its key)
@@ -237,7 +238,7 @@ _PARTS = {"model", "timing", "workload", "task"}
 STORED = (
     "attention", "n", "k", "batch", "dtype", "device", "ceiling_bytes", "params", *MODEL_FIELDS,
     *TIMING_FIELDS, "model_only", "mode", "mode_settings", "kv_heads", "compile",
-    "compile_mode", "allocator", "task", "quality", "head_dim", "schedule", "kinds",
+    "compile_mode", "allocator", "task", "quality", "head_dim", "schedule", "kinds", "name",
 )  # fmt: skip
 _FLAT = set(STORED)  # what Cell.of takes
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from attnbench.model import Encoder
-from attnbench.plan import validate
+from attnbench.plan import Resolved, validate
 from attnbench.runner import build
 from attnbench.schedule import layers_of, tiled
 from attnbench.sweep.cells import cell_from_cfg
@@ -31,37 +31,31 @@ K128, M1, K256 = 128 * 1024, 1024 * 1024, 256 * 1024
 BF16 = 2
 GiB = 1 << 30
 
-MLA_KIMI = ("latent=512", "rope_dim=64", "v_head_dim=128")
-PAIRING = {  # the attention= each preset's comment names, its parameters
-    "qwen3_next": ("sdpa", ("gate=elementwise",)),
-    "kimi_linear": ("mla", MLA_KIMI),
-    "gpt_oss": ("sdpa", ("sinks=true",)),
-    "jamba": ("sdpa", ()),
-    "deepseek_v3": ("mla", (*MLA_KIMI, "q_latent=1536")),
-    "qwen3_next_small": ("sdpa", ("gate=elementwise",)),
-    "kimi_linear_small": ("mla", ("latent=64", "rope_dim=8", "v_head_dim=16")),
-    "gpt_oss_small": ("sdpa", ("sinks=true",)),
-    "jamba_small": ("sdpa", ()),
-    "deepseek_v3_small": ("mla", ("latent=64", "rope_dim=8", "v_head_dim=16", "q_latent=192")),
-}
-FULL = [name for name in PAIRING if not name.endswith("_small")]
+# each preset as served: conf/arch/NAME.yaml composes the model with its attention pairing,
+# and NAME_twin.yaml its all-attention (DeepSeek-V3: multi-head) twin; one home for both
+NAMES = ["qwen3_next", "kimi_linear", "gpt_oss", "jamba", "deepseek_v3"]
+ARCHS = NAMES + [f"{name}_small" for name in NAMES]
+FULL = NAMES
+
+
+def composed_job(name: str, *extra: str, dtype: str = "bf16", n: int = 1024) -> Resolved:
+    """``+arch=NAME`` composed as ``attnbench run`` composes it, validated."""
+    args = [f"+arch={name}", "device=cpu", f"dtype={dtype}", f"n={n}", *extra]
+    (job,), _ = expand_jobs(args, config_dir=CONF)
+    return validate(cell_from_cfg(job))
 
 
 @cache
 def composed(name: str, *extra: str) -> Encoder:
-    """The preset ``name`` composed as ``attnbench run`` composes it, with its pairing and
-    ``extra`` overrides, validated and built on meta (bf16, causal: every hybrid decodes)."""
-    attention, params = PAIRING[name]
-    args = [f"model={name}", f"attention={attention}", "+attention.params.causal=true"]
-    args += [f"+attention.params.{p}" for p in params] + ["device=cpu", "dtype=bf16", "n=1024"]
-    (job,), _ = expand_jobs([*args, *extra], config_dir=CONF)
-    res = validate(cell_from_cfg(job))
+    """``+arch=NAME`` with ``extra`` overrides, validated and built on meta (bf16; every
+    preset is causal: it decodes)."""
+    res = composed_job(name, *extra)
     return build(res.cell, res, "meta", torch.bfloat16)
 
 
 def twin(name: str) -> Encoder:
-    """The all-attention twin: the same cell without its schedule."""
-    return composed(name, "model.schedule=null")
+    """The twin: ``+arch=NAME_twin``."""
+    return composed(f"{name}_twin")
 
 
 # -- hand counts, from each configuration's keys (the preset files cite them) ------------
@@ -98,12 +92,19 @@ def hand_layers(name: str, n: int) -> list[int]:
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("name", list(PAIRING))
+@pytest.mark.parametrize("name", ARCHS)
 def test_every_preset_composes_and_validates_with_its_pairing(name: str) -> None:
-    """Its small variant the same pattern of kinds (Kimi Linear's cut to 7 layers: 3 KDA,
-    MLA, 2 KDA, MLA, as the published model ends) and mechanisms."""
-    model = composed(name)
+    """Named, causal; its twin the same model without a schedule (DeepSeek-V3's: sdpa over
+    the same heads); its small variant the same pattern of kinds (Kimi Linear's cut to 7
+    layers: 3 KDA, MLA, 2 KDA, MLA, as the published model ends) and mechanisms."""
+    model, cell, pair = composed(name), composed_job(name).cell, composed_job(f"{name}_twin").cell
     assert model.layer_context_elements(8)  # built, every layer counted
+    assert cell.model.name == name and pair.model.name == f"{name}_twin"
+    assert dict(cell.params)["causal"] and pair.model.schedule is None
+    assert (
+        (pair.attention == "sdpa") if name.startswith("deepseek") else pair.model.schedule is None
+    )
+    assert pair.model.layers == cell.model.layers and pair.model.d_model == cell.model.d_model
     if name.endswith("_small"):
         big, small = composed(name.removesuffix("_small")), model
         mechanisms = {type(layer.attn).__name__ for layer in big.layers}
@@ -143,10 +144,7 @@ def test_deepseek_v3s_latent_cache_against_its_multi_head_equivalent() -> None:
     """576 elements a token and layer (kv_lora_rank 512 + qk_rope_head_dim 64), 35 136 over
     61 layers, against 2 · 128 heads · 128 = 32 768 a layer for multi-head attention of the
     same heads (DeepSeek-V2's comparison, 2·n_h·d_h·l): 1.76 %, 56.9x less."""
-    mla = composed("deepseek_v3")
-    mha = composed("deepseek_v3", "attention=sdpa", "~attention.params.latent",
-                   "~attention.params.rope_dim", "~attention.params.v_head_dim",
-                   "~attention.params.q_latent")  # fmt: skip
+    mla, mha = composed("deepseek_v3"), twin("deepseek_v3")
     assert mla.context_elements(1) == 61 * 576 == 35_136
     assert mha.context_elements(1) == 61 * 2 * 128 * 128 == 1_998_848
 
@@ -166,16 +164,12 @@ def test_qwen3_next_and_gpt_oss_against_their_twins() -> None:
     assert 0.007 < windows < 0.008
 
 
-@pytest.mark.parametrize("name", [name for name in PAIRING if name.endswith("_small")])
+@pytest.mark.parametrize("name", [name for name in ARCHS if name.endswith("_small")])
 def test_each_small_variant_serves_its_forward_on_the_cpu(name: str) -> None:
     """One real forward (fp32, b = 1, 32 tokens): finite, of the input's shape, each layer
     the kind its pattern says; and in float64 a prefill of 12 tokens then one token at a time
     over every layer's own state (KV cache, window, latent, recurrent state) is the forward."""
-    attention, params = PAIRING[name]
-    args = [f"model={name}", f"attention={attention}", "+attention.params.causal=true"]
-    args += [f"+attention.params.{p}" for p in params] + ["device=cpu", "dtype=fp32", "n=32"]
-    (job,), _ = expand_jobs(args, config_dir=CONF)
-    res = validate(cell_from_cfg(job))
+    res = composed_job(name, dtype="fp32", n=32)
     kinds = [layer.kind for layer in layers_of(res.cell)]
     if res.cell.model.schedule is not None:
         assert kinds == tiled(res.cell.model.schedule, res.cell.model.layers)

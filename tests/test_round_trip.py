@@ -54,6 +54,7 @@ TYPED: dict[str, tuple[str, Any]] = {
     "kv_heads": ("1", 1),
     "head_dim": ("16", 16),  # d_model 64 over 2 heads: 32 by default
     "schedule": ("'attention, lin'", "attention, lin"),  # lin: BASE's kind
+    "name": ("mine", "mine"),
     "min_repeats": ("3", 3),
     "min_seconds": ("0.5", 0.5),
     "cpu_batch": ("2", 2),

@@ -78,12 +78,12 @@ def params(name: str, value: Any) -> None:
 
 def model(name: str, value: Any) -> None:
     """The model's shape: every entry a positive integer (``layers``, ``d_model``, ...) but
-    a layer schedule's, one line of text (:func:`attnbench.schedule.canonical`)."""
+    a layer schedule's, one line of text (:func:`attnbench.schedule.canonical`), and a name."""
     mapping(name, value)
     for key, v in value.items():
         if not key.isidentifier():
             raise ValueError(f"{name}: a field name must be an identifier, got {key!r}")
-        if key == "schedule":
+        if key in ("schedule", "name"):
             text(f"{name}.{key}", v)
         else:
             positive(f"{name}.{key}", v)
