@@ -1,4 +1,5 @@
-"""Device presets: usable memory, fixed overhead and peak FLOP/s, read from conf/device/.
+"""Device presets: usable memory, fixed overhead, peak FLOP/s and memory bandwidth, read from
+conf/device/.
 
 The YAML files are the one source (each says where its figures come from); this module only
 loads and checks them, and answers the questions the runner asks: how many bytes may a run
@@ -31,6 +32,9 @@ class Preset:
     # the card's CUDA compute capability ("9.0"): which attention kernel and which cuBLAS
     # workspace the card's run allocates (measure/cuda_layouts.py); None where not known
     compute_capability: str | None = None
+    # the datasheet's memory bandwidth, bytes/s: what a decode step not timed on the card is
+    # modeled over (measure/roofline.py); None where not known (a CPU: its steps are timed)
+    bandwidth: float | None = None
 
     @property
     def is_gpu(self) -> bool:
@@ -116,7 +120,23 @@ def from_dict(raw: dict) -> Preset:
         {k: float(v) for k, v in (raw["peak_flops"] or {}).items()},
         machine_memory=machine,
         compute_capability=_capability_text(raw.get("compute_capability")),
+        bandwidth=_bandwidth(raw.get("bandwidth")),
     )
+
+
+def _bandwidth(value: object) -> float | None:
+    """Bytes per second, positive, or None; one line naming the key for anything else."""
+    if value is None:
+        return None
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        out = -1.0
+    if isinstance(value, bool) or not out > 0 or out == float("inf"):
+        raise ValueError(
+            f"device.bandwidth: must be bytes per second above 0 (900e9), got {value!r}"
+        )
+    return out
 
 
 def _capability_text(value: object) -> str | None:

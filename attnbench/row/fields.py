@@ -38,7 +38,7 @@ from attnbench.row.checks import (
     text,
     timestamp,
 )
-from attnbench.row.nested import decode, packed, prompts
+from attnbench.row.nested import decode, modeled_step, packed, prompts
 from attnbench.settings import Setting
 from attnbench.validators import check_bool, check_choice
 from attnbench.workload import BUILTIN_WORKLOADS, workload_settings
@@ -226,6 +226,13 @@ FIELDS: tuple[Field, ...] = (
        " (achieved), `copy_bytes_per_s` (the device's copy bandwidth, same process),"
        " `timed_state_dtype`; the row's time is a decode step's (per sequence: per token)",
        column="nested"),
+    _f("modeled_step", dict[str, Any] | None, modeled_step, "", "time", "decode rows on a"
+       " preset with a bandwidth: a step of `batch` sequences (the max batch, or the asked one)"
+       " at the timed steps' mean `context`, modeled over the preset's datasheet: `read_bytes`"
+       " (`state_read_bytes` plus `weight_bytes`), `flops`, `bandwidth_bytes_per_s`,"
+       " `peak_flops_per_s`, `memory_s`, `compute_s`, `step_s` (the larger), `bound`,"
+       " `per_token_s`, `how`: a lower bound, no kernel efficiency (attnbench/measure/"
+       "roofline.py)", column="nested"),
     _f("packed", dict[str, Any] | None, packed, "", "cell", "packed rows: the draw, its FLOPs"
        " per copy (attnbench/workload/packed.py)", column="nested"),
     _f("prompts", dict[str, Any] | None, prompts, "", "memory", "decode rows with"

@@ -1,4 +1,5 @@
-"""The objects a row stores a workload's figures in (``packed``, ``prompts``, ``decode``),
+"""The objects a row stores a workload's figures in (``packed``, ``prompts``, ``decode``,
+``modeled_step``),
 declared once: each key's check and those a report reads, so that a hand-edited row missing
 one is a line naming it (``cells.jsonl:3: packed.real_tokens: missing``), never a
 ``KeyError`` inside a report. The per-value checks are :mod:`attnbench.row.checks`'."""
@@ -20,6 +21,7 @@ from attnbench.row.checks import (
     seconds,
     share,
 )
+from attnbench.validators import check_choice
 
 
 def _or_null(check: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
@@ -79,5 +81,19 @@ decode = Nested(
         "prefill_samples_s": _or_null(samples),
     }
 )  # fmt: skip
+# a decode row's step modeled over its preset's datasheet (attnbench/measure/roofline.py):
+# every key a report reads is required
+modeled_step = Nested(
+    {
+        **dict.fromkeys(("batch", "context", "read_bytes", "state_read_bytes", "weight_bytes",
+                         "flops"), count),
+        **dict.fromkeys(("bandwidth_bytes_per_s", "memory_s", "compute_s", "step_s",
+                         "per_token_s"), seconds),
+        "peak_flops_per_s": _or_null(seconds),
+        "bound": lambda name, v: check_choice(name, v, ("memory", "compute")),
+    },
+    frozenset({"batch", "read_bytes", "state_read_bytes", "weight_bytes", "step_s",
+               "per_token_s", "bound"}),
+)  # fmt: skip
 # the nested objects of the schema's fields, by field (tests/test_hostile.py fuzzes each key)
-NESTED = {"packed": packed, "prompts": prompts, "decode": decode}
+NESTED = {"packed": packed, "prompts": prompts, "decode": decode, "modeled_step": modeled_step}

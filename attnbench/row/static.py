@@ -75,6 +75,7 @@ class Row(_Record):
     time_parts: dict[str, dict[str, Any]] | None
     contention: dict[str, Any] | None
     decode: dict[str, Any] | None
+    modeled_step: dict[str, Any] | None
     packed: dict[str, Any] | None
     prompts: dict[str, Any] | None
     quality: dict[str, Any] | None

@@ -148,6 +148,9 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> Found:
             if modeled.replayed:  # a CPU has no caching allocator; decode models its own peak
                 predicted = modeled.replayed_max_batch(allocated, res.usable, cell.allocator)
             found = found.add(max_batch=MaxBatch(predicted, allocated=allocated))
+        b = predicted if cell.batch == "max" else cell.batch
+        extra = res.workload.modeled(modeled.model, cell, b, res.preset)  # a GPU step, modeled
+        found = found.add(workload={**found.workload, **extra})
         if res.on_gpu:
             with compiled.strict(timing=False):  # a compiled probe never falls back to eager
                 return _measure_gpu(cell, res, found, predicted)
@@ -156,7 +159,6 @@ def _measure(cell: Cell, res: Resolved, found: Found) -> Found:
             # profiler sees of the compiled step where it is timed, never the eager model's
             return timed.time_on_cpu(cell, res, found, modeled.model)
         # no GPU of the preset's kind here (or model_only): memory modeled, time from the CPU
-        b = predicted if cell.batch == "max" else cell.batch
         return _measure_modeled(cell, res, found, modeled, b)
     except Exception as e:
         raise carried(found, e) from e

@@ -19,6 +19,7 @@ from attnbench.settings import DEFAULT_MODE, Setting
 
 if TYPE_CHECKING:
     from attnbench.cell import Cell
+    from attnbench.measure.presets import Preset
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # the paper's workload: its cells leave ``mode`` out of their key (cells from before workloads
@@ -223,6 +224,13 @@ class Workload:
     def describe(self, model: nn.Module, cell: Cell) -> dict[str, Any]:
         """Row fields of the workload's own known from the model alone (on meta, in the
         cell's dtype), set before anything is measured: none here."""
+        return {}
+
+    def modeled(
+        self, model: nn.Module, cell: Cell, b: int | None, preset: Preset
+    ) -> dict[str, Any]:
+        """Row fields of the workload's own modeled at batch b on ``preset`` (the model on
+        meta, in the cell's dtype), once the max batch is known: none here."""
         return {}
 
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from attnbench.measure.bandwidth import copy_bytes_per_s
 from attnbench.measure.memory import module_bytes
+from attnbench.measure.roofline import roofline
 from attnbench.measure.timing import Timing, time_parts
 from attnbench.registry import Info
 from attnbench.settings import Setting, choice, integer
@@ -49,6 +50,7 @@ from attnbench.workload.decode_mix import (
     prompts_field,
     timed_tokens,
 )
+from attnbench.workload.decode_roofline import modeled_fields
 from attnbench.workload.draw import DRAW
 
 if TYPE_CHECKING:
@@ -87,8 +89,7 @@ class DecodeWork(ServingScenario):
     def time(self, device: torch.device, **timing: Any) -> list[Timing]:
         """The prefill of one sequence timed apart (a warm-up and three repeats), the other
         slots then filled with copies of its state, then each decode step timed:
-        ``decode_tokens`` steps, the first :data:`WARMUP` not counted. Returns the steps'
-        timing (the row's time)."""
+        ``decode_tokens`` steps, the first :data:`WARMUP` not counted: the row's time."""
         with torch.inference_mode():  # states and prompt as in a step: no autograd (and one
             return self._time(device, **timing)  # compiled graph for them, not two)
 
@@ -182,8 +183,8 @@ class Decode(Workload):
                 f" timed but the first {WARMUP})", int, timed_tokens),
         Setting("state_dtype", "auto", "the cache's or state's dtype (`auto`: the cell's)",
                 str, choice(STATE_DTYPES)),
-        Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt"
-                " at once)", int, integer(low=0)),
+        Setting("prefill_chunk", 512, "prompt tokens per prefill call (0: the whole prompt at"
+                " once)", int, integer(low=0)),
         Setting("contexts", "n", "`n` (every prompt n tokens) or `drawn` (sequence i's prompt"
                 " the draw's i-th length, in turn: `lengths` or `distribution`; every cache"
                 " allocated for the longest, the others left-padded to it)", str,
@@ -194,6 +195,7 @@ class Decode(Workload):
     later = ("contexts", *(s.name for s in DRAW))  # every prompt n, before they existed
     replays = False  # its peak is the larger of two serving scenarios (decode_memory.py)
     causal = True  # a decoder is causal whatever the config says
+    modeled = staticmethod(modeled_fields)  # a step over the preset's datasheet
 
     def refuses(self, info: Info) -> str | None:
         return f"cannot decode: {info.cannot_decode}" if info.cannot_decode else None
@@ -276,13 +278,13 @@ class Decode(Workload):
     def cost_s(
         self, model: nn.Module, cell: Cell, b: int, flops_per_s: float
     ) -> tuple[float, float]:
-        """A step: its FLOPs at the GEMM rate or its bytes at the copy bandwidth, whichever
-        is longer (a step is memory-bound); the timing: every prefill and every step."""
+        """A step: the roofline of its bytes at the copy bandwidth and its FLOPs at the GEMM
+        rate; the timing: every prefill and every step."""
         itemsize = 4  # the CPU times fp32
         weights = sum(p.numel() for p in model.parameters()) * itemsize
         read = b * model.state_bytes(context(cell), itemsize) + weights
         flops = model.step_flops(b, context(cell))
-        step = max(flops / flops_per_s, read / copy_bytes_per_s("cpu"))
+        step = roofline(read, flops, copy_bytes_per_s("cpu"), flops_per_s)["step_s"]
         steps = step * setting(cell, "decode_tokens")
         # a warm-up, 3 timed; then copies. A prefill of more Python steps (its calls, its
         # chunks) than MAX_LOOP_STEPS is not timed either: no FLOP count sees their overhead
