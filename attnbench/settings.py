@@ -116,7 +116,7 @@ MODEL: tuple[Setting, ...] = tuple(
                 " `(3*linear, attention)` (docs/models.md); null: every layer attention=",
                 str | None, _optional_text),
         Setting("name", None, "the model's name, the label a report gives its column (an"
-                " `+arch=` preset sets it; docs/models.md); null: none", str | None,
+                " `arch=` preset sets it; docs/models.md); null: none", str | None,
                 _optional_text),
     )
 )  # fmt: skip

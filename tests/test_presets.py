@@ -39,22 +39,22 @@ FULL = NAMES
 
 
 def composed_job(name: str, *extra: str, dtype: str = "bf16", n: int = 1024) -> Resolved:
-    """``+arch=NAME`` composed as ``attnbench run`` composes it, validated."""
-    args = [f"+arch={name}", "device=cpu", f"dtype={dtype}", f"n={n}", *extra]
+    """``arch=NAME`` composed as ``attnbench run`` composes it, validated."""
+    args = [f"arch={name}", "device=cpu", f"dtype={dtype}", f"n={n}", *extra]
     (job,), _ = expand_jobs(args, config_dir=CONF)
     return validate(cell_from_cfg(job))
 
 
 @cache
 def composed(name: str, *extra: str) -> Encoder:
-    """``+arch=NAME`` with ``extra`` overrides, validated and built on meta (bf16; every
+    """``arch=NAME`` with ``extra`` overrides, validated and built on meta (bf16; every
     preset is causal: it decodes)."""
     res = composed_job(name, *extra)
     return build(res.cell, res, "meta", torch.bfloat16)
 
 
 def twin(name: str) -> Encoder:
-    """The twin: ``+arch=NAME_twin``."""
+    """The twin: ``arch=NAME_twin``."""
     return composed(f"{name}_twin")
 
 

@@ -31,6 +31,7 @@ from attnbench.report import (
     compiled_plots,
     efficiency,
     flex,
+    models,
     packed,
     plots,
     quality,
@@ -52,6 +53,7 @@ SERVING = "serving"
 QUALITY = "quality"
 COMPILED = "compiled"
 PACKED = "packed"
+MODELS = "models"
 
 
 # in the order report.json has always had their keys; the first two's are there even empty
@@ -75,6 +77,8 @@ DOCUMENTS = (
     Document(PACKED, " Variable lengths (mode=packed, packed_train): one draw of documents "
              "padded, packed and bucketed, each time per real token; {0} padded is each "
              "table's baseline.", ("packed_tables",), title="Variable lengths"),
+    Document(MODELS, " Named models (arch=) decoding, each against its twin (a model named "
+             "X_twin: every layer full attention).", ("models",), title="Models as served"),
 )  # fmt: skip
 
 
@@ -82,7 +86,7 @@ def cost_row(r: Row) -> bool:
     """A row of Table 3's sections: a cost row of a workload other than serving's (decode
     rows have sections of their own). The one statement of the rule: the ratio tables
     (:func:`attnbench.report.files.build`) are made of these rows too."""
-    return r.task == "cost" and not serving.applies(r)
+    return r.task == "cost" and not serving.applies(r) and not models.applies(r)
 
 
 def _causal(r: Row) -> bool:
@@ -156,8 +160,7 @@ def _serving_ratios(basis: Basis) -> list[Part]:
 
 
 def slug_free(stem: str, kind: str, used: set[tuple[str, str]]) -> str:
-    """``stem``, or ``stem-2``, ``stem-3`` ... : the first not yet ``used`` for ``kind``
-    (two sets of serving rows, or a mechanism whose label slugs to ``serving``)."""
+    """``stem``, or ``stem-2`` ...: the first not yet ``used`` for ``kind``."""
     name, i = stem, 1
     while (name, kind) in used:
         i += 1
@@ -213,10 +216,6 @@ def _speedups(basis: Basis) -> list[Part]:
 CAUSAL = " Causal (masked) attention."
 
 
-def _decode(r: Row) -> bool:
-    return serving.applies(r)
-
-
 TIME = "Time per sequence against n (log-log), one line per mechanism and k."
 BATCH = "Maximum batch size under the ceiling against n."
 
@@ -241,11 +240,13 @@ SECTIONS = (
     Section("ratios", "Time and memory ratios against the baseline", cost_row, _ratios, TABLE3,
             "tables"),
     Section("serving", "Serving: time-per-token and max-batch ratios against the baseline",
-            _decode, _serving_ratios, SERVING, "serving_tables"),
-    Section("serving-efficiency", "Serving: efficiency lengths", _decode, _serving_lengths,
+            serving.applies, _serving_ratios, SERVING, "serving_tables"),
+    Section("serving-efficiency", "Serving: efficiency lengths", serving.applies, _serving_lengths,
             SERVING, "serving_efficiency_lengths"),
-    Section("serving-state", "Serving: state per sequence and achieved bandwidth", _decode,
+    Section("serving-state", "Serving: state per sequence and achieved bandwidth", serving.applies,
             _grids(serving_state.state_grids), SERVING, "serving_state"),
+    Section("models", "Models as served: sequences that fit, time per token, cache by kind",
+            models.applies, _grids(models.grids), MODELS, "models"),
     Section("compiled", "Eager and compiled side by side", compiled.applies,
             _grids(compiled.side_by_side), COMPILED, "compiled", compiled.wanted),
     Section("compiled-short-n", "The short-n end: where compiling pays", compiled.applies,
@@ -278,11 +279,11 @@ SECTIONS = (
                 "device.",
             )),
     Section("speedup", "Speed-up heat maps", cost_row, _speedups),
-    Section("serving-time-vs-n", "Serving: time per token against n", _decode,
+    Section("serving-time-vs-n", "Serving: time per token against n", serving.applies,
             _figure(serving_plots.time_per_token)),
-    Section("serving-state-vs-n", "Serving: state per sequence against n", _decode,
+    Section("serving-state-vs-n", "Serving: state per sequence against n", serving.applies,
             _figure(serving_plots.state_per_sequence)),
-    Section("serving-batch-vs-n", "Serving: max batch against n", _decode,
+    Section("serving-batch-vs-n", "Serving: max batch against n", serving.applies,
             _figure(serving_plots.max_batch)),
     Section("compiled-time-vs-n", compiled_plots.CAPTION, compiled.applies,
             _figure(compiled_plots.time_vs_n), wanted=compiled.wanted),

@@ -41,8 +41,9 @@ MAX = "max"
 
 
 def applies(row: Row) -> bool:
-    """A serving row: a cost row of the decode workload."""
-    return row.task == "cost" and row.mode == MODE
+    """A serving row: a cost row of the decode workload, not a named model's (those are
+    compared with their twins: :mod:`attnbench.report.models`)."""
+    return row.task == "cost" and row.mode == MODE and not (row.model or {}).get("name")
 
 
 def configuration(row: Row) -> str:
