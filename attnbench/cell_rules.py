@@ -222,34 +222,43 @@ def check_budget(cell: Cell) -> None:
 
 
 def check_traceable(
-    cell: Cell, layer: nn.Module, count: int | None = None, kind: str | None = None
+    cell: Cell, layer: nn.Module, layers: int, kind: str | None, others: int
 ) -> None:
     """A cost cell whose memory model would trace more than :data:`MAX_LOOP_STEPS` Python
-    steps is refused before it traces (``layer``: one of its layers, on meta; ``count``:
-    how many layers are of its kind, all by default; ``kind``: a schedule's kind it is, named
-    in the refusal). Beyond it, modeling alone runs for many minutes before the time budget is
-    consulted (retnet at n = 10⁶ traced for over 590 s and stored nothing): the key named is
-    the one that sets the steps' number (``n``, the draw's ``total_tokens``, decode's
-    ``prefill_chunk``)."""
-    if cell.task.name != COST or not hasattr(layer, "loop_steps"):  # a quality task trains
-        return  # real tensors (nothing traced); a plugin's layer may not count its steps
-    layers = cell.model.layers if count is None else count
-    per_layer, key = get_workload(cell.mode).loop_steps(cell, layer)
-    if (steps := per_layer * layers) <= MAX_LOOP_STEPS:
+    steps is refused before it traces (``layer``: one of its layers, on meta, of which it
+    has ``layers``; ``kind``: a schedule's kind it is, named in the refusal). Beyond it,
+    modeling alone runs for many minutes before the time budget is consulted (retnet at
+    n = 10⁶ traced for over 590 s and stored nothing): the key named is the one that sets
+    the steps' number (``n``, the draw's ``total_tokens``, decode's ``prefill_chunk``).
+    ``others``: the steps a schedule's other kinds take in the same traced step
+    (:func:`loop_steps`), which count against the same bound."""
+    per_layer, key = loop_steps(cell, layer)
+    if not per_layer or (steps := per_layer * layers) + others <= MAX_LOOP_STEPS:
         return
     size = next((f for f in ("chunk", "chunk_size") if hasattr(layer.cfg, f)), None)
     params = "attention.params" if kind is None else f"model.kinds.{kind}.params"
     other = (f", a larger {params}.{size}" if size else "") + " or fewer layers"
     allowed = f"a smaller {key}{other}"
-    if key in ("n", "prefill_chunk") and (most := _largest(cell, layer, key, layers)):
+    hint = key in ("n", "prefill_chunk") and not others  # the largest, for this kind alone
+    if hint and (most := _largest(cell, layer, key, layers)):
         allowed = f"{key} <= {most} here{other}"
     name = cell.attention if kind is None else f"model.kinds.{kind}"
+    besides = f" + {others} of the schedule's other layers" if others else ""
     raise ValueError(
         f"{key}: the memory model traces {name} on meta one Python step at a time "
         f"(a chunk of a recurrence, a packed document): {per_layer} steps per layer × "
-        f"{layers} layers = {steps} per traced step, above the {MAX_LOOP_STEPS} allowed "
-        f"(each traced step would take minutes); allowed: {allowed}"
+        f"{layers} layers = {steps}{besides} per traced step, above the {MAX_LOOP_STEPS} "
+        f"allowed (each traced step would take minutes); allowed: {allowed}"
     )
+
+
+def loop_steps(cell: Cell, layer: nn.Module) -> tuple[int, str]:
+    """The Python steps one layer of ``layer``'s kind takes in one traced step of a cost
+    cell and the key that sets them (0: a quality task trains real tensors and traces
+    nothing; a plugin's layer may not count its steps)."""
+    if cell.task.name != COST or not hasattr(layer, "loop_steps"):
+        return 0, ""
+    return get_workload(cell.mode).loop_steps(cell, layer)
 
 
 def _largest(cell: Cell, layer: nn.Module, key: str, layers: int) -> int | None:

@@ -30,6 +30,7 @@ from attnbench.cell_rules import (
     check_settings,
     check_traceable,
     complete,
+    loop_steps,
     on_gpu,
     resolve_ceiling,
 )
@@ -196,11 +197,15 @@ def _check_traced(
     kinds: dict[Layer, MultiHeadAttention],
 ) -> None:
     """The traced steps' bound (:func:`check_traceable`) for the cell's own layers and each
-    of a schedule's kinds, each over its own layers' count."""
-    own_layers = sum(k.kind == OWN for k in scheduled) if scheduled else None
-    check_traceable(cell, layer, own_layers)
-    for kind, built in kinds.items():
-        check_traceable(cell, built, sum(k == kind for k in scheduled), kind.kind)
+    of a schedule's kinds, each over its own layers' count and all of them together."""
+    own = sum(k.kind == OWN for k in scheduled) if scheduled else cell.model.layers
+    groups = [(layer, own, None)]
+    groups += [
+        (built, sum(k == kind for k in scheduled), kind.kind) for kind, built in kinds.items()
+    ]
+    steps = [loop_steps(cell, built)[0] * count for built, count, _ in groups]
+    for (built, count, name), mine in zip(groups, steps, strict=True):  # one bound for all
+        check_traceable(cell, built, count, name, others=sum(steps) - mine)
 
 
 def check_kind(

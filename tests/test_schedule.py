@@ -187,6 +187,19 @@ def test_a_bad_schedule_is_one_line_naming_the_key(change: dict, needle: str) ->
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_two_chunked_kinds_are_held_to_one_traced_bound_together() -> None:
+    """Six RetNet and six GLA layers at n = 131072 in chunks of 64: each kind's 6 × 2048
+    steps is under the 16384 allowed, both kinds' 24576 together are not; at n = 65536 the
+    12288 together pass."""
+    mixers = dict(layers=12, d_model=64, n_heads=2, d_ff=128, schedule="(gla, attention)",
+                  kinds={"gla": {"attention": "gla"}}, params=(("causal", True),))  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        validate(Cell.of("retnet", 131072, batch=1, **mixers))
+    assert "6 layers = 12288 + 12288 of the schedule's other layers per traced step" in str(e.value)
+    assert "\n" not in str(e.value)
+    validate(Cell.of("retnet", 65536, batch=1, **mixers))
+
+
 def test_a_hybrid_serves_through_the_cli_and_a_bad_one_exits_2(tmp_path: Path) -> None:
     """One real ``attnbench run`` of a decoding hybrid: its row holds the schedule in its
     model and its state is every layer's own; a kind that cannot decode is one line, exit 2,
