@@ -125,9 +125,8 @@ def fit_and_time(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
     twin."""
     out = []
     for (device, dtype, asked), here in sorted(_groups(as_rows(rows)).items(), key=str):
-        where = f"{printable(device)}, {dtype}"
-        ceiling = here[0].ceiling_bytes
-        if isinstance(ceiling, int):
+        where = f"{printable(device)}, {dtype}"  # a fixed batch's time: no ceiling said
+        if asked == "max" and isinstance(ceiling := here[0].ceiling_bytes, int):
             where += f", ceiling {ceiling / 2**30:.1f} GiB"
         speedup = [RATIO.format("twin's time ÷ the model's: above 1, the model is faster")]
         tables = []
