@@ -69,8 +69,9 @@ def hand(name: str, params: dict[str, Any], n: int) -> int:
     if name == "mamba2":  # S (N × d_h) per head; the window of x, B and C
         n_state, groups = params.get("d_state", 64), params.get("groups", 1)
         return H * n_state * DH + window * (D + 2 * groups * n_state)
-    if name in ("deltanet", "gated_deltanet"):  # S (d_h × d_h) per head; the window of q, k, v
-        return H * DH * DH + window * 3 * D
+    if name in ("deltanet", "gated_deltanet"):  # S (d_h × d_h) per value head; q, k, v's window
+        vh = params.get("v_heads", H)  # value heads: v's channels, vh·d_h
+        return vh * DH * DH + window * (2 * D + vh * DH)
     if name == "kda":  # as Gated DeltaNet's: S (d_h × d_h) per head; the window of q, k, v
         return H * DH * DH + window * 3 * D
     raise AssertionError(f"{name}: no hand count; add one for a new mechanism")
@@ -110,6 +111,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("deltanet", {"causal": True}),
     ("deltanet", {"causal": True, "conv": 0}),
     ("gated_deltanet", {"causal": True, "conv": 3}),
+    ("gated_deltanet", {"causal": True, "v_heads": 2 * H}),
     ("kda", {"causal": True}),
     ("kda", {"causal": True, "conv": 0}),
     ("mla", {}),

@@ -72,11 +72,13 @@ def decoders() -> list[str]:
 
 
 def variants(name: str) -> list[dict[str, Any]]:
-    """Causal, at each budget (if it has one), with each kv_heads (if it has grouped heads)."""
+    """Causal, at each budget (if it has one), with each kv_heads (if it has grouped heads),
+    and with twice the value heads (if it has ``v_heads``: value heads apart from key heads)."""
     i = attnbench.info(name)
     base = {"causal": True} if "causal" in i.params else {}
     budgets = [{}] if i.budget is None else [{i.budget: v} for v in BUDGETS]
     kvs = [{}, {"kv_heads": 2}, {"kv_heads": 1}] if i.gqa else [{}]
+    kvs += [{"v_heads": 2 * H}] if "v_heads" in i.params else []
     return [{**base, **b, **g} for b in budgets for g in kvs]
 
 

@@ -53,6 +53,8 @@ def _variants() -> list[tuple[str, dict]]:
         ("mamba2", {"chunk": 16, "d_state": 8, "groups": 2}),
         ("deltanet", {"chunk": 16}),
         ("gated_deltanet", {"chunk": 24}),
+        ("gated_deltanet", {"chunk": 24, "v_heads": 8}),  # value heads apart from the 4 key heads
+        ("deltanet", {"chunk": 16, "v_heads": 8}),
     ]
     out += [
         ("linformer", {"k": 8, "sharing": s, "projection": p}) for s in SHARING for p in PROJECTIONS

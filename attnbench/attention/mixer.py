@@ -87,6 +87,12 @@ class RecurrentMixer(MultiHeadAttention):
     state_shape: tuple[int, int] = (0, 0)
 
     @property
+    def state_heads(self) -> int:
+        """The heads the core runs over and S is kept for: n_heads, but (Gated) DeltaNet's
+        value heads where it has more of them than key heads."""
+        return self.n_heads
+
+    @property
     def conv_size(self) -> int:
         """The short convolution's kernel size K, ``cfg.conv``; 0 for a mixer without one."""
         return getattr(self.cfg, "conv", 0)
@@ -214,7 +220,7 @@ class RecurrentMixer(MultiHeadAttention):
         self, b: int, capacity: int, dtype: torch.dtype, device: torch.device
     ) -> MixerState:
         dk, dv = self.state_shape
-        s = torch.zeros(b, self.n_heads, dk, dv, dtype=dtype, device=device)
+        s = torch.zeros(b, self.state_heads, dk, dv, dtype=dtype, device=device)
         conv = None
         if self.conv_channels:
             size = (b, self.conv_size - 1, self.conv_channels)
@@ -222,10 +228,11 @@ class RecurrentMixer(MultiHeadAttention):
         return MixerState(s, conv)
 
     def context_elements(self, n: int) -> int:
-        """S per head, h·dk·dv, and the convolution's window, (K − 1)·C: whatever n."""
+        """S per head (:attr:`state_heads`), h·dk·dv, and the convolution's window,
+        (K − 1)·C: whatever n."""
         dk, dv = self.state_shape
         window = (self.conv_size - 1) * self.conv_channels if self.conv_channels else 0
-        return self.n_heads * dk * dv + window
+        return self.state_heads * dk * dv + window
 
     def state_bytes(self, n: int, itemsize: int) -> int:
         """The state is the context memory, nothing else."""
@@ -252,8 +259,8 @@ class RecurrentMixer(MultiHeadAttention):
 
     def flops_backward(self, b: int, n: int) -> int:
         """Twice the forward's matmuls, plus what the core's backward adds or skips per
-        (sequence, head): :meth:`core_backward_flops`."""
-        return 2 * self.flops(b, n) + b * self.n_heads * self.core_backward_flops(n)
+        (sequence, head the core runs over): :meth:`core_backward_flops`."""
+        return 2 * self.flops(b, n) + b * self.state_heads * self.core_backward_flops(n)
 
     def packed_flops_backward(self, packing: Packing) -> int:
         """One chunked pass over each row of T, backward as forward: the row's own count (a
