@@ -66,17 +66,20 @@ def kv(heads: int, head_dim: int, n: int) -> int:
     return 2 * heads * head_dim * n
 
 
-def delta_state(heads: int, d_model: int, conv: int = 4) -> int:
-    """Gated DeltaNet's and KDA's state as ours keeps it: h heads of (d/h)² plus the
-    convolution's last conv − 1 inputs of q, k and v (3·d channels)."""
-    dh = d_model // heads
-    return heads * dh * dh + (conv - 1) * 3 * d_model
+def delta_state(heads: int, d_model: int, conv: int = 4, v_heads: int | None = None) -> int:
+    """Gated DeltaNet's and KDA's state as ours keeps it: a (d/h)² matrix per value head
+    (``v_heads``, the h key heads where None) plus the convolution's last conv − 1 inputs of
+    q and k (d channels each) and v (v_heads·d/h)."""
+    dh, v_heads = d_model // heads, v_heads or heads
+    return v_heads * dh * dh + (conv - 1) * (2 * d_model + v_heads * dh)
 
 
 def hand_layers(name: str, n: int) -> list[int]:
     """Each layer's context elements at n, written from the published configuration."""
     if name == "qwen3_next":  # 48 layers, full attention where (i + 1) % 4 == 0
-        lin, full = delta_state(16, 2048), kv(2, 256, n)  # GDN 16 heads of 128; GQA 2 x 256
+        # GDN 16 key heads of 128 and 32 value heads (conv_dim 2·2048 + 4096); GQA 2 x 256
+        lin, full = delta_state(16, 2048, v_heads=32), kv(2, 256, n)
+        assert lin == 32 * 128 * 128 + 3 * (2 * 2048 + 4096) == 548_864
         return [full if (i + 1) % 4 == 0 else lin for i in range(48)]
     if name == "kimi_linear":  # MLA at the 1-based layers 4, 8, ..., 24, 27
         mla, kda = (512 + 64) * n, delta_state(18, 2304)  # kv_lora_rank + qk_rope_head_dim
@@ -151,11 +154,11 @@ def test_deepseek_v3s_latent_cache_against_its_multi_head_equivalent() -> None:
 
 def test_qwen3_next_and_gpt_oss_against_their_twins() -> None:
     """Per sequence at 128K: Qwen3-Next keeps 12 of 48 layers' K/V (2·2·256 a token) and 36
-    fixed states, 25.2 % of its all-attention twin; gpt-oss keeps 18 full layers and 18
-    windows of 128 (local's 64 heads: 8x the published 8 key/value heads, 0.8 % of the
-    model's cache at 128K), 50.4 % of its twin."""
+    fixed states (32 value heads of 128 × 128 and the window), 25.3 % of its all-attention
+    twin; gpt-oss keeps 18 full layers and 18 windows of 128 (local's 64 heads: 8x the
+    published 8 key/value heads, 0.8 % of the model's cache at 128K), 50.4 % of its twin."""
     qwen, qwen_twin = composed("qwen3_next"), twin("qwen3_next")
-    assert qwen.context_elements(K128) == 12 * 1024 * K128 + 36 * 280_576 == 1_620_713_472
+    assert qwen.context_elements(K128) == 12 * 1024 * K128 + 36 * 548_864 == 1_630_371_840
     assert qwen_twin.context_elements(K128) == 48 * 1024 * K128 == 6_442_450_944
     gpt, gpt_twin = composed("gpt_oss"), twin("gpt_oss")
     assert gpt.context_elements(K128) == 18 * 1024 * K128 + 18 * 1_048_576 == 2_434_793_472

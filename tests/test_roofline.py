@@ -42,7 +42,7 @@ def test_every_gpu_preset_has_a_bandwidth_and_a_bad_one_is_one_line() -> None:
 
 def test_qwen3_next_steps_read_what_its_layers_hold_by_hand() -> None:
     """Qwen3-Next at 128K on the H200 preset, 64 sequences: every step reads 36 Gated
-    DeltaNet states (16 heads of 128², the convolution's last 3 inputs of q, k, v) and 12
+    DeltaNet states (32 value heads of 128², the convolution's last 3 inputs of q, k, v) and 12
     attention layers' K/V (2 heads of 256, a padding flag a token) at the steps' mean
     context, in bf16, and the weights; its FLOPs at the peak take less than its bytes."""
     res = composed_job("qwen3_next", "mode=decode", "device=h200_141gb", n=131072)
@@ -51,7 +51,7 @@ def test_qwen3_next_steps_read_what_its_layers_hold_by_hand() -> None:
     step = DECODE.modeled(model, res.cell, 64, preset)["modeled_step"]
     at = (131072 + 3 + 131072 + 128) // 2  # the timed steps' mean (the first 2 not timed)
     assert step["context"] == at
-    gdn, attention = 36 * delta_state(16, 2048) * 2, 12 * (kv(2, 256, at) * 2 + at)
+    gdn, attention = 36 * delta_state(16, 2048, v_heads=32) * 2, 12 * (kv(2, 256, at) * 2 + at)
     assert step["state_by_kind"] == {
         "linear": {"mechanism": "gated_deltanet", "layers": 36, "bytes": gdn},
         "attention": {"mechanism": "sdpa", "layers": 12, "bytes": attention},
