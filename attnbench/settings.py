@@ -21,6 +21,7 @@ workload's module.
 from __future__ import annotations
 
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -101,6 +102,18 @@ def _optional_text(name: str, value: Any) -> str | None:
     return value
 
 
+def _model_name(name: str, value: Any) -> str | None:
+    """A word of letters, digits, ``_``, ``-`` and ``.`` (a report's column label; ``X_twin``
+    names X's twin), or null."""
+    if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
+        raise ValueError(
+            f"{name}: must be a word of letters, digits, _, - and . (at most 64), got {value!r}"
+        )
+    return value
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
 MODEL: tuple[Setting, ...] = tuple(
     s.owned("model", "model.")
     for s in (
@@ -117,7 +130,7 @@ MODEL: tuple[Setting, ...] = tuple(
                 str | None, _optional_text),
         Setting("name", None, "the model's name, the label a report gives its column (an"
                 " `arch=` preset sets it; docs/models.md); null: none", str | None,
-                _optional_text),
+                _model_name),
     )
 )  # fmt: skip
 
