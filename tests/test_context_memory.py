@@ -46,7 +46,7 @@ def hand(name: str, params: dict[str, Any], n: int) -> int:
         keys = min(params.get("window", 256), n) if params.get("pattern") == "window" else n
         return 2 * _kv(params) * DH * keys
     if name == "local":  # the window's keys and values
-        return 2 * D * min(params["window"], n)
+        return 2 * _kv(params) * DH * min(params["window"], n)
     if name == "linear":  # S (d_h × d_h) and z (d_h) per head
         return H * (DH * DH + DH)
     if name == "performer":  # S (m × d_h) and z (m) per head
@@ -97,6 +97,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("linear", {"causal": True}),
     ("local", {"window": W}),
     ("local", {"window": W, "causal": True}),
+    ("local", {"window": W, "causal": True, "kv_heads": 2}),
     ("reformer", {"bucket_size": 8}),
     ("reformer", {"bucket_size": 8, "causal": True}),
     ("flex", {"pattern": "full"}),

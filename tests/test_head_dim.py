@@ -23,12 +23,11 @@ WIDE = ("vanilla", "sdpa", "local", "flex")  # on a CPU; xformers runs on CUDA o
 
 
 def layer(name: str, causal: bool = False, **params: object) -> torch.nn.Module:
-    """``name`` with heads of DH over D, grouped where it can (local has no grouped form)."""
+    """``name`` with heads of DH over D, grouped (KV key/value heads)."""
     torch.manual_seed(0)
     kw = {"d_model": D, "n_heads": H, "kv_heads": KV, "head_dim": DH, "max_seq_len": N}
     if name == "local":
         params = {"window": 2 * N, **params}  # a band wider than n: softmax over every key
-        kw["kv_heads"] = H
     return attnbench.create(name, causal=causal, **kw, **params).double().eval()
 
 

@@ -46,6 +46,15 @@ Its incremental form (causal only) keeps the last w keys and values in a ring bu
 the w slots; a prompt chunk after earlier tokens runs the same blocked band over the ring's
 keys followed by the chunk's.
 
+Grouped-query heads (``kv_heads`` < ``n_heads``, as gpt-oss's sliding layers: 64 query heads
+over 8 key/value heads) keep the window's keys and values of ``kv_heads`` heads only, in the
+forward's blocks and in the ring. Each group's query heads are stacked as
+:func:`attnbench.attention.cache.grouped` stacks them for vanilla and sdpa, so one matmul (or
+kernel call) per key/value head serves its group and the windows of K and V are never
+repeated. What is repeated instead is the band mask, the same for every head: over a group's
+g = n_heads / kv_heads stacked heads, g·B × W·B a block where full heads broadcast one B × W·B
+(the queries are copied once too, into the stacked order).
+
 ``gate`` is the output gate and ``sinks`` the attention sinks of
 :mod:`attnbench.attention.sinks_gate`. With sinks each block runs an eager softmax with the
 sink in its rows' denominators (vanilla's :func:`~attnbench.attention.vanilla.softmax_attend`
@@ -62,7 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.attention.base import MultiHeadAttention, declare
-from attnbench.attention.cache import Ring, flag_bytes, kv_elements
+from attnbench.attention.cache import Ring, flag_bytes, grouped, kv_elements
 from attnbench.attention.packing import Packing
 from attnbench.attention.sinks_gate import SinksGateConfig
 from attnbench.attention.vanilla import softmax_attend
@@ -107,6 +116,7 @@ def layout(window: int, causal: bool, n: int) -> tuple[int, int, int, int]:
     causal=True,
     budget="window",
     cannot_decode=None,
+    gqa=True,
     head_dim=True,
     summary="sliding-window band |i−j| ≤ w/2 (causal: the w keys up to i), blocked, O(n·w)",
 )
@@ -185,8 +195,9 @@ class LocalAttention(MultiHeadAttention):
         return blocked
 
     def _windows(self, t: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """(b, n, d) -> (b·nb, h, W·B, dh): each query block's keys (or values), overlapping
-        views of one copy zero-padded before the first block and after the last."""
+        """(b, n, kv_heads·dh) -> (b·nb, kv_heads, W·B, dh): each query block's keys (or
+        values), overlapping views of one copy zero-padded before the first block and after
+        the last."""
         b, n, d = t.shape
         block, blocks, back, forward = layout(self.cfg.window, self.cfg.causal, n)
         width, tail = (1 + back + forward) * block, blocks * block - n
@@ -198,7 +209,7 @@ class LocalAttention(MultiHeadAttention):
             t = F.pad(t, (0, 0, 0, tail)) if tail else t
             t = F.pad(t.reshape(b * blocks * block, d), (0, 0, back * block, forward * block))
         t = t.unfold(0, width, block)  # (b·nb, d, W·B), a view
-        return t.view(b * blocks, self.n_heads, self.head_dim, width).transpose(2, 3)
+        return t.view(b * blocks, self.kv_heads, self.head_dim, width).transpose(2, 3)
 
     def attend(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         return self._banded(self.q_proj(x), self.k_proj(x), self.v_proj(x), key_padding_mask)
@@ -208,21 +219,23 @@ class LocalAttention(MultiHeadAttention):
         return min(self.cfg.window, n)
 
     def new_state(self, b: int, capacity: int, dtype: torch.dtype, device: torch.device) -> Ring:
-        return Ring.empty(b, self.n_heads, self.slots(capacity), self.head_dim, dtype, device)
+        return Ring.empty(b, self.kv_heads, self.slots(capacity), self.head_dim, dtype, device)
 
     def context_elements(self, n: int) -> int:
-        """The window's min(w, n) keys and values of every head, causal or not: the ring a
-        decode step reads. The non-causal band reads one key more, w/2 on each side and the
-        query's own (w + 1); counted as w, the budget, so that both forms of one w sit at
-        one memory (one key of w + 1 is under 2 % at w ≥ 64)."""
-        return kv_elements(self.slots(n), self.n_heads, self.head_dim)
+        """The window's min(w, n) keys and values of every key/value head (``kv_heads``),
+        2·kv_heads·d_h·min(w, n), causal or not: the ring a decode step reads. The
+        non-causal band reads one key more, w/2 on each side and the query's own (w + 1);
+        counted as w, the budget, so that both forms of one w sit at one memory (one key of
+        w + 1 is under 2 % at w ≥ 64)."""
+        return kv_elements(self.slots(n), self.kv_heads, self.head_dim)
 
     def state_bytes(self, n: int, itemsize: int) -> int:
         """The ring: its keys and values (:meth:`context_elements`), and a padding flag each."""
         return self.context_bytes(n, itemsize) + flag_bytes(self.slots(n))
 
     def step_attention_flops(self, b: int, n: int) -> int:
-        """One query against the ring's min(w, n) written slots (whatever its capacity)."""
+        """One query against the ring's min(w, n) written slots (whatever its capacity),
+        counted per query head (grouped heads alike)."""
         return 4 * b * min(self.cfg.window, n) * self.width
 
     def extend_attend(self, x: Tensor, state: Ring, key_padding_mask: Tensor | None) -> Tensor:
@@ -233,7 +246,7 @@ class LocalAttention(MultiHeadAttention):
             k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         if c == 1 and state.length:  # a decode step: the token over the oldest, then the ring
             state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
-            qh = self.split_heads(q)  # (b, h, 1, dh)
+            qh = grouped(self.split_heads(q), self.kv_heads)  # (b, kv_heads, g, dh)
             # until the ring is full, position p is in slot p: the written slots are the
             # first min(n, r): the min(w, n) keys step_flops counts, not unwritten ones masked
             seen = min(state.length, state.size)
@@ -245,8 +258,8 @@ class LocalAttention(MultiHeadAttention):
                 blocked = None if allowed is None else ~allowed
                 padded = state.has_padding
                 out = softmax_attend(qh, keys, values, blocked, self.scale, padded, self.sinks)
-                return self.merge_heads(out)
-            return self.merge_heads(F.scaled_dot_product_attention(qh, keys, values, allowed))
+                return self._merged(out, 1)
+            return self._merged(F.scaled_dot_product_attention(qh, keys, values, allowed), 1)
         if state.length == 0:  # the first chunk: the band over it alone
             out = self._banded(q, k, v, key_padding_mask)
         else:  # the band over the ring's keys, then the chunk's; the ring's queries dropped
@@ -257,8 +270,8 @@ class LocalAttention(MultiHeadAttention):
                 mask = torch.zeros(b, c, dtype=torch.bool, device=x.device)
             out = self._banded(
                 torch.cat([q.new_zeros(b, r, self.width), q], dim=1),
-                torch.cat([self.merge_heads(ring_k.to(k.dtype)), k], dim=1),
-                torch.cat([self.merge_heads(ring_v.to(v.dtype)), v], dim=1),
+                torch.cat([ring_k.to(k.dtype).transpose(1, 2).flatten(2), k], dim=1),
+                torch.cat([ring_v.to(v.dtype).transpose(1, 2).flatten(2), v], dim=1),
                 torch.cat([ring_pad, mask], dim=1),
             )[:, r:]
         state.write(self.split_heads(k), self.split_heads(v), key_padding_mask)
@@ -277,29 +290,44 @@ class LocalAttention(MultiHeadAttention):
         key_padding_mask: Tensor | None,
         documents: Tensor | None = None,
     ) -> Tensor:
-        """The blocked band over projected q, k, v (b, n, d) -> (b, n, d), kept inside each
-        packed document where ``documents`` (b, n) says which each position is in."""
-        b, n, d = q.shape
-        h, dh = self.n_heads, self.head_dim
+        """The blocked band over projected q (b, n, width) and k, v (b, n, kv_heads·dh) ->
+        (b, n, width), kept inside each packed document where ``documents`` (b, n) says
+        which each position is in."""
+        b, n, _ = q.shape
         block, blocks, _, _ = layout(self.cfg.window, self.cfg.causal, n)
         tail = blocks * block - n
-        q = F.pad(q, (0, 0, 0, tail)) if tail else q  # (b, nb·B, d)
-        q = q.view(b * blocks, block, h, dh).transpose(1, 2)  # a view
-        k = self._windows(k, key_padding_mask)  # (b·nb, h, W·B, dh)
+        g = self.n_heads // self.kv_heads
+        q = F.pad(q, (0, 0, 0, tail)) if tail else q  # (b, nb·B, width)
+        q = q.view(b * blocks, block, self.n_heads, self.head_dim).transpose(1, 2)  # a view
+        q = grouped(q, self.kv_heads)  # (b·nb, kv_heads, g·B, dh): a copy only when g > 1
+        k = self._windows(k, key_padding_mask)  # (b·nb, kv_heads, W·B, dh)
         v = self._windows(v, key_padding_mask)
         if self.sinks is not None:  # no kernel takes a sink: the eager softmax with it
             blocked = self.blocked_band(n, key_padding_mask, q.device, documents).unsqueeze(1)
             if blocked.shape[0] != b * blocks:
                 blocked = blocked.repeat(b, 1, 1, 1)
+            # softmax_attend repeats the band over the g stacked heads itself
             out = softmax_attend(q, k, v, blocked, self.scale, True, self.sinks)
         else:
             bias = self.band_mask(n, key_padding_mask, q, documents)  # (b·nb | nb, 1, B, W·B)
-            if bias.shape[0] != b * blocks:  # no padding mask: the same band for every sequence
-                bias = bias.repeat(b, 1, 1, 1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (b·nb, h, B, dh)
-        # Into (b, nb·B, d) by one explicit copy. The CPU kernel lays its output out as
-        # (b·nb, B, h, dh), where a reshape would be a view; sdpa on meta (the memory model)
-        # returns (b·nb, h, B, dh), where it is a copy. Copying on both keeps them equal.
-        merged = out.new_empty(b, blocks * block, d)
-        merged.view(b, blocks, block, h, dh).copy_(out.transpose(1, 2).unflatten(0, (b, blocks)))
+            # the same band for every sequence without a padding mask, and for every one of
+            # a group's g stacked heads (grouped's row order: head-major, then position)
+            if bias.shape[0] != b * blocks or g > 1:
+                bias = bias.repeat(b * blocks // bias.shape[0], 1, g, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        merged = self._merged(out, block)  # (b·nb, B, width)
+        merged = merged.view(b, blocks * block, self.width)
         return merged[:, :n] if tail else merged
+
+    def _merged(self, out: Tensor, rows: int) -> Tensor:
+        """Grouped output (m, kv_heads, g·rows, dh), laid out as :func:`grouped` stacks the
+        queries, into (m, rows, width) by one explicit copy. The CPU kernel lays its output
+        out as (m, g·rows, kv_heads, dh), where a reshape would be a view (g = 1) or a copy
+        (g > 1); sdpa on meta (the memory model) returns it contiguous, where the same
+        reshape is a copy (g = 1) or a view. Copying on both keeps them equal (the eager
+        softmax's output, with sinks, is contiguous on both: one copy too)."""
+        m, g = out.shape[0], self.n_heads // self.kv_heads
+        merged = out.new_empty(m, rows, self.width)
+        heads = merged.view(m, rows, self.kv_heads, g, self.head_dim)  # head = kv·g + i
+        heads.copy_(out.unflatten(2, (g, rows)).permute(0, 3, 1, 2, 4))
+        return merged
