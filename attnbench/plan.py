@@ -33,6 +33,7 @@ from attnbench.cell_rules import (
     loop_steps,
     on_gpu,
     resolve_ceiling,
+    runs_causally,
 )
 from attnbench.cell_rules import left_out as rules_left_out
 from attnbench.measure import presets
@@ -172,15 +173,21 @@ def _validate(given: Cell, preset: presets.Preset | None) -> Resolved:
 
 
 def _task(cell: Cell, work: Workload) -> Task | None:
-    """The cell's quality task, its rules applied, or None for a cost cell. A task trains a
-    model of one mechanism and heads of d_model / n_heads in the paper's workload."""
+    """The cell's quality task, its rules applied, or None for a cost cell. A task trains
+    heads of d_model / n_heads in the paper's workload, and a model of one mechanism unless
+    it takes a schedule (``Task.schedules``: MQAR)."""
     if cell.task.name == COST:
         return None
-    if cell.model.schedule or cell.model.head_dim:
-        key = "model.schedule" if cell.model.schedule else "model.head_dim"
+    if cell.model.head_dim:
         raise ValueError(
-            f"{key}: task={cell.task.name} trains a model of one mechanism and heads of "
-            "d_model / n_heads; a schedule or a width of its own is for cost cells: set it null"
+            f"model.head_dim: task={cell.task.name} trains heads of d_model / n_heads; a "
+            "width of its own is for cost cells: set it null"
+        )
+    if cell.model.schedule and not tasks.REGISTRY[cell.task.name].schedules:
+        takes = ", ".join(t.name for t in tasks.REGISTRY.values() if t.schedules)
+        raise ValueError(
+            f"model.schedule: task={cell.task.name} trains a model of one mechanism; a "
+            f"schedule is for cost cells and task={takes}: set it null"
         )
     if cell.mode != DEFAULT_MODE:
         raise ValueError(
@@ -234,7 +241,7 @@ def check_kind(
         ):
             if why:
                 raise ValueError(f"attention={kind.attention} {why}")
-        if info.causal_only and not causal:
+        if info.causal_only and not runs_causally(cell):  # MQAR trains it causally
             raise ValueError(
                 f"attention={kind.attention} is causal only ({info.causal_only}); the cell is "
                 "not causal: set causal=true"

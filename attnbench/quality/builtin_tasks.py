@@ -46,6 +46,10 @@ class Task:
     # True: the task trains every mechanism with a causal form causally whatever the cell's
     # ``causal`` says (MQAR, as Zoology's language models), so a causal-only one is not refused
     trains_causally: bool = False
+    # True: a cell may give the model a layer schedule (``model.schedule``), each layer its
+    # kind's mechanism (MQAR: a hybrid's recall beside its layers' context memory); a task
+    # that compares one mechanism against exact attention layer by layer cannot take one
+    schedules: bool = False
     # what a report reads of the figures together (each already of its kind): a ValueError line
     figure_rules: Callable[[dict[str, Any]], None] | None = None
     # the other task whose config block a cell of this one carries with its own settings,
@@ -258,6 +262,7 @@ BUILTIN_TASKS: dict[str, Task] = {
             _check_mqar,
             runs.mqar,
             trains_causally=True,
+            schedules=True,
         ),
     )
 }

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor, nn
@@ -30,6 +30,7 @@ from attnbench import registry
 from attnbench.model import build_model
 from attnbench.quality import listops
 from attnbench.quality.training import fit
+from attnbench.schedule import Layer
 from attnbench.validators import check_choice, check_int, check_number
 
 # Chosen by measurement (torch 2.13 CPU, 2 cores shared with another job, so pessimistic):
@@ -66,7 +67,9 @@ class Classifier(nn.Module):
     ``params`` go to the attention (``k``, ``window`` …); ``n`` is the longest input and,
     for a fixed-length mechanism (Linformer), the one length it takes. ``padding_idx`` is
     the token whose embedding is fixed at zero (ListOps' padding), or None where every token
-    is real (MQAR's filler is a token like any other).
+    is real (MQAR's filler is a token like any other). ``schedule``: one
+    :class:`~attnbench.schedule.Layer` per layer (a hybrid, as
+    :func:`attnbench.model.build_model` takes it), in place of ``attention`` in every layer.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Classifier(nn.Module):
         n_classes: int = listops.N_CLASSES,
         per_position: bool = False,
         padding_idx: int | None = 0,
+        schedule: Sequence[Layer] | None = None,
         **params: Any,
     ) -> None:
         super().__init__()
@@ -92,7 +96,8 @@ class Classifier(nn.Module):
         self.attention, self.n, self.per_position = attention, n, per_position
         # a mechanism registered without padding support gets no mask (it would refuse one);
         # the mean-pool still ignores padding, but its attention mixes padding in
-        self.masks_keys = registry.info(attention).padding_mask
+        mechanisms = {attention, *(layer.attention for layer in schedule or ())}
+        self.masks_keys = all(registry.info(m).padding_mask for m in mechanisms)
         self.tokens = nn.Embedding(vocab, d_model, padding_idx=padding_idx)
         self.positions = nn.Embedding(n, d_model)
         self.encoder = build_model(
@@ -102,6 +107,7 @@ class Classifier(nn.Module):
             n_heads=n_heads,
             d_ff=d_ff,
             max_seq_len=n,
+            schedule=schedule,
             **params,
         ).train()  # build_model returns it in eval mode, ready to measure
         self.head = nn.Linear(d_model, n_classes)

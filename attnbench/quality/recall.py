@@ -19,6 +19,11 @@ query positions only.
   Zoology's ``ShortConvolution``). It gives every mechanism the same cheap access to the
   previous tokens (a key beside its value), so what is left to the attention is the recall
   itself. It is this module's, not the encoder's: the Table 3 encoder has none.
+* **A schedule** (``schedule``: the cell's ``model.schedule``, one
+  :class:`~attnbench.schedule.Layer` per layer from :func:`attnbench.schedule.layers_of`, as
+  the cost model builds it): each layer its kind's mechanism, each trained causally where it
+  has a causal form (:func:`trained_causally`), so a hybrid's recall stands beside its
+  mechanisms' own. Its context memory is its layers' summed, per layer as every row's.
 * **Learning rates** (``lrs``): Zoology trains each cell at four learning rates and keeps the
   best; the run trains once per rate from the same initial weights and data, and keeps the
   best test accuracy (selected on the test set, as Zoology selects), recording the rate
@@ -36,6 +41,7 @@ from torch import Tensor, nn
 
 from attnbench import registry
 from attnbench.quality import classify, mqar, training
+from attnbench.schedule import Layer, frozen
 from attnbench.validators import check_choice, check_int, check_number
 
 # Zoology's kernel size: the short convolution it puts before each mixer in its recall-against-
@@ -151,13 +157,30 @@ def causal(attention: str) -> bool:
     return registry.info(attention).causal
 
 
+def trained_causally(schedule: Sequence[Layer]) -> list[Layer]:
+    """The layers of a schedule as MQAR trains them: ``causal`` (:func:`causal`) set in each
+    whose mechanism takes it. A kind inherits the cell's own ``causal``
+    (:func:`attnbench.schedule.layers_of`), false unless given, and this task trains every
+    mechanism with a causal form causally whatever the cell says."""
+    out = []
+    for layer in schedule:
+        params = dict(layer.params)
+        if "causal" in registry.info(layer.attention).params:
+            params["causal"] = causal(layer.attention)
+        out.append(layer._replace(params=frozen(params)))
+    return out
+
+
 def context_memory(model: classify.Classifier, n: int) -> tuple[int, int]:
     """(elements, bytes in fp32) of one layer's context memory per sequence at n: what carries
     the context (the K/V cache at n for exact attention, a window, a state, projected keys and
     values, landmarks), from the one formula per mechanism that serving uses too
-    (:meth:`attnbench.model.Encoder.context_elements`), over every layer and divided by the
-    layers: exact where the layers agree, as they do unless a mechanism sizes them apart
-    (Linformer's k_decay), else their mean, rounded."""
+    (:meth:`attnbench.model.Encoder.context_elements`), summed over every layer, each its
+    own mechanism's (a schedule's Gated DeltaNet layer its state and convolution window, its
+    attention layer its K/V cache), and divided by the layers: exact where the layers agree,
+    else their mean, rounded (a schedule; Linformer's k_decay). Per layer, so that a hybrid
+    and a pure model of as many layers stand on one axis: the model's whole context memory
+    is this times the layers."""
     encoder, layers = model.encoder, len(model.encoder.layers)
     elements = encoder.context_elements(n)
     return round(elements / layers), round(encoder.context_bytes(n, ITEMSIZE) / layers)
@@ -181,6 +204,7 @@ def train(
     weight_decay: float = DEFAULTS["weight_decay"],
     eval_every: int = DEFAULTS["eval_every"],
     short_conv: int = DEFAULTS["short_conv"],
+    schedule: Sequence[Layer] | None = None,
     layers: int = 2,
     d_model: int = 64,
     n_heads: int = 1,
@@ -202,7 +226,11 @@ def train(
     chosen run's, as ListOps' training measures them), ``causal``, ``short_conv``,
     ``context_elements`` and ``context_bytes`` (one layer's, fp32: :func:`context_memory`),
     ``train_examples``, ``test_examples``, ``seconds`` (the whole call) and the object
-    ``model`` (the chosen run's, in eval mode; not a figure)."""
+    ``model`` (the chosen run's, in eval mode; not a figure).
+
+    ``schedule``: one :class:`~attnbench.schedule.Layer` per layer (``layers`` of them), each
+    trained causally where it can be (:func:`trained_causally`), in place of ``attention``
+    and ``params`` in every layer; ``causal`` is then true where every layer is."""
     started = time.perf_counter()
     check_choice("attention", attention, registry.names(), "a registered mechanism")
     data = {
@@ -217,12 +245,21 @@ def train(
     check_fits(n, d_model, **data, batch=batch)
     sets = mqar.splits(n, **data)
     params = {**(params or {}), "causal": causal(attention)}
+    is_causal = params["causal"]
     shape = {"layers": layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff}
+    if schedule is not None:
+        if len(schedule) != layers:
+            raise ValueError(
+                f"schedule: must be one layer per model layer (layers={layers}), got "
+                f"{len(schedule)}"
+            )
+        shape["schedule"] = trained_causally(schedule)
+        is_causal = all(causal(layer.attention) for layer in schedule)
     model = _model(attention, vocab_size, n, short_conv, shape, params)
     train_set, test = (sets.x_train, None, sets.y_train), (sets.x_test, None, sets.y_test)
     run = functools.partial(training.fit, model, train_set, test, seed=seed, **fit)
     runs = [(float(lr), *run(lr=lr, progress=progress)) for lr in lrs]
-    return _chosen(runs, n, sets, params["causal"], short_conv, started)
+    return _chosen(runs, n, sets, is_causal, short_conv, started)
 
 
 def _model(

@@ -12,7 +12,7 @@
   training peak memory and the accuracy curve;
 * ``mqar`` — recall accuracy on Zoology's multi-query associative recall after a fixed
   budget, at the best of a few learning rates (:mod:`attnbench.quality.recall`), beside
-  chance, with the context memory per layer.
+  chance, with the context memory per layer; a cell's layer schedule builds the model.
 
 "The trained ListOps model" is the vanilla classifier that ``task=listops`` trains at the
 same settings and seed (training is deterministic on the CPU), trained once per process and
@@ -156,9 +156,14 @@ def listops(cell: Cell, s: Settings) -> dict[str, Any]:
 
 
 def mqar(cell: Cell, s: Settings) -> dict[str, Any]:
+    """The recall model built as the cost model is: a cell's schedule through
+    :func:`attnbench.schedule.layers_of`, each layer its kind's mechanism."""
     from attnbench.quality import recall
+    from attnbench.schedule import layers_of
 
-    out = recall.train(cell.attention, cell.mechanism_params(), **_train_kwargs(cell, s))
+    params = cell.mechanism_params()
+    schedule = layers_of(cell, params) if cell.model.schedule is not None else None
+    out = recall.train(cell.attention, params, schedule=schedule, **_train_kwargs(cell, s))
     out.pop("model")
     out["curve"] = [list(point) for point in out["curve"]]
     return out

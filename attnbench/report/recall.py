@@ -21,7 +21,15 @@ from typing import Any
 
 from attnbench.report.grid import Grid
 from attnbench.report.marks import MISSING, SKIPPED
-from attnbench.report.recall_setups import Point, Setup, settings, setups, short_conv
+from attnbench.report.recall_setups import (
+    Point,
+    Setup,
+    scheduled,
+    settings,
+    setups,
+    shape,
+    short_conv,
+)
 from attnbench.row import Row
 
 ZOOLOGY = (
@@ -63,7 +71,7 @@ def accuracy_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
         chance = (MISSING if (c := s.chance(p)) is None else f"{100 * c:.1f} %" for p in s.pairs)
         body.append(["chance (1/pairs)", "", *chance])
         first = settings(s.rows[0])
-        model = ", ".join(f"{k} {v}" for k, v in (s.rows[0].model or {}).items())
+        model = ", ".join(f"{k} {v}" for k, v in shape(s.rows[0]).items())
         notes = [
             f"Multi-query associative recall generated as Zoology does, n = {s.rows[0].n}, "
             f"vocabulary {first.get('vocab_size')}, model {model}, trained from scratch for "
@@ -121,6 +129,13 @@ def cost_tables(rows: Iterable[Row | dict[str, Any]]) -> list[Grid]:
             "for linear and Performer, the k projected keys and values for Linformer (context "
             "memory, not a recurrent state), the landmarks for Nyströmformer.",
         ]
+        if any(scheduled(r) for r in s.rows):
+            notes.append(
+                "A layer schedule (its label's schedule=: a hybrid, each layer its kind's "
+                "mechanism): the sum of its layers' context memory, each by its own "
+                "mechanism's formula, divided by its layers as every row's is, so that it "
+                "stands on one axis with the pure models of as many layers."
+            )
         out.append(Grid(f"MQAR cost beside recall, {s.title}", head, body, notes))
     return out
 

@@ -3,8 +3,11 @@
 
 A *setup* (n, model and every ``quality.mqar`` setting but ``num_kv_pairs``, ``seed`` and
 ``short_conv``) is a :class:`Setup`; in it a *configuration* (a mechanism with its own
-parameters, its budget and, where the rows train with more than one, its short convolution)
-at one ``num_kv_pairs`` is a :class:`Point`, its rows one per seed. A row stored twice (the
+parameters, its budget and, where the rows train with more than one, its short convolution;
+a layer schedule, a hybrid's, named by its layers: :func:`mechanism`) at one
+``num_kv_pairs`` is a :class:`Point`, its rows one per seed. A hybrid is a configuration,
+not a setup: its layers, width and training are its mechanisms' own pure models', beside
+which it is read. A row stored twice (the
 same setup and seed) is counted once: training is seeded, so it is the same measurement.
 """
 
@@ -17,13 +20,50 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.cell import label as mechanism_label
 from attnbench.report.quality import task_rows
 from attnbench.report.ratio import label
 from attnbench.row import Row
+from attnbench.schedule import OWN, tiled
 
 TASK = "mqar"
 # settings that are not the setup: a column, the seeds averaged, a configuration's own
 APART = ("num_kv_pairs", "seed", "short_conv")
+# the model's keys that are a configuration's (its label's), not the setup's
+OWN_MODEL = ("schedule",)
+
+
+def shape(r: Row) -> dict[str, Any]:
+    """The row's model but what its configuration says (:data:`OWN_MODEL`): the setup's."""
+    return {k: v for k, v in (r.model or {}).items() if k not in OWN_MODEL}
+
+
+def scheduled(r: Row) -> bool:
+    """Whether the row's model is a layer schedule (a hybrid)."""
+    return bool((r.model or {}).get("schedule"))
+
+
+def mechanism(r: Row) -> str:
+    """The row's mechanism with its own parameters (:func:`~attnbench.report.ratio.label`);
+    a layer schedule's, its layers' in order joined by ``+`` (``gated_deltanet+vanilla``),
+    each with the parameters and heads its kind declares: what each layer ran, to be read
+    beside those mechanisms' own rows, in a name a table's row and a quote can hold (the
+    canonical schedule, ``mixer, attention; ...``, has commas). From the stored cell's
+    ``schedule`` and ``kinds``; a row without them keeps :func:`label`."""
+    spec = r.cell or {}
+    if not scheduled(r) or not isinstance(spec.get("schedule"), str):
+        return label(r)
+    kinds = spec.get("kinds") or {}
+    names = tiled(spec["schedule"], int(spec.get("layers") or (r.model or {})["layers"]))
+
+    def one(name: str) -> str:
+        if name == OWN:
+            return mechanism_label(r.attention, r.params)
+        kind = dict(kinds[name])
+        own = {k: v for k, v in kind.items() if k not in ("attention", "params")}
+        return mechanism_label(kind["attention"], {**(kind.get("params") or {}), **own})
+
+    return "+".join(one(name) for name in names)
 
 
 def settings(r: Row) -> dict[str, Any]:
@@ -57,7 +97,7 @@ def budget(r: Row) -> tuple[str, int]:
 
 def _setup(r: Row) -> tuple[tuple[str, Any], ...]:
     """What a row's training was but for its pairs, seed and short convolution."""
-    model = {f"model.{k}": v for k, v in (r.model or {}).items()}
+    model = {f"model.{k}": v for k, v in shape(r).items()}
     rest = {k: json.dumps(v) if isinstance(v, (list, tuple)) else v for k, v in settings(r).items()}
     rest = {k: v for k, v in rest.items() if k not in APART}
     return tuple(sorted({"n": r.n, **model, **rest}.items()))
@@ -148,15 +188,15 @@ def _make(rows: list[Row], title: str) -> Setup:
     counts = Counter(short_conv(r) for r in rows)
     # the setup's usual kernel: the most rows', the larger where as many (on, by default)
     usual = max(counts, key=lambda s: (counts[s], -1 if s is None else s))
-    order = {m: i for i, m in enumerate(dict.fromkeys(label(r) for r in rows))}
+    order = {m: i for i, m in enumerate(dict.fromkeys(mechanism(r) for r in rows))}
     runs: dict[tuple[str, int], dict[int, Row]] = {}
     meta: dict[str, tuple[str, int, bool]] = {}
     repeated = 0
     for r in rows:
         variant = short_conv(r) != usual
-        words = (label(r), budget(r)[0], f"short_conv={short_conv(r)}" if variant else "")
+        words = (mechanism(r), budget(r)[0], f"short_conv={short_conv(r)}" if variant else "")
         config = " ".join(x for x in words if x)
-        meta[config] = (label(r), budget(r)[1], variant)
+        meta[config] = (mechanism(r), budget(r)[1], variant)
         seeds = runs.setdefault((config, num_pairs(r)), {})
         if seed(r) in seeds:
             repeated += 1  # training is seeded: the same measurement again
