@@ -106,8 +106,8 @@ BROKEN = [  # (file, old, new, the error after "python -m attnbench.mirrors: err
     ("docs/quality.md", "768) | rows=1,6,12", "768) | rows=1,6,99",
      "docs/quality.md: quote of reports/spectrum-cpu-cpu/quality.md: the table titled 'Spectrum "
      "of P, n=512, random model (12 layers, d_model 768)' lacks some of the rows ['1', '6', '99']"),
-    ("docs/quality.md", "<!-- quote: reports/recall-cpu-cpu/quality.md | MQAR test",
-     "<!-- quote: reports/no-such-run/quality.md | MQAR test",
+    ("docs/quality.md", "recall-cpu-cpu/quality.md | MQAR test accuracy, n=64, V=128 -->",
+     "no-such-run/quality.md | MQAR test accuracy, n=64, V=128 -->",
      "docs/quality.md: quote of reports/no-such-run/quality.md: no such file"),
     ("docs/mechanisms.md", "toy_mechanism.py | code -->", "toy_mechanism.py | LocalConfig -->",
      "docs/mechanisms.md: quote of tests/toys/toy_mechanism.py: a Python file is quoted whole, "

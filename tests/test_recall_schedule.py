@@ -121,3 +121,4 @@ def test_the_hybrid_is_a_configuration_beside_the_pure_models() -> None:
     lines = {c.get_label(): c.lines[0] for c in ax.containers}
     lines.update((line.get_label(), line) for line in ax.get_lines())
     assert lines[LABEL].get_xydata().tolist() == [[4 * 5000, 25.0]]
+    assert lines[LABEL].get_marker() == "D" and lines["vanilla"].get_marker() == "o"

@@ -17,7 +17,7 @@ from attnbench.report.quality import (
     task_rows,
 )
 from attnbench.report.ratio import label
-from attnbench.report.recall_setups import Setup, setups
+from attnbench.report.recall_setups import Setup, scheduled, setups
 from attnbench.row import Row
 
 
@@ -129,7 +129,8 @@ def _recall_panel(ax: Any, setup: Setup, pairs: int, colours: dict[str, Any], ke
     """One ``num_kv_pairs`` of a setup: accuracy (%) against context bytes per layer (log x),
     a colour per mechanism, each mechanism's budgets joined in budget order (so Linformer's
     line shows what each k buys; ``keys``: its points say their k), sd bars over seeds, a
-    short_conv variant hollow and dotted; chance dashed."""
+    short_conv variant hollow and dotted, a layer schedule (a hybrid) a diamond, as colours
+    repeat past ten mechanisms; chance dashed."""
     here = [p for p in setup.points if p.pairs == pairs and p.figure("context_bytes")]
     lines: dict[tuple[str, bool], list] = {}
     for p in here:
@@ -140,8 +141,9 @@ def _recall_panel(ax: Any, setup: Setup, pairs: int, colours: dict[str, Any], ke
         ys = [p.mean for p in points]
         colour = colours[mechanism]
         name = mechanism + (" (" + points[0].config.rsplit(" ", 1)[-1] + ")" if variant else "")
+        marker = "D" if scheduled(next(iter(points[0].runs.values()))) else "o"
         ax.errorbar(
-            xs, ys, yerr=[p.sd or 0 for p in points], color=colour, marker="o", ms=4,
+            xs, ys, yerr=[p.sd or 0 for p in points], color=colour, marker=marker, ms=4,
             mfc="none" if variant else colour, ls=":" if variant else "-", lw=1, capsize=2,
             label=literal_text(name),
         )  # fmt: skip
