@@ -102,7 +102,7 @@ def _optional_text(name: str, value: Any) -> str | None:
     return value
 
 
-def _model_name(name: str, value: Any) -> str | None:
+def model_name(name: str, value: Any) -> str | None:
     """A word of letters, digits, ``_``, ``-`` and ``.`` (a report's column label; ``X_twin``
     names X's twin), or null."""
     if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
@@ -130,7 +130,7 @@ MODEL: tuple[Setting, ...] = tuple(
                 str | None, _optional_text),
         Setting("name", None, "the model's name, the label a report gives its column (an"
                 " `arch=` preset sets it; docs/models.md); null: none", str | None,
-                _model_name),
+                model_name),
     )
 )  # fmt: skip
 

@@ -6,7 +6,6 @@ report holds the tables."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from attnbench.report import models
 from attnbench.report.sections import cost_row
 from attnbench.report.serving import applies as serving_applies
 from attnbench.row import Row
+from tests.conftest import run_cli
 
 SHAPE = {"layers": 4, "d_model": 64, "n_heads": 4, "d_ff": 128}
 GiB = 1 << 30
@@ -35,7 +35,7 @@ def _row(name: str, n: int, mb: int | None, *, per_token: float | None = None,
                 "how": "roofline", "state_by_kind": by_kind or {}}  # fmt: skip
     return Row(
         attention="sdpa", n=n, dtype="fp16", device=device, params={"causal": True},
-        mode="decode", decode_tokens=128, state_dtype="auto", prefill_chunk=512,
+        mode="decode", decode_tokens=128, state_dtype="auto", prefill_chunk=512, contexts="n",
         batch_asked=batch, ceiling_bytes=150 * GiB, model={**SHAPE, "name": name},
         status=status, max_batch=mb, batch=mb if batch == "max" else batch,
         memory_source="modeled", time_per_seq_s=t, modeled_step=step,
@@ -65,11 +65,30 @@ def test_fit_and_time_against_the_twin_by_hand() -> None:
     # batch 1: 1000 weight bytes + one sequence's 400 state bytes over 1 GB/s, 2 FLOPs at 1e12
     assert at_one.body[0][1] == "1.40 us (1.57x)"  # the twin's (1000 + 1200) / 1e9: 2.2 us
     assert "lower bound" in " ".join(at_max.notes) and at_one.title.startswith("Time per token")
+    assert "Weights each step reads, GB: m 0.00000100, m_twin 0.00000100." in fit.notes
+
+
+def test_rows_that_differ_in_their_work_are_never_one_cell() -> None:
+    """A second run of m with other decode tokens is a table of its own (titled apart), and
+    m prefilled in two chunk sizes is two columns, each against its twin in the same."""
+    other = [_row("m", 4096, 20, per_token=1e-3, by_kind=KINDS)]
+    other[0] = Row.from_dict({**other[0].to_dict(), "decode_tokens": 1024})
+    titles = [g.title for g in models.fit_and_time([*_rows(), *other])]
+    assert sum(t.startswith("Sequences that fit") for t in titles) == 2
+    assert (
+        "Sequences that fit, h200_141gb, fp16, ceiling 150.0 GiB, 1024 decode tokens, state auto"
+        in titles
+    )
+    chunked = [Row.from_dict({**r.to_dict(), "prefill_chunk": 64}) for r in _rows()[:2]]
+    fit = models.fit_and_time([*_rows(), *chunked])[0]
+    assert fit.head == ["context", "m (prefill_chunk=64)", "m (prefill_chunk=512)", "other"]
+    assert fit.body[0][1:3] == ["40 (4.00x)", "40 (4.00x)"]
 
 
 def test_the_cache_by_kind_against_the_twins_whole() -> None:
-    grid = models.cache_by_kind(_rows())
-    assert grid is not None and grid.head == ["model: kind", "4K", "1M"]
+    (grid,) = models.cache_by_kind(_rows())
+    assert grid.title == "Cache per sequence by layer kind, fp16"
+    assert grid.head == ["model: kind", "4K", "1M"]
     assert grid.body == [
         ["m: attention (sdpa x1)", "0.000286 MiB (25.0% of the twin's)", "0.000286 MiB"],
         ["m: linear (gated_deltanet x3)", "0.0000954 MiB (8.3% of the twin's)", "0.0000954 MiB"],
@@ -84,7 +103,7 @@ def test_measured_rows_get_their_own_table_and_named_rows_no_other_section() -> 
     assert grid.body == [["4K", "2.00 ms (2.50x)"]]
     for r in [*timed, *_rows()]:
         assert models.applies(r) and not serving_applies(r) and not cost_row(r)
-    assert models.fit_and_time([]) == [] and models.cache_by_kind([]) is None
+    assert models.fit_and_time([]) == [] and models.cache_by_kind([]) == []
 
 
 @pytest.mark.parametrize(
@@ -96,11 +115,8 @@ def test_contexts_are_labelled_as_the_field_names_them(n: int, label: str) -> No
 
 def test_a_real_hybrid_sweep_reports_each_model_against_its_twin(tmp_path: Path) -> None:
     """Jamba's small variant and its twin on the H200 preset, modeled on meta (no timing)."""
-    out = subprocess.run(
-        ["attnbench", "run", "+sweep=hybrid", "arch=jamba_small,jamba_small_twin", "n=4096",
-         "device=h200_141gb", f"out_dir={tmp_path}", "progress=false"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    out = run_cli("run", "+sweep=hybrid", "arch=jamba_small,jamba_small_twin", "n=4096",
+                  "device=h200_141gb", f"out_dir={tmp_path}", "progress=false")  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = (tmp_path / "hybrid" / "presets" / "report" / "models.md").read_text()
     assert "**Sequences that fit, h200_141gb, fp16" in report

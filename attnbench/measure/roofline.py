@@ -16,8 +16,8 @@ from typing import Any
 
 HOW = (
     "roofline over the preset's datasheet: the larger of the bytes a step reads over its"
-    " bandwidth and its FLOPs over its peak; no kernel efficiency, launch or MoE expert"
-    " weights beyond the active ones: a lower bound"
+    " bandwidth and its FLOPs over its peak; no kernel efficiency, launch, MoE expert"
+    " weights beyond the active ones, embedding or vocabulary head: a lower bound"
 )
 
 

@@ -72,7 +72,7 @@ def group(row: Row) -> tuple:
     baseline keeps every head's keys and values), batch setting (``max`` or a fixed b), the
     same machine and the same work: inference, a training step with the same optimizer and
     checkpointing, or serving with the same tokens, prefill chunk and prompts (every one n,
-    or the same draw of lengths: :func:`_draw`; the state's dtype, like
+    or the same draw of lengths: :func:`draw`; the state's dtype, like
     grouped-query heads, is the mechanism's: the baseline keeps the cell's); compiled rows
     against the baseline compiled in the same mode, eager rows against the eager one
     (:func:`compiled`); causal rows against a causal baseline (``causal`` is a mechanism
@@ -92,14 +92,14 @@ def group(row: Row) -> tuple:
         row.checkpoint,
         row.decode_tokens,
         row.prefill_chunk,
-        _draw(row),
+        draw(row),
         # last: a row's name says them already (a plot's legend needs no more)
         compiled(row),
         bool((row.params or {}).get("causal")),
     )
 
 
-def _draw(row: Row) -> tuple:
+def draw(row: Row) -> tuple:
     """The draw of lengths a row uses (decode's ``contexts=drawn``, packed's documents):
     rows of two draws serve different sequences. Only the settings in use, as its workload
     says for a cell's key too (:meth:`attnbench.workload.Workload.in_use`): none with every

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from attnbench.report import models
 from attnbench.report.efficiency import Length, efficiency_lengths
 from attnbench.report.efficiency import grid as lengths_grid
 from attnbench.report.grid import Grid
@@ -43,7 +44,7 @@ MAX = "max"
 def applies(row: Row) -> bool:
     """A serving row: a cost row of the decode workload, not a named model's (those are
     compared with their twins: :mod:`attnbench.report.models`)."""
-    return row.task == "cost" and row.mode == MODE and not (row.model or {}).get("name")
+    return row.task == "cost" and row.mode == MODE and models.name(row) is None
 
 
 def configuration(row: Row) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from attnbench.measure import contention as contention_keys
 from attnbench.quality import tasks
+from attnbench.settings import model_name
 from attnbench.validators import check_bool, check_int, check_number
 
 # the typed entries of ``env`` (attnbench.env.environment); other keys are kept as they are
@@ -83,8 +84,10 @@ def model(name: str, value: Any) -> None:
     for key, v in value.items():
         if not key.isidentifier():
             raise ValueError(f"{name}: a field name must be an identifier, got {key!r}")
-        if key in ("schedule", "name"):
+        if key == "schedule":
             text(f"{name}.{key}", v)
+        elif key == "name":  # the rule model.name= is held to: a word (a column label)
+            model_name(f"{name}.{key}", v)
         else:
             positive(f"{name}.{key}", v)
 

@@ -231,8 +231,9 @@ FIELDS: tuple[Field, ...] = (
        " at the timed steps' mean `context`, modeled over the preset's datasheet: `read_bytes`"
        " (`state_read_bytes` plus `weight_bytes`), `flops`, `bandwidth_bytes_per_s`,"
        " `peak_flops_per_s`, `memory_s`, `compute_s`, `step_s` (the larger), `bound`,"
-       " `per_token_s`, `how`: a lower bound, no kernel efficiency (attnbench/measure/"
-       "roofline.py)", column="nested"),
+       " `per_token_s`, `how`, `state_by_kind` (one sequence's bytes by layer kind: its"
+       " `mechanism`, `layers`, `bytes`): a lower bound, no kernel efficiency"
+       " (attnbench/measure/roofline.py)", column="nested"),
     _f("packed", dict[str, Any] | None, packed, "", "cell", "packed rows: the draw, its FLOPs"
        " per copy (attnbench/workload/packed.py)", column="nested"),
     _f("prompts", dict[str, Any] | None, prompts, "", "memory", "decode rows with"

@@ -20,6 +20,7 @@ from attnbench.row.checks import (
     samples,
     seconds,
     share,
+    text,
 )
 from attnbench.validators import check_choice
 
@@ -81,6 +82,17 @@ decode = Nested(
         "prefill_samples_s": _or_null(samples),
     }
 )  # fmt: skip
+def _by_kind(name: str, value: Any) -> None:
+    """A schedule's kinds, each its mechanism, layers and bytes (what a report sums)."""
+    mapping(name, value)
+    for kind, entry in value.items():
+        mapping(f"{name}.{kind}", entry)
+        for key, check in (("mechanism", text), ("layers", count), ("bytes", count)):
+            if key not in entry:
+                raise ValueError(f"{name}.{kind}.{key}: missing")
+            check(f"{name}.{kind}.{key}", entry[key])
+
+
 # a decode row's step modeled over its preset's datasheet (attnbench/measure/roofline.py):
 # every key a report reads is required
 modeled_step = Nested(
@@ -91,9 +103,10 @@ modeled_step = Nested(
                          "per_token_s"), seconds),
         "peak_flops_per_s": _or_null(seconds),
         "bound": lambda name, v: check_choice(name, v, ("memory", "compute")),
+        "state_by_kind": lambda name, v: _by_kind(name, v),
     },
-    frozenset({"batch", "read_bytes", "state_read_bytes", "weight_bytes", "step_s",
-               "per_token_s", "bound"}),
+    frozenset({"batch", "read_bytes", "state_read_bytes", "weight_bytes", "flops",
+               "bandwidth_bytes_per_s", "step_s", "per_token_s", "bound", "state_by_kind"}),
 )  # fmt: skip
 # the nested objects of the schema's fields, by field (tests/test_hostile.py fuzzes each key)
 NESTED = {"packed": packed, "prompts": prompts, "decode": decode, "modeled_step": modeled_step}
