@@ -157,11 +157,15 @@ def causal(attention: str) -> bool:
     return registry.info(attention).causal
 
 
-def trained_causally(schedule: Sequence[Layer]) -> list[Layer]:
-    """The layers of a schedule as MQAR trains them: ``causal`` (:func:`causal`) set in each
-    whose mechanism takes it. A kind inherits the cell's own ``causal``
+def trained_causally(schedule: Sequence[Layer], layers: int) -> list[Layer]:
+    """The ``layers`` layers of a schedule as MQAR trains them: ``causal`` (:func:`causal`)
+    set in each whose mechanism takes it. A kind inherits the cell's own ``causal``
     (:func:`attnbench.schedule.layers_of`), false unless given, and this task trains every
     mechanism with a causal form causally whatever the cell says."""
+    if len(schedule) != layers:
+        raise ValueError(
+            f"schedule: must be one layer per model layer (layers={layers}), got {len(schedule)}"
+        )
     out = []
     for layer in schedule:
         params = dict(layer.params)
@@ -226,11 +230,9 @@ def train(
     chosen run's, as ListOps' training measures them), ``causal``, ``short_conv``,
     ``context_elements`` and ``context_bytes`` (one layer's, fp32: :func:`context_memory`),
     ``train_examples``, ``test_examples``, ``seconds`` (the whole call) and the object
-    ``model`` (the chosen run's, in eval mode; not a figure).
-
-    ``schedule``: one :class:`~attnbench.schedule.Layer` per layer (``layers`` of them), each
-    trained causally where it can be (:func:`trained_causally`), in place of ``attention``
-    and ``params`` in every layer; ``causal`` is then true where every layer is."""
+    ``model`` (the chosen run's, in eval mode; not a figure). ``schedule``: one
+    :class:`~attnbench.schedule.Layer` per layer (:func:`trained_causally`), in place of
+    ``attention`` and ``params``; ``causal`` then true where every layer is."""
     started = time.perf_counter()
     check_choice("attention", attention, registry.names(), "a registered mechanism")
     data = {
@@ -245,16 +247,10 @@ def train(
     check_fits(n, d_model, **data, batch=batch)
     sets = mqar.splits(n, **data)
     params = {**(params or {}), "causal": causal(attention)}
-    is_causal = params["causal"]
     shape = {"layers": layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff}
     if schedule is not None:
-        if len(schedule) != layers:
-            raise ValueError(
-                f"schedule: must be one layer per model layer (layers={layers}), got "
-                f"{len(schedule)}"
-            )
-        shape["schedule"] = trained_causally(schedule)
-        is_causal = all(causal(layer.attention) for layer in schedule)
+        shape["schedule"] = trained_causally(schedule, layers)
+    is_causal = all(causal(x.attention) for x in schedule) if schedule else params["causal"]
     model = _model(attention, vocab_size, n, short_conv, shape, params)
     train_set, test = (sets.x_train, None, sets.y_train), (sets.x_test, None, sets.y_test)
     run = functools.partial(training.fit, model, train_set, test, seed=seed, **fit)
