@@ -12,6 +12,7 @@ command's rows (:func:`attnbench.sweep.claims.rows_of`) and the sweep ask it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -220,7 +221,12 @@ def stored_cell(row: dict[str, Any], version: int = 1) -> tuple[Cell, presets.Pr
     for last, _, step in MIGRATIONS:  # none reads a workload's settings: cell_of gathers them
         if version <= last:
             spec = step(row, spec, preset)
-    return cell_of(spec), preset
+    cell = cell_of(spec)
+    if preset.machine_memory and cell.ceiling_bytes is not None:  # stored resolved: was it
+        machine = dataclasses.replace(cell, ceiling_bytes=None)  # the machine's? its key says
+        if row.get("key") == key(machine, preset):
+            cell = machine
+    return cell, preset
 
 
 def cell_of(spec: dict[str, Any]) -> Cell:
