@@ -82,6 +82,8 @@ decode = Nested(
         "prefill_samples_s": _or_null(samples),
     }
 )  # fmt: skip
+
+
 def _by_kind(name: str, value: Any) -> None:
     """A schedule's kinds, each its mechanism, layers and bytes (what a report sums)."""
     mapping(name, value)
