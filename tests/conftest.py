@@ -16,6 +16,7 @@ import torch
 
 import attnbench
 from attnbench.cell import Part, Shape
+from tests.fla_fixtures import calls, interpreted  # noqa: F401 (the kernel=fla tests' fixtures)
 
 
 def runnable_here() -> list[str]:

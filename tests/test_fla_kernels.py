@@ -20,7 +20,6 @@ grid in Python. Skipped where triton 3.9.0 or fla-core 0.6.0 is missing, except 
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -44,33 +43,6 @@ OPS = {  # mechanism -> (the chunked op, the decode step's op)
 }
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 SETTINGS = {"mamba2": {"d_state": 16, "groups": 1}}
-
-
-@pytest.fixture(scope="module")
-def interpreted() -> None:
-    """fla's kernels under Triton's interpreter, or the reason they cannot be here."""
-    if why := fla_interpret.why_not():
-        if os.environ.get("ATTNBENCH_REQUIRE_TRITON") == "1":
-            pytest.fail(f"ATTNBENCH_REQUIRE_TRITON=1 but {why}")
-        pytest.skip(why)
-    fla_interpret.load()
-
-
-@pytest.fixture
-def calls(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """kernel=fla let run on CPU tensors (the one seam: their kernels are real), and the
-    names of the fla ops each call reaches, in order."""
-    monkeypatch.setattr(fla_kernels, "why_unavailable", lambda: None)
-    monkeypatch.setattr(fla_kernels, "_device", lambda q: None)
-    seen: list[str] = []
-    op = fla_kernels._op
-
-    def recorded(package: str, name: str) -> Callable[..., object]:
-        seen.append(name)
-        return op(package, name)
-
-    monkeypatch.setattr(fla_kernels, "_op", recorded)
-    return seen
 
 
 def _pair(name: str, dtype: torch.dtype) -> tuple[RecurrentMixer, RecurrentMixer]:

@@ -25,9 +25,6 @@ largest.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-
 import pytest
 import torch
 from torch import Tensor
@@ -39,7 +36,7 @@ from attnbench.attention import fla_kernels, kda_scan
 from attnbench.attention.delta_scan import delta_chunked, delta_reference, delta_step
 from attnbench.attention.kda_scan import kda_chunked, kda_reference, kda_step
 from attnbench.attention.packing import Packing
-from tests import fla_interpret, fla_naive
+from tests import fla_naive
 
 B, H, DK, DV = 2, 3, 4, 5
 F64 = torch.float64
@@ -252,31 +249,6 @@ def test_the_chunk_size_changes_nothing_but_speed() -> None:
 # --- kernel=fla through Triton's interpreter -------------------------------------------------
 
 N = 80  # two chunks of 64, the second partial
-
-
-@pytest.fixture(scope="module")
-def interpreted() -> None:
-    if why := fla_interpret.why_not():
-        if os.environ.get("ATTNBENCH_REQUIRE_TRITON") == "1":
-            pytest.fail(f"ATTNBENCH_REQUIRE_TRITON=1 but {why}")
-        pytest.skip(why)
-    fla_interpret.load()
-
-
-@pytest.fixture
-def calls(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """kernel=fla let run on CPU tensors, and the fla ops each call reaches."""
-    monkeypatch.setattr(fla_kernels, "why_unavailable", lambda: None)
-    monkeypatch.setattr(fla_kernels, "_device", lambda q: None)
-    seen: list[str] = []
-    op = fla_kernels._op
-
-    def recorded(package: str, name: str) -> Callable[..., object]:
-        seen.append(name)
-        return op(package, name)
-
-    monkeypatch.setattr(fla_kernels, "_op", recorded)
-    return seen
 
 
 def _pair() -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -26,9 +26,6 @@ asserted within 1e-5.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,10 +33,8 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 import attnbench
-from attnbench.attention import fla_kernels
 from attnbench.attention.packing import Packing
 from attnbench.measure.flops import count_flops
-from tests import fla_interpret
 from tests.conftest import assert_peaks_match_the_profiler
 from tests.test_mixers import _with_references
 
@@ -223,31 +218,6 @@ def test_the_cli_refuses_it_in_one_line(tmp_path, cli_in_process) -> None:
 # --- kernel=fla through Triton's interpreter -------------------------------------------------
 
 FLA_N = 80  # two chunks of 64, the second partial
-
-
-@pytest.fixture(scope="module")
-def interpreted() -> None:
-    if why := fla_interpret.why_not():
-        if os.environ.get("ATTNBENCH_REQUIRE_TRITON") == "1":
-            pytest.fail(f"ATTNBENCH_REQUIRE_TRITON=1 but {why}")
-        pytest.skip(why)
-    fla_interpret.load()
-
-
-@pytest.fixture
-def calls(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """kernel=fla let run on CPU tensors, and the fla ops each call reaches."""
-    monkeypatch.setattr(fla_kernels, "why_unavailable", lambda: None)
-    monkeypatch.setattr(fla_kernels, "_device", lambda q: None)
-    seen: list[str] = []
-    op = fla_kernels._op
-
-    def recorded(package: str, name: str) -> Callable[..., object]:
-        seen.append(name)
-        return op(package, name)
-
-    monkeypatch.setattr(fla_kernels, "_op", recorded)
-    return seen
 
 
 def test_kernel_fla_takes_the_value_heads(calls: list[str]) -> None:
