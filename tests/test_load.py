@@ -90,15 +90,17 @@ def test_reference_run_is_42_rows_with_tidy_columns(reference: pd.DataFrame) -> 
     # of the recurrent mixers); +sweep=mixers (108 cells and the 25 of the chunk curve) and
     # the mixers' serving run (135 cells, vanilla's and linear's 54 beside them); the packed run
     # (128 cells: 11 mechanisms, 3 layouts but Reformer's packed, 2 draws, forward and training)
-    # and serving a mix of prompts (60 cells: 10 decoders, every prompt n or drawn, 3 batches)
+    # and serving a mix of prompts (60 cells: 10 decoders, every prompt n or drawn, 3 batches);
+    # the recall run's 7 hybrids (two mixers beside vanilla, a seed more) and the hybrid run
+    # (105 published models and twins modeled on GPU presets, 30 small ones timed here)
     assert len(both) == (
-        42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 128 + 51 + 133 + 189 + 60
+        42 + 42 + 111 + 32 + 30 + 8 + 10 + 2 + 216 + 138 + 128 + 51 + 7 + 133 + 189 + 60 + 135
     )
     assert set(both["mode"]) == {"inference", "train", "decode", "packed", "packed_train"}
     tasks = both.task.value_counts().to_dict()
     assert tasks == {
-        "cost": 195 + 216 + 138 + 128 + 133 + 189 + 60, "approx": 62, "listops": 18, "spectrum": 2,
-        "mqar": 51,
+        "cost": 195 + 216 + 138 + 128 + 133 + 189 + 60 + 135, "approx": 62, "listops": 18,
+        "spectrum": 2, "mqar": 51 + 7,
     }  # fmt: skip
     assert both["compile"].sum() == 69 and (both.compiled == "kernel").sum() == 7
     ours = both[both.run_dir == str(REFERENCE)]
