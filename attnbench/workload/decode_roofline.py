@@ -29,7 +29,8 @@ def modeled_fields(model: nn.Module, cell: Cell, b: int | None, preset: Preset) 
         return {}
     itemsize = state_dtype(cell, next(model.parameters()).dtype).itemsize
     at = context(cell)
-    state, weights = b * model.state_bytes(at, itemsize), module_bytes(model)
+    kinds = by_kind(model, cell, at, itemsize)  # every layer's once: the state is their sum
+    state, weights = b * sum(k["bytes"] for k in kinds.values()), module_bytes(model)
     flops, peak = model.step_flops(b, at), preset.peak_flops.get(cell.dtype)
     step = roofline(state + weights, flops, preset.bandwidth, peak)
     return {
@@ -45,7 +46,7 @@ def modeled_fields(model: nn.Module, cell: Cell, b: int | None, preset: Preset) 
             **step,
             "per_token_s": step["step_s"] / b,
             "how": HOW,
-            "state_by_kind": by_kind(model, cell, at, itemsize),
+            "state_by_kind": kinds,
         }
     }
 
